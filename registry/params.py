@@ -1,0 +1,94 @@
+"""Parameter counts by arithmetic on a resolved card, so `zoo list` and `zoo show` need no torch.
+
+The tests check these numbers against the real modules (built on the meta device for full-size
+cards), and against the published counts of GPT-2 small and BERT-base.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from registry.blocks import BLOCKS, KIND_FIELDS
+
+
+class UnknownCount(Exception):
+    """A plugin block did not declare how many parameters it holds."""
+
+
+def _plugin_count(kind: str, card: dict[str, Any]) -> int:
+    entry = BLOCKS[kind][card[KIND_FIELDS[kind]]]
+    if entry.param_count is None:
+        raise UnknownCount(entry.name)
+    return int(entry.param_count(card))
+
+
+def norm_params(card: dict[str, Any]) -> int:
+    d = card["d_model"]
+    return {"layernorm": 2 * d, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
+
+
+def ffn_params(card: dict[str, Any]) -> int:
+    d, f, bias = card["d_model"], card["d_ff"], card["bias"]
+    if card["activation"] in ("relu", "gelu", "gelu_tanh"):
+        return 2 * d * f + (f + d if bias else 0)
+    if card["activation"] == "swiglu":
+        return 3 * d * f + (2 * f + d if bias else 0)
+    return _plugin_count("activation", card)
+
+
+def attention_params(card: dict[str, Any]) -> int:
+    d = card["d_model"]
+    return 4 * d * d + (4 * d if card["bias"] else 0)
+
+
+def position_params(card: dict[str, Any]) -> int:
+    name = card["position"]
+    if name == "learned":
+        return card["max_positions"] * card["d_model"]
+    if name in ("sinusoidal", "rotary"):
+        return 0
+    return _plugin_count("position", card)
+
+
+def count_parameters(card: dict[str, Any]) -> dict[str, int]:
+    """Parameters per part (each tensor counted once, tied weights included once)."""
+    d, vocab, n = card["d_model"], card["vocab_size"], card["n_layers"]
+    family = card["family"]
+    norm = norm_params(card)
+    encoder_layer = attention_params(card) + ffn_params(card) + 2 * norm
+    parts: dict[str, int] = {}
+
+    embeddings = vocab * d + position_params(card) + card["type_vocab_size"] * d
+    if card["embedding_norm"]:
+        embeddings += norm
+    if family == "encoder-decoder" and not card["tie_embeddings"]:
+        embeddings += vocab * d  # a separate target embedding
+    parts["embeddings"] = embeddings
+
+    if family == "encoder":
+        parts["encoder layers"] = n * encoder_layer
+    elif family == "decoder":
+        parts["decoder layers"] = n * encoder_layer  # causal self-attention + feed-forward
+    else:
+        parts["encoder layers"] = n * encoder_layer
+        parts["decoder layers"] = n * (encoder_layer + attention_params(card) + norm)
+    stacks = 2 if family == "encoder-decoder" else 1
+    parts["final norm"] = stacks * norm if card["final_norm"] else 0
+
+    heads = 0
+    if card["pooler"]:
+        heads += d * d + d
+    if card["mlm_head"]:
+        heads += d * d + d + norm + vocab  # transform, norm, output bias; output weight is tied
+    if family != "encoder" and not card["tie_embeddings"]:
+        heads += vocab * d
+    parts["heads"] = heads
+    return {name: count for name, count in parts.items() if count}
+
+
+def total_parameters(card: dict[str, Any]) -> int | None:
+    """The total, or None when a plugin block does not declare its count."""
+    try:
+        return sum(count_parameters(card).values())
+    except UnknownCount:
+        return None

@@ -1,0 +1,163 @@
+"""The card schema: every field, its type, default and range, and the checks across fields.
+
+Validation happens on plain data, before any tensor exists; each error names the file, the field
+and what was expected, e.g. `gpt-tiny.yaml: n_heads=5 does not divide d_model=64`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from registry.blocks import block_names
+from registry.errors import CardError
+
+FAMILIES = ("encoder", "decoder", "encoder-decoder")
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    type: type
+    default: Any = REQUIRED
+    help: str = ""
+    minimum: float | None = None
+    exclusive_minimum: bool = False
+    maximum: float | None = None
+    exclusive_maximum: bool = False
+    choices: tuple[str, ...] | Callable[[], list[str]] | None = None
+    nullable: bool = False
+
+
+def _blocks(kind: str) -> Callable[[], list[str]]:
+    return lambda: block_names(kind)
+
+
+FIELDS: dict[str, Field] = {
+    "family": Field(str, help="encoder | decoder | encoder-decoder", choices=FAMILIES),
+    "description": Field(str, "", help="one line shown by `zoo list`"),
+    "vocab_size": Field(int, help="token vocabulary size", minimum=1),
+    "max_positions": Field(int, help="longest sequence the model accepts", minimum=1),
+    "d_model": Field(int, help="hidden size", minimum=1),
+    "n_heads": Field(int, help="attention heads", minimum=1),
+    "n_layers": Field(int, help="layers (per stack for encoder-decoder)", minimum=1),
+    "d_ff": Field(int, help="feed-forward inner size", minimum=1),
+    "dropout": Field(float, 0.1, "dropout probability", minimum=0.0, maximum=1.0,
+                     exclusive_maximum=True),
+    "activation": Field(str, "gelu", "feed-forward kind", choices=_blocks("activation")),
+    "norm": Field(str, "layernorm", "norm kind", choices=_blocks("norm")),
+    "norm_eps": Field(float, 1e-5, "norm epsilon", minimum=0.0, exclusive_minimum=True),
+    "norm_placement": Field(str, "pre", "norm before (pre) or after (post) each sublayer",
+                            choices=("pre", "post")),
+    "position": Field(str, "learned", "position kind", choices=_blocks("position")),
+    "rope_theta": Field(float, 10000.0, "rotary base", minimum=0.0, exclusive_minimum=True),
+    "tie_embeddings": Field(bool, True, "output head (and enc-dec source/target) share embeddings"),
+    "scale_embeddings": Field(bool, False, "multiply token embeddings by sqrt(d_model)"),
+    "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
+    "final_norm": Field(bool, True, "norm after the last layer (pre-norm stacks)"),
+    "bias": Field(bool, True, "biases in linear layers"),
+    "type_vocab_size": Field(int, 0, "token types (encoder; 0 = none)", minimum=0),
+    "pooler": Field(bool, False, "tanh pooler over the first token (encoder)"),
+    "mlm_head": Field(bool, False, "masked-LM head tied to the embeddings (encoder)"),
+    "pad_token_id": Field(int, 0, "padding token", minimum=0),
+    "bos_token_id": Field(int, None, "start token (encoder-decoder: decoder start)", minimum=0,
+                          nullable=True),
+    "eos_token_id": Field(int, None, "end token", minimum=0, nullable=True),
+}
+ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
+
+
+def _coerce(name: str, value: Any, spec: Field, where: str) -> Any:
+    if value is None and spec.nullable:
+        return None
+    if spec.type is float and isinstance(value, str):
+        try:  # YAML 1.1 reads `1e-5` (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if spec.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if spec.type is int and isinstance(value, bool) or not isinstance(value, spec.type):
+        raise CardError(f"{where}: {name}={value!r} should be {spec.type.__name__}")
+    return value
+
+
+def _check_range(name: str, value: Any, spec: Field, where: str) -> None:
+    if value is None:
+        return
+    if spec.minimum is not None:
+        low_ok = value > spec.minimum if spec.exclusive_minimum else value >= spec.minimum
+        if not low_ok:
+            op = ">" if spec.exclusive_minimum else ">="
+            raise CardError(f"{where}: {name}={value} should be {op} {spec.minimum}")
+    if spec.maximum is not None:
+        high_ok = value < spec.maximum if spec.exclusive_maximum else value <= spec.maximum
+        if not high_ok:
+            op = "<" if spec.exclusive_maximum else "<="
+            raise CardError(f"{where}: {name}={value} should be {op} {spec.maximum}")
+    if spec.choices is not None:
+        choices = list(spec.choices() if callable(spec.choices) else spec.choices)
+        if value not in choices:
+            raise CardError(f"{where}: {name}={value!r} should be one of {', '.join(choices)}"
+                            + _suggest(str(value), choices))
+
+
+def _suggest(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def check_known_fields(fields: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
+    """Reject an unknown field, suggesting the closest known one."""
+    known = [*FIELDS, *extra]
+    for name in fields:
+        if name not in known:
+            raise CardError(f"{where}: unknown field '{name}'" + _suggest(str(name), known))
+
+
+def validate(
+    fields: dict[str, Any], where: str, origins: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Return the fields with defaults filled in, or raise CardError naming the file and field.
+
+    `origins` maps a field to the file it came from (along an `extends` chain), so an error
+    points at the file that set the bad value; `where` is the card itself.
+    """
+    origins = origins or {}
+    check_known_fields(fields, where)
+    resolved: dict[str, Any] = {}
+    for name, spec in FIELDS.items():
+        if name not in fields:
+            if spec.default is REQUIRED:
+                raise CardError(f"{where}: missing required field '{name}' ({spec.help})")
+            resolved[name] = spec.default
+            continue
+        source = origins.get(name, where)
+        value = _coerce(name, fields[name], spec, source)
+        _check_range(name, value, spec, source)
+        resolved[name] = value
+    _check_across_fields(resolved, where, origins)
+    return resolved
+
+
+def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, str]) -> None:
+    if card["d_model"] % card["n_heads"]:
+        raise CardError(f"{origins.get('n_heads', where)}: n_heads={card['n_heads']} "
+                        f"does not divide d_model={card['d_model']}")
+    if card["position"] == "rotary" and (card["d_model"] // card["n_heads"]) % 2:
+        raise CardError(f"{where}: position=rotary needs an even head size, "
+                        f"got d_model/n_heads={card['d_model'] // card['n_heads']}")
+    for token in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if card[token] is not None and card[token] >= card["vocab_size"]:
+            raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
+                            f"{card['vocab_size']}")
+    if card["family"] != "encoder":
+        for name in ENCODER_ONLY:
+            if card[name]:
+                raise CardError(f"{where}: {name}={card[name]!r} applies only to family encoder, "
+                                f"not {card['family']}")
+    if card["family"] == "encoder-decoder" and card["bos_token_id"] is None:
+        raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
+                        "(the decoder's start token)")

@@ -1,0 +1,1 @@
+"""Shared blocks: attention, feed-forward, norms, positions, embeddings, heads."""

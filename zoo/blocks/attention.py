@@ -1,0 +1,84 @@
+"""One multi-head attention module for self, causal self and cross attention.
+
+The key/value cache is explicit: tensors in, tensors out, no hidden state, so the code path that
+runs eagerly is the one that is traced for export. Cache tensors are (B, n_heads, S, head_dim).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from zoo.blocks.positions import Rotary, apply_rotary
+
+KeyValue = tuple[torch.Tensor, torch.Tensor]
+
+
+def build_mask(
+    key_padding: torch.Tensor | None, query_length: int, key_length: int, causal: bool,
+    device: torch.device | None = None,
+) -> torch.Tensor | None:
+    """Boolean mask (B|1, 1, T, S), True where a query may attend a key.
+
+    `key_padding` is (B, S) with 1 for real tokens. With `causal`, the T queries are the last T of
+    the S positions (the first S - T are the cache), so query i sees keys j <= S - T + i.
+    """
+    mask = None
+    if causal:
+        query_positions = torch.arange(query_length, device=device) + (key_length - query_length)
+        key_positions = torch.arange(key_length, device=device)
+        mask = (key_positions[None, :] <= query_positions[:, None])[None, None]  # (1, 1, T, S)
+    if key_padding is not None:
+        padding = key_padding.bool()[:, None, None, :]  # (B, 1, 1, S)
+        mask = padding if mask is None else mask & padding
+    return mask
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.query = nn.Linear(d_model, d_model, bias=bias)
+        self.key = nn.Linear(d_model, d_model, bias=bias)
+        self.value = nn.Linear(d_model, d_model, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        past: KeyValue | None = None,
+        rotary: Rotary | None = None,
+    ) -> tuple[torch.Tensor, KeyValue]:
+        """Attend from x (B, T, d) to `context` (cross) or to x itself plus `past` (self).
+
+        Returns the output (B, T, d) and the keys/values attended to, which for self-attention
+        are the cache to pass as `past` at the next step.
+        """
+        source = x if context is None else context
+        query = self._heads(self.query(x))
+        key = self._heads(self.key(source))
+        value = self._heads(self.value(source))
+        if rotary is not None:
+            query, key = apply_rotary(query, rotary), apply_rotary(key, rotary)
+        if past is not None:
+            key = torch.cat([past[0], key], dim=2)
+            value = torch.cat([past[1], value], dim=2)
+        scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        if mask is not None:
+            # A large finite value, not -inf: a row with every key masked (a padding query)
+            # becomes uniform instead of NaN.
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = self.dropout(scores.softmax(dim=-1))
+        batch, _, length, _ = query.shape
+        merged = (weights @ value).transpose(1, 2).reshape(batch, length, -1)  # (B, T, d)
+        return self.out(merged), (key, value)

@@ -1,0 +1,60 @@
+"""Position-wise feed-forward blocks. Every one is built as `FFN(d_model, d_ff, dropout, bias)`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FeedForward(nn.Module):
+    """Linear -> activation -> dropout -> linear, the paper's FFN(x) = max(0, xW1 + b1)W2 + b2."""
+
+    activation: staticmethod
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.dropout(self.activation(self.up(x))))
+
+
+class ReluFeedForward(FeedForward):
+    activation = staticmethod(F.relu)
+
+
+class GeluFeedForward(FeedForward):
+    """Exact (erf) GELU, as BERT."""
+
+    activation = staticmethod(F.gelu)
+
+
+class GeluTanhFeedForward(FeedForward):
+    """GELU's tanh approximation, as GPT-2."""
+
+    activation = staticmethod(lambda x: F.gelu(x, approximate="tanh"))
+
+
+class SwiGLUFeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool) -> None:
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=bias)
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x)))
+
+
+FEED_FORWARDS: dict[str, type[nn.Module]] = {
+    "relu": ReluFeedForward,
+    "gelu": GeluFeedForward,
+    "gelu_tanh": GeluTanhFeedForward,
+    "swiglu": SwiGLUFeedForward,
+}

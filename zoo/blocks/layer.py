@@ -1,0 +1,56 @@
+"""One transformer layer: self-attention, optional cross-attention and feed-forward, each a
+residual sublayer whose norm sits before (pre) or after (post) it, as the card says."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.blocks.attention import Attention, KeyValue
+from zoo.blocks.positions import Rotary
+
+
+class Layer(nn.Module):
+    def __init__(
+        self,
+        self_attention: Attention,
+        feed_forward: nn.Module,
+        norms: list[nn.Module],
+        dropout: float,
+        pre_norm: bool,
+        cross_attention: Attention | None = None,
+    ) -> None:
+        super().__init__()
+        self.self_attention = self_attention
+        self.cross_attention = cross_attention
+        self.feed_forward = feed_forward
+        self.norms = nn.ModuleList(norms)  # one per sublayer, in order
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def _residual(self, index: int, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:
+        norm = self.norms[index]
+        if self.pre_norm:
+            out, extra = sublayer(norm(x))
+            return x + self.dropout(out), extra
+        out, extra = sublayer(x)
+        return norm(x + self.dropout(out)), extra
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: KeyValue | None = None,
+        rotary: Rotary | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KeyValue]:
+        x, present = self._residual(
+            0, x, lambda h: self.self_attention(h, mask=mask, past=past, rotary=rotary)
+        )
+        if self.cross_attention is not None:
+            x, _ = self._residual(
+                1, x, lambda h: self.cross_attention(h, context=memory, mask=memory_mask)
+            )
+        x, _ = self._residual(len(self.norms) - 1, x, lambda h: (self.feed_forward(h), None))
+        return x, present

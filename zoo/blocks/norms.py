@@ -1,0 +1,28 @@
+"""Norms. Every norm is built as `Norm(d_model, eps)`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LayerNorm(nn.LayerNorm):
+    """torch's LayerNorm, so real checkpoints load without numerical drift."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__(d_model, eps=eps)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019): scale only, no centring, no bias."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}

@@ -1,0 +1,79 @@
+"""Positional encodings. Every one is built as `Position(d_model, max_positions, head_dim, theta)`
+and offers two hooks: `add` (to the embeddings) and `rotary` (cos/sin for attention, or None)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+Rotary = tuple[torch.Tensor, torch.Tensor]
+
+
+def sinusoid_table(max_positions: int, d_model: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    position = torch.arange(max_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    angle = position / torch.pow(10000.0, two_i / d_model)  # (P, ceil(d/2))
+    table = torch.zeros(max_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table.float()
+
+
+class Sinusoidal(nn.Module):
+    """Fixed sinusoids (Vaswani et al. 2017); a buffer, not a weight, so never saved."""
+
+    def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
+
+    def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return x + self.table[position_ids]
+
+    def rotary(self, position_ids: torch.Tensor) -> Rotary | None:
+        return None
+
+
+class Learned(nn.Module):
+    """A learned table of absolute positions (BERT, GPT-2)."""
+
+    def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.table = nn.Embedding(max_positions, d_model)
+
+    def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return x + self.table(position_ids)
+
+    def rotary(self, position_ids: torch.Tensor) -> Rotary | None:
+        return None
+
+
+class RotaryPositions(nn.Module):
+    """Rotary embeddings (Su et al. 2021): queries and keys rotated by position, in attention."""
+
+    def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float) -> None:
+        super().__init__()
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        self.register_buffer("inv_freq", (1.0 / theta**exponent).float(), persistent=False)
+
+    def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotary(self, position_ids: torch.Tensor) -> Rotary | None:
+        angle = position_ids[..., None].float() * self.inv_freq  # (B, T, hd/2)
+        angle = torch.cat([angle, angle], dim=-1)[:, None]  # (B, 1, T, hd)
+        return angle.cos(), angle.sin()
+
+
+def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """Rotate (B, nh, T, hd) by the half-split convention (GPT-NeoX, Llama)."""
+    cos, sin = rotary
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+POSITIONS: dict[str, type[nn.Module]] = {
+    "sinusoidal": Sinusoidal,
+    "learned": Learned,
+    "rotary": RotaryPositions,
+}

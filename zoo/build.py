@@ -1,0 +1,137 @@
+"""The one place a validated card becomes an nn.Module: parts are built here and passed in."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from registry.catalog import Card
+from zoo.blocks.attention import Attention
+from zoo.blocks.embeddings import Embeddings
+from zoo.blocks.heads import LMHead, MLMHead, Pooler
+from zoo.blocks.layer import Layer
+from zoo.blocks.registry import block_class
+from zoo.models.decoder import Decoder
+from zoo.models.encoder import Encoder
+from zoo.models.encoder_decoder import EncoderDecoder
+
+INIT_STD = 0.02
+
+
+class Parts:
+    """Factories for one card's blocks, so the family wiring below reads as plain assembly."""
+
+    def __init__(self, card: dict[str, Any]) -> None:
+        self.card = card
+        self.norm_class = block_class("norm", card["norm"])
+        self.ffn_class = block_class("activation", card["activation"])
+        self.position_class = block_class("position", card["position"])
+
+    def norm(self) -> nn.Module:
+        return self.norm_class(self.card["d_model"], self.card["norm_eps"])
+
+    def attention(self) -> Attention:
+        c = self.card
+        return Attention(c["d_model"], c["n_heads"], c["dropout"], c["bias"])
+
+    def layer(self, cross: bool = False) -> Layer:
+        c = self.card
+        ffn = self.ffn_class(c["d_model"], c["d_ff"], c["dropout"], c["bias"])
+        return Layer(
+            self_attention=self.attention(),
+            feed_forward=ffn,
+            norms=[self.norm() for _ in range(3 if cross else 2)],
+            dropout=c["dropout"],
+            pre_norm=c["norm_placement"] == "pre",
+            cross_attention=self.attention() if cross else None,
+        )
+
+    def layers(self, cross: bool = False) -> list[Layer]:
+        return [self.layer(cross) for _ in range(self.card["n_layers"])]
+
+    def final_norm(self) -> nn.Module | None:
+        return self.norm() if self.card["final_norm"] else None
+
+    def embeddings(self, position: nn.Module) -> Embeddings:
+        c = self.card
+        return Embeddings(
+            c["vocab_size"], c["d_model"], position, c["dropout"],
+            scale=c["scale_embeddings"],
+            type_vocab_size=c["type_vocab_size"],
+            norm=self.norm() if c["embedding_norm"] else None,
+        )
+
+    def position(self) -> nn.Module:
+        c = self.card
+        head_dim = c["d_model"] // c["n_heads"]
+        return self.position_class(c["d_model"], c["max_positions"], head_dim, c["rope_theta"])
+
+    def lm_head(self) -> LMHead:
+        c = self.card
+        return LMHead(c["d_model"], c["vocab_size"], tied=c["tie_embeddings"])
+
+
+def _assemble(card: dict[str, Any]) -> nn.Module:
+    parts = Parts(card)
+    family = card["family"]
+    if family == "decoder":
+        return Decoder(parts.embeddings(parts.position()), parts.layers(), parts.final_norm(),
+                       parts.lm_head())
+    if family == "encoder":
+        return Encoder(
+            parts.embeddings(parts.position()),
+            parts.layers(),
+            parts.final_norm(),
+            Pooler(card["d_model"]) if card["pooler"] else None,
+            MLMHead(card["d_model"], card["vocab_size"], parts.norm(), card["tie_embeddings"])
+            if card["mlm_head"] else None,
+        )
+    position = parts.position()  # shared by both stacks: a function of position only
+    tied = card["tie_embeddings"]
+    return EncoderDecoder(
+        parts.embeddings(position),
+        None if tied else parts.embeddings(position),
+        parts.layers(),
+        parts.layers(cross=True),
+        parts.final_norm(),
+        parts.final_norm(),
+        parts.lm_head(),
+    )
+
+
+def _initialise(model: nn.Module, card: dict[str, Any]) -> None:
+    """Small normal weights, zero biases, unit norms; scaled embeddings start at d_model^-0.5
+    so that after the sqrt(d_model) scale they are of unit size (Vaswani et al. 2017)."""
+    embedding_std = card["d_model"] ** -0.5 if card["scale_embeddings"] else INIT_STD
+    for name, parameter in model.named_parameters():
+        if parameter.dim() == 1 and name.endswith("weight"):
+            nn.init.ones_(parameter)  # norm scales
+        elif parameter.dim() == 1:
+            nn.init.zeros_(parameter)  # biases
+        elif "embeddings.token" in name:
+            nn.init.normal_(parameter, std=embedding_std)
+        else:
+            nn.init.normal_(parameter, std=INIT_STD)
+
+
+def build_model(card: Card | dict[str, Any], seed: int | None = 0, meta: bool = False) -> nn.Module:
+    """Build the module for `card`, initialised from `seed`, in eval mode.
+
+    `meta=True` builds on the meta device (no memory), for counting full-size cards.
+    """
+    fields = card.fields if isinstance(card, Card) else card
+    device = torch.device("meta") if meta else contextlib.nullcontext()
+    with device:
+        if seed is not None and not meta:
+            torch.manual_seed(seed)
+        model = _assemble(fields)
+        if not meta:
+            _initialise(model, fields)
+    return model.eval()
+
+
+def count_module_parameters(model: nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())

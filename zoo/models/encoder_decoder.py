@@ -1,0 +1,96 @@
+"""The original Transformer: an encoder stack and a decoder stack with cross-attention.
+
+`encode()` runs once per input; `decode()` runs per step with an explicit self-attention cache.
+Source and target share one embedding (and the output head) when the card ties them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.blocks.attention import KeyValue, build_mask
+from zoo.blocks.embeddings import Embeddings
+from zoo.blocks.heads import LMHead
+from zoo.blocks.layer import Layer
+
+
+def _positions(input_ids: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+    batch, length = input_ids.shape
+    return (torch.arange(length, device=input_ids.device) + start).expand(batch, length)
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(
+        self,
+        source_embeddings: Embeddings,
+        target_embeddings: Embeddings | None,
+        encoder_layers: list[Layer],
+        decoder_layers: list[Layer],
+        encoder_norm: nn.Module | None,
+        decoder_norm: nn.Module | None,
+        head: LMHead,
+    ) -> None:
+        super().__init__()
+        self.source_embeddings = source_embeddings
+        self.target_embeddings = target_embeddings  # None: shared with the source
+        self.encoder_layers = nn.ModuleList(encoder_layers)
+        self.decoder_layers = nn.ModuleList(decoder_layers)
+        self.encoder_norm = encoder_norm
+        self.decoder_norm = decoder_norm
+        self.head = head
+
+    def _target(self) -> Embeddings:
+        return self.source_embeddings if self.target_embeddings is None else self.target_embeddings
+
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Source ids (B, S) and mask (B, S) to memory (B, S, d)."""
+        length = input_ids.shape[1]
+        position_ids = _positions(input_ids)
+        x = self.source_embeddings(input_ids, position_ids)
+        rotary = self.source_embeddings.position.rotary(position_ids)
+        mask = build_mask(attention_mask, length, length, causal=False)
+        for layer in self.encoder_layers:
+            x, _ = layer(x, mask, rotary=rotary)
+        return self.encoder_norm(x) if self.encoder_norm is not None else x
+
+    def decode(
+        self,
+        input_ids: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        past_key_values: tuple[KeyValue, ...] | None = None,
+    ) -> tuple[torch.Tensor, tuple[KeyValue, ...]]:
+        """Target ids (B, T) after `past` cached steps; returns logits (B, T, vocab) and the
+        self-attention cache, one (key, value) per layer, (B, n_heads, past + T, head_dim)."""
+        length = input_ids.shape[1]
+        past_length = past_key_values[0][0].shape[2] if past_key_values else 0
+        position_ids = _positions(input_ids, past_length)
+        embeddings = self._target()
+        x = embeddings(input_ids, position_ids)
+        rotary = embeddings.position.rotary(position_ids)
+        self_mask = build_mask(None, length, past_length + length, causal=True,
+                                   device=input_ids.device)
+        cross_mask = build_mask(memory_mask, length, memory.shape[1], causal=False)
+        presents = []
+        for index, layer in enumerate(self.decoder_layers):
+            past = past_key_values[index] if past_key_values else None
+            x, present = layer(x, self_mask, past=past, rotary=rotary, memory=memory,
+                               memory_mask=cross_mask)
+            presents.append(present)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.head(x, embeddings.token.weight), tuple(presents)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        decoder_input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced logits (B, T, vocab) for training."""
+        memory = self.encode(input_ids, attention_mask)
+        logits, _ = self.decode(decoder_input_ids, memory, attention_mask)
+        return logits

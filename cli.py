@@ -142,5 +142,71 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
         click.echo(f"  {part:<20} {count:>14,}")
 
 
+PROVIDER = click.Choice(["cpu", "cuda"])
+
+
+@main.command("export")
+@click.argument("source", metavar="NAME|DIR")
+@click.option("--onnx", "to_onnx", is_flag=True, help="Export to ONNX (the one format so far).")
+@click.option("-o", "--out", type=click.Path(file_okay=False), help="Output folder [NAME-onnx].")
+@click.option("--opset", default=18, show_default=True, help="ONNX opset.")
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True,
+              help="ONNX Runtime provider for the parity check.")
+@click.option("--atol", default=1e-4, show_default=True, help="Parity absolute tolerance.")
+@click.option("--rtol", default=1e-3, show_default=True, help="Parity relative tolerance.")
+@click.option("--seed", default=0, show_default=True, help="Seed when building a card.")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="Override a field.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output folder.")
+@registry_option
+def export_command(source: str, to_onnx: bool, out: str | None, opset: int, provider: str,
+                   atol: float, rtol: float, seed: int, sets: tuple[str, ...], force: bool,
+                   registries: tuple[str, ...]) -> None:
+    """Export a card or a built folder to ONNX, then prove parity with PyTorch.
+
+    Files land in OUT only when onnx.checker and the parity grid both passed.
+    """
+    if not to_onnx:
+        raise ZooError("choose an export format: --onnx")
+    target = Path(out or f"{Path(source).name}-onnx")
+    from zoo.atomic import refuse_existing
+
+    refuse_existing(target, force)
+    progress = lambda message: click.echo(message, err=True)  # noqa: E731
+    from export.parity import ParityError
+    from export.pipeline import export_and_verify, load_source
+
+    progress(f"loading {source}...")
+    model, card = load_source(source, registries, seed, parse_overrides(sets) or None)
+    try:
+        report = export_and_verify(model, card, target, opset, provider, atol, rtol, force,
+                                   progress)
+    except ParityError as exc:
+        click.echo(exc.report.table())
+        raise
+    click.echo(report.table())
+    files = ", ".join(sorted(p.name for p in target.iterdir()))
+    click.echo(f"wrote {target}/ ({files})")
+
+
+@main.command()
+@click.argument("folder", type=click.Path())
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
+@click.option("--atol", default=1e-4, show_default=True, help="Absolute tolerance.")
+@click.option("--rtol", default=1e-3, show_default=True, help="Relative tolerance.")
+def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
+    """Check an exported FOLDER: PyTorch against ONNX Runtime on the shape grid."""
+    from export.engines import TorchEngine
+    from export.parity import ParityError, check_parity
+    from export.runtime import Runtime
+    from zoo.weights import load_built
+
+    runtime = Runtime(Path(folder), provider)  # verifies the manifest's sha256 first
+    model, card = load_built(Path(folder))
+    report = check_parity(TorchEngine(model, card), runtime, atol, rtol)
+    click.echo(report.table())
+    if not report.passed:
+        raise ParityError(report)
+
+
 if __name__ == "__main__":
     sys.exit(main())

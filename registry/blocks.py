@@ -48,9 +48,8 @@ def register_block(kind: str, entry: BlockEntry) -> None:
         raise ZooError(f"{entry.origin}: unknown block kind '{kind}' (known: {', '.join(BLOCKS)})")
     existing = BLOCKS[kind].get(entry.name)
     if existing is not None:
-        raise ZooError(
-            f"{entry.origin}: {kind} block '{entry.name}' is already registered by {existing.origin}"
-        )
+        raise ZooError(f"{entry.origin}: {kind} block '{entry.name}' is already registered "
+                       f"by {existing.origin}")
     BLOCKS[kind][entry.name] = entry
 
 

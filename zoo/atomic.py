@@ -1,5 +1,5 @@
-"""Atomic writes: everything is written under a temporary name beside the target and renamed
-into place, so an interrupted write never leaves a half file (or half folder) under the real name."""
+"""Atomic writes: everything is written under a temporary name beside the target, then renamed
+into place, so an interrupted write never leaves a half file (or folder) under the real name."""
 
 from __future__ import annotations
 

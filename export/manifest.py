@@ -1,0 +1,92 @@
+"""manifest.json: what an export holds (card, versions, opset, IR version, each file's sha256),
+and the check that nothing was changed since."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from export.contract import FORMAT_VERSION, MANIFEST, files_for
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.paths import display_path
+
+PACKAGES = ("zoo", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy",
+            "safetensors")
+
+
+class ManifestError(ZooError):
+    """A folder that is not an export, or whose files changed after export."""
+
+
+def package_versions() -> dict[str, str]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str]) -> None:
+    contract = files_for(card.fields)
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "name": card.name,
+        "family": card.family,
+        "card": card.fields,
+        "opset": opset,
+        "ir_version": onnx.load(str(folder / next(iter(contract))),
+                                load_external_data=False).ir_version,
+        "versions": versions,
+        "graphs": {name: {"inputs": inputs, "outputs": outputs}
+                   for name, (inputs, outputs) in contract.items()},
+        "files": {name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
+                  for name in files},
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
+    """The manifest of an export folder, after checking every file's sha256."""
+    folder = Path(folder)
+    where = display_path(folder)
+    if not folder.is_dir():
+        raise ManifestError(f"{where}: no such folder")
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{where}: not an export (no {MANIFEST}); make one with zoo export")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{display_path(path)}: not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ManifestError(f"{display_path(path)}: field 'files' missing")
+    found = manifest.get("format_version")
+    if found != FORMAT_VERSION:
+        raise ManifestError(f"{display_path(path)}: format_version={found!r}, this zoo reads "
+                            f"{FORMAT_VERSION}")
+    if verify_files:
+        for name, entry in manifest["files"].items():
+            file = folder / name
+            if not file.is_file():
+                raise ManifestError(f"{display_path(file)}: listed in {MANIFEST} but missing")
+            if sha256(file) != entry.get("sha256"):
+                raise ManifestError(f"{display_path(file)}: sha256 does not match {MANIFEST} "
+                                    "(changed after export)")
+    return manifest

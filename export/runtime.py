@@ -1,0 +1,135 @@
+"""ONNX Runtime sessions over an exported folder, with provider checks and feed validation.
+
+Asking for CUDA and not getting it is an error: `onnxruntime-gpu` lists the CUDA provider even
+where it cannot load and then quietly runs on CPU, so the check reads `session.get_providers()`
+after the session is made.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from export.manifest import read_manifest
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.paths import display_path
+from registry.schema import validate
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+
+
+class OrtError(ZooError):
+    """ONNX Runtime could not load or run a graph, or a feed does not fit it."""
+
+
+def cuda_active() -> bool:
+    """True only where a CUDA session really runs on CUDA (not merely listed)."""
+    if PROVIDERS["cuda"] not in ort.get_available_providers():
+        return False
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "probe",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=[PROVIDERS["cuda"]])
+    except Exception:  # noqa: BLE001 - any failure means "not active"
+        return False
+    return session.get_providers()[0] == PROVIDERS["cuda"]
+
+
+class Graph:
+    """One ONNX file in one InferenceSession."""
+
+    def __init__(self, path: Path, provider: str, threads: int | None = None) -> None:
+        if provider not in PROVIDERS:
+            raise OrtError(f"--provider {provider}: expected one of {', '.join(PROVIDERS)}")
+        self.path = path
+        self.provider = provider
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        wanted = [PROVIDERS[provider]]
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=wanted)
+        except Exception as exc:  # ORT raises its own exception types; report one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise OrtError(f"{display_path(path)}: ONNX Runtime cannot load it: "
+                                f"{first}") from exc
+        active = self.session.get_providers()
+        if active[0] != PROVIDERS[provider]:
+            raise OrtError(
+                f"{display_path(path)}: asked for {PROVIDERS[provider]} but ONNX Runtime runs "
+                f"{active[0]} (CUDA is not active here: check the CUDA and cuDNN libraries)"
+            )
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def check_feeds(self, feeds: dict[str, np.ndarray]) -> None:
+        where = display_path(self.path)
+        missing = [name for name in self.inputs if name not in feeds]
+        unexpected = [name for name in feeds if name not in self.inputs]
+        if missing or unexpected:
+            raise OrtError(f"{where}: feeds do not match the inputs: missing "
+                                f"{missing or 'none'}, unexpected {unexpected or 'none'}")
+        for name, value in feeds.items():
+            spec = self.inputs[name]
+            dtype = ORT_DTYPES.get(spec.type)
+            if not isinstance(value, np.ndarray) or (dtype and value.dtype != dtype):
+                found = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
+                raise OrtError(f"{where}: input {name} should be {np.dtype(dtype).name} "
+                                    f"array, got {found}")
+            if value.ndim != len(spec.shape):
+                raise OrtError(f"{where}: input {name} should have rank {len(spec.shape)} "
+                                    f"{spec.shape}, got shape {list(value.shape)}")
+            for axis, (want, got) in enumerate(zip(spec.shape, value.shape, strict=True)):
+                if isinstance(want, int) and want != got:
+                    raise OrtError(f"{where}: input {name} axis {axis} should be {want}, "
+                                        f"got {got}")
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.check_feeds(feeds)
+        if self.provider == "cuda":  # bind so outputs are produced on the device, copied once
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, value)
+            for name in self.output_names:
+                binding.bind_output(name, "cuda")
+            self.session.run_with_iobinding(binding)
+            return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
+        return dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
+
+
+class Runtime:
+    """An exported folder opened with ONNX Runtime: one Graph per ONNX file."""
+
+    def __init__(self, folder: Path, provider: str = "cpu", threads: int | None = None,
+                 verify: bool = True) -> None:
+        self.folder = Path(folder)
+        self.manifest: dict[str, Any] = read_manifest(self.folder, verify_files=verify)
+        self.card = Card(self.manifest.get("name", "?"), self.folder / "manifest.json",
+                         validate(self.manifest["card"], display_path(self.folder)))
+        self.provider = provider
+        graphs = self.manifest.get("graphs", {})
+        if not graphs:
+            raise OrtError(f"{display_path(self.folder)}: manifest lists no graphs")
+        self.graphs = {name: Graph(self.folder / name, provider, threads) for name in graphs}
+
+    @property
+    def family(self) -> str:
+        return self.card.family
+
+    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.graphs[file].run(feeds)

@@ -54,7 +54,8 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
         try:
             overrides[field.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise ZooError(f"--set {pair!r}: value is not valid YAML: {exc}") from exc
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ZooError(f"--set {pair!r}: value is not valid YAML: {problem}") from exc
     return overrides
 
 
@@ -149,7 +150,7 @@ PROVIDER = click.Choice(["cpu", "cuda"])
 @click.argument("source", metavar="NAME|DIR")
 @click.option("--onnx", "to_onnx", is_flag=True, help="Export to ONNX (the one format so far).")
 @click.option("-o", "--out", type=click.Path(file_okay=False), help="Output folder [NAME-onnx].")
-@click.option("--opset", default=18, show_default=True, help="ONNX opset.")
+@click.option("--opset", default=18, show_default=True, help="ONNX opset (18 to 25).")
 @click.option("--provider", type=PROVIDER, default="cpu", show_default=True,
               help="ONNX Runtime provider for the parity check.")
 @click.option("--atol", default=1e-4, show_default=True, help="Parity absolute tolerance.")
@@ -172,9 +173,11 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
 
     refuse_existing(target, force)
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
+    from export.onnx_export import check_opset
     from export.parity import ParityError
     from export.pipeline import export_and_verify, load_source
 
+    check_opset(opset)
     progress(f"loading {source}...")
     model, card = load_source(source, registries, seed, parse_overrides(sets) or None)
     try:
@@ -206,6 +209,66 @@ def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
     click.echo(report.table())
     if not report.passed:
         raise ParityError(report)
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError as exc:
+        raise ZooError(f"--ids {text!r}: expected comma-separated integers like 1,2,3") from exc
+
+
+@main.command()
+@click.argument("folder", type=click.Path())
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
+@click.option("--ids", "id_lists", multiple=True,
+              help="Comma-separated token ids; repeat for a (left-padded) batch.")
+@click.option("--text", help="Text prompt (needs an export with a tokenizer).")
+@click.option("--max-new-tokens", default=32, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, help="0 = no limit.")
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--beams", default=1, show_default=True, help="Beam search width.")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed.")
+@click.option("--threads", type=int, help="ONNX Runtime CPU threads [all cores].")
+def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
+        max_new_tokens: int, temperature: float, top_k: int, top_p: float, beams: int,
+        seed: int, threads: int | None) -> None:
+    """Run an exported FOLDER with ONNX Runtime.
+
+    Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
+    the pooled vector and the top predictions at masked positions.
+    """
+    import numpy as np
+
+    from export.encode import encode
+    from export.generate import Sampling, generate
+    from export.runtime import Runtime
+
+    if text is not None:
+        raise ZooError(f"{folder}: this export has no tokenizer; pass token ids with --ids")
+    if not id_lists:
+        raise ZooError("give token ids with --ids 1,2,3")
+    runtime = Runtime(Path(folder), provider, threads)
+    prompts = [parse_ids(ids) for ids in id_lists]
+    if runtime.family == "encoder":
+        for prompt in prompts:
+            pooled, predictions = encode(runtime, np.array(prompt))
+            if pooled is not None:
+                click.echo("pooled: " + " ".join(f"{value:.5f}" for value in pooled))
+            for prediction in predictions:
+                best = ", ".join(f"{token} ({probability:.3f})" for token, probability
+                                 in zip(prediction.tokens, prediction.probabilities, strict=True))
+                click.echo(f"masked position {prediction.position}: {best}")
+        return
+    width = max(len(prompt) for prompt in prompts)
+    pad = runtime.card["pad_token_id"]
+    ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int64)
+    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
+    sampling = Sampling(temperature, top_k, top_p, seed, beams)
+    tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
+    for row in tokens:
+        click.echo(",".join(str(token) for token in row))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ the parity check have both passed, so a failed export leaves nothing (and OUT un
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,8 @@ from registry.errors import ZooError
 from zoo.atomic import atomic_folder
 from zoo.weights import CONFIG, WEIGHTS, card_yaml, weights_bytes
 
-DEFAULT_OPSET = 18
+DEFAULT_OPSET = MIN_OPSET = 18
+MAX_OPSET = 25
 # torch.export specialises any dimension whose example size is 0 or 1: trace with >= 2 everywhere.
 TRACE_BATCH, TRACE_SEQUENCE, TRACE_PAST, TRACE_SOURCE = 2, 3, 4, 5
 
@@ -35,6 +38,13 @@ Progress = Callable[[str], None]
 
 class ExportError(ZooError):
     """The exporter or onnx.checker refused the model."""
+
+
+def check_opset(opset: int) -> None:
+    """torch.onnx's exporter emits opset 18 and newer. 25 is the newest that it converted and
+    ONNX Runtime 1.31 ran here (26 and later fail inside the exporter's version converter)."""
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportError(f"--opset {opset}: supported opsets are {MIN_OPSET} to {MAX_OPSET}")
 
 
 def _ids(card: Card, *shape: int) -> torch.Tensor:
@@ -79,7 +89,7 @@ def traced_graphs(model: nn.Module, card: Card) -> dict[str, tuple[nn.Module, tu
 
 def _export_one(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list, list],
                 opset: int, path: Path) -> onnx.ModelProto:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_loggers("torch.onnx", "onnxscript", "torch.export"):
         warnings.simplefilter("ignore")  # the exporter's own chatter; failures still raise
         try:
             program = torch.onnx.export(
@@ -90,6 +100,20 @@ def _export_one(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list,
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ExportError(f"{path.name}: torch.onnx.export failed: {first}") from exc
     return program.model_proto
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """The exporter logs warnings and caught tracebacks; we report failures ourselves."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _check(path: Path) -> None:
@@ -113,9 +137,7 @@ def export_onnx(
     `verify(staging)` runs before the folder is moved into place (the parity check); when it
     raises, nothing is written. Returns what `verify` returned.
     """
-    max_opset = onnx.defs.onnx_opset_version()
-    if not 18 <= opset <= max_opset:
-        raise ExportError(f"--opset {opset}: supported opsets are 18 to {max_opset}")
+    check_opset(opset)
     model = model.eval()
     versions = package_versions()
     metadata = {

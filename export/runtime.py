@@ -21,6 +21,9 @@ from registry.schema import validate
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+# ORT's own logger prints multi-line errors (e.g. a CUDA library it cannot load) before we can
+# report them in one line; every failure it logs is raised to us and reported by us.
+ort.set_default_logger_severity(4)
 
 
 class OrtError(ZooError):

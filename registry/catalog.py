@@ -77,7 +77,8 @@ def card_from_file(path: Path) -> Card:
 class Catalog:
     def __init__(self, folders: list[Path]) -> None:
         self.files: dict[str, Path] = {}
-        for folder in folders:
+        unique = {folder.resolve(): folder for folder in reversed(folders)}  # first one wins
+        for folder in reversed(unique.values()):
             for path in sorted(folder.glob(f"*{SUFFIX}")):
                 name = path.name[: -len(SUFFIX)]
                 if name in self.files:

@@ -58,7 +58,8 @@ def load_plugins() -> list[Path]:
         except ZooError:
             raise
         except Exception as exc:  # a broken plugin must not become a traceback
-            raise ZooError(f"{api.origin} failed to load: {type(exc).__name__}: {exc}") from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ZooError(f"{api.origin} failed to load: {type(exc).__name__}: {first}") from exc
         folders.extend(api.card_folders)
     _loaded = folders
     return folders

@@ -7,12 +7,14 @@ and what was expected, e.g. `gpt-tiny.yaml: n_heads=5 does not divide d_model=64
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from registry.blocks import block_names
 from registry.errors import CardError
+from registry.plugins import load_plugins
 
 FAMILIES = ("encoder", "decoder", "encoder-decoder")
 REQUIRED = object()
@@ -65,6 +67,8 @@ FIELDS: dict[str, Field] = {
     "bos_token_id": Field(int, None, "start token (encoder-decoder: decoder start)", minimum=0,
                           nullable=True),
     "eos_token_id": Field(int, None, "end token", minimum=0, nullable=True),
+    "mask_token_id": Field(int, None, "mask token for masked-LM (encoder)", minimum=0,
+                           nullable=True),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
 
@@ -87,6 +91,8 @@ def _coerce(name: str, value: Any, spec: Field, where: str) -> Any:
 def _check_range(name: str, value: Any, spec: Field, where: str) -> None:
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise CardError(f"{where}: {name}={value} should be a finite number")
     if spec.minimum is not None:
         low_ok = value > spec.minimum if spec.exclusive_minimum else value >= spec.minimum
         if not low_ok:
@@ -125,6 +131,7 @@ def validate(
     `origins` maps a field to the file it came from (along an `extends` chain), so an error
     points at the file that set the bad value; `where` is the card itself.
     """
+    load_plugins()  # plugin block names are valid choices, wherever the card came from
     origins = origins or {}
     check_known_fields(fields, where)
     resolved: dict[str, Any] = {}
@@ -144,12 +151,14 @@ def validate(
 
 def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, str]) -> None:
     if card["d_model"] % card["n_heads"]:
-        raise CardError(f"{origins.get('n_heads', where)}: n_heads={card['n_heads']} "
-                        f"does not divide d_model={card['d_model']}")
+        sources = {origins.get(name, where) for name in ("n_heads", "d_model")} - {where}
+        came_from = f" (set in {', '.join(sorted(sources))})" if sources else ""
+        raise CardError(f"{where}: n_heads={card['n_heads']} does not divide "
+                        f"d_model={card['d_model']}{came_from}")
     if card["position"] == "rotary" and (card["d_model"] // card["n_heads"]) % 2:
         raise CardError(f"{where}: position=rotary needs an even head size, "
                         f"got d_model/n_heads={card['d_model'] // card['n_heads']}")
-    for token in ("pad_token_id", "bos_token_id", "eos_token_id"):
+    for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
                             f"{card['vocab_size']}")

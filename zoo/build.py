@@ -103,18 +103,26 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
 
 
 def _initialise(model: nn.Module, card: dict[str, Any]) -> None:
-    """Small normal weights, zero biases, unit norms; scaled embeddings start at d_model^-0.5
-    so that after the sqrt(d_model) scale they are of unit size (Vaswani et al. 2017)."""
+    """Small normal weights and zero biases for the layers this file builds; norms keep their
+    unit init, and blocks from plugins keep whatever init they chose.
+
+    Scaled embeddings start at d_model^-0.5, so that after the sqrt(d_model) scale they are of
+    unit size (Vaswani et al. 2017).
+    """
     embedding_std = card["d_model"] ** -0.5 if card["scale_embeddings"] else INIT_STD
-    for name, parameter in model.named_parameters():
-        if parameter.dim() == 1 and name.endswith("weight"):
-            nn.init.ones_(parameter)  # norm scales
-        elif parameter.dim() == 1:
-            nn.init.zeros_(parameter)  # biases
-        elif "embeddings.token" in name:
-            nn.init.normal_(parameter, std=embedding_std)
-        else:
-            nn.init.normal_(parameter, std=INIT_STD)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=INIT_STD)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            std = embedding_std if name.endswith("embeddings.token") else INIT_STD
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, LMHead):
+            if module.weight is not None:
+                nn.init.normal_(module.weight, std=INIT_STD)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
 
 
 def build_model(card: Card | dict[str, Any], seed: int | None = 0, meta: bool = False) -> nn.Module:

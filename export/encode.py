@@ -1,0 +1,39 @@
+"""Running an exported encoder: the pooled vector and masked-token predictions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from export.engines import Engine
+
+
+@dataclass
+class MaskedPrediction:
+    position: int
+    tokens: list[int]
+    probabilities: list[float]
+
+
+def encode(engine: Engine, ids: np.ndarray, top: int = 5
+           ) -> tuple[np.ndarray | None, list[MaskedPrediction]]:
+    """Pooled vector (d,) for one sequence of ids, and the top MLM predictions at each position
+    holding the card's mask token."""
+    card = engine.card
+    ids = np.asarray(ids, np.int64)[None]
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    if card["type_vocab_size"]:
+        feeds["token_type_ids"] = np.zeros_like(ids)
+    outputs = engine.run("model.onnx", feeds)
+    pooled = outputs["pooler_output"][0] if "pooler_output" in outputs else None
+    predictions = []
+    if "logits" in outputs and card["mask_token_id"] is not None:
+        for position in np.flatnonzero(ids[0] == card["mask_token_id"]):
+            logits = outputs["logits"][0, position].astype(np.float64)
+            probabilities = np.exp(logits - logits.max())
+            probabilities /= probabilities.sum()
+            best = np.argsort(-probabilities)[:top]
+            predictions.append(MaskedPrediction(int(position), best.tolist(),
+                                                probabilities[best].tolist()))
+    return pooled, predictions

@@ -1,0 +1,341 @@
+"""ONNX export and ONNX Runtime: contract, parity grid, generation, metadata, bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from click.testing import CliRunner
+from onnx import numpy_helper
+
+from cli import main
+from export.contract import MANIFEST, files_for
+from export.engines import TorchEngine
+from export.generate import Sampling, generate
+from export.manifest import ManifestError, read_manifest, sha256
+from export.parity import check_parity
+from export.pipeline import export_and_verify
+from export.runtime import OrtError, Runtime, cuda_active
+from tests.conftest import TINY_CARDS, card
+from zoo.build import build_model
+from zoo.weights import WEIGHTS, load_built
+
+CUDA = cuda_active()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="ONNX Runtime's CUDA provider is not active")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Each tiny card exported once (export includes the parity check)."""
+    root = tmp_path_factory.mktemp("exports")
+    folders = {}
+    for name in TINY_CARDS:
+        folders[name] = root / name
+        export_and_verify(build_model(card(name), seed=1), card(name), folders[name])
+    return folders
+
+
+def copy_export(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / source.name
+    shutil.copytree(source, target)
+    return target
+
+
+def engines(folder: Path) -> tuple[TorchEngine, Runtime]:
+    model, loaded = load_built(folder)
+    return TorchEngine(model, loaded), Runtime(folder)
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
+                                                            exported: dict[str, Path]) -> None:
+    folder = exported[name]
+    for file in files_for(card(name).fields):
+        onnx.checker.check_model(str(folder / file), full_check=True)
+    report = check_parity(*engines(folder))
+    assert report.passed, report.table()
+    cases = {row.case for row in report.rows}
+    assert any("s1 " in c or c.endswith("s1") for c in cases)
+    assert any("padded" in c for c in cases)
+    if card(name).family != "encoder":
+        assert any("past0" in c for c in cases)
+        assert any("past" in c and "past0" not in c for c in cases)
+        assert report.generation and all(same for _, same, _ in report.generation)
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_inputs_and_outputs_follow_the_contract_with_dynamic_axes(
+        name: str, exported: dict[str, Path]) -> None:
+    for file, (inputs, outputs) in files_for(card(name).fields).items():
+        model = onnx.load(str(exported[name] / file), load_external_data=False)
+        assert [i.name for i in model.graph.input] == inputs
+        assert [o.name for o in model.graph.output] == outputs
+        for value in model.graph.input:
+            dims = value.type.tensor_type.shape.dim
+            assert dims[0].dim_param, f"{file}:{value.name} batch axis is fixed"
+            if value.name in ("input_ids", "attention_mask") or "past" in value.name:
+                axis = 2 if "past" in value.name else 1
+                assert dims[axis].dim_param, f"{file}:{value.name} axis {axis} is fixed"
+            if value.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+                assert value.type.tensor_type.elem_type == onnx.TensorProto.INT64
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny", "transformer-tiny"])
+def test_greedy_tokens_identical_and_batched_padding_equals_one_at_a_time(
+        name: str, exported: dict[str, Path]) -> None:
+    torch_engine, ort_engine = engines(exported[name])
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 60, length).tolist() for length in (5, 2, 7)]
+    width = max(map(len, prompts))
+    pad = card(name)["pad_token_id"]
+    ids = np.array([[pad] * (width - len(p)) + p for p in prompts])
+    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    steps = 64 if name == "gpt-tiny" else card(name)["max_positions"] - 1
+    batched_ort = generate(ort_engine, ids, mask, steps)
+    batched_torch = generate(torch_engine, ids, mask, steps)
+    np.testing.assert_array_equal(batched_ort, batched_torch)
+    assert batched_ort.shape == (3, steps)
+    for row, prompt in enumerate(prompts):
+        alone = generate(ort_engine, np.array([prompt]), None, steps)
+        np.testing.assert_array_equal(alone[0], batched_ort[row])
+
+
+def test_sampling_is_seeded_and_identical_between_backends(exported: dict[str, Path]) -> None:
+    torch_engine, ort_engine = engines(exported["gpt-tiny"])
+    prompt = np.array([[5, 6, 7, 8]])
+    sampling = Sampling(temperature=1.5, top_k=50, top_p=0.95, seed=7)
+    first = generate(ort_engine, prompt, None, 24, sampling)
+    np.testing.assert_array_equal(first, generate(torch_engine, prompt, None, 24, sampling))
+    np.testing.assert_array_equal(first, generate(ort_engine, prompt, None, 24, sampling))
+    other = generate(ort_engine, prompt, None, 24, Sampling(1.5, 50, 0.95, seed=8))
+    assert not np.array_equal(first, other)
+    greedy = generate(ort_engine, prompt, None, 24)
+    assert not np.array_equal(first, greedy)  # temperature 1.5 really samples
+
+
+def sequence_log_prob(engine: TorchEngine, prompt: np.ndarray, tokens: np.ndarray) -> float:
+    ids = np.concatenate([prompt, tokens])[None]
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+             "position_ids": np.arange(ids.shape[1])[None],
+             **{f"past_key_values.{i}.{kind}": np.zeros((1, 4, 0, 16), np.float32)
+                for i in range(2) for kind in ("key", "value")}}
+    logits = engine.run("model.onnx", feeds)["logits"][0].astype(np.float64)
+    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                keepdims=True)) - logits.max(-1, keepdims=True)
+    positions = np.arange(len(prompt) - 1, ids.shape[1] - 1)
+    return float(log_probs[positions, ids[0, positions + 1]].sum())
+
+
+def test_beam_search_finds_at_least_the_greedy_likelihood(exported: dict[str, Path]) -> None:
+    torch_engine, ort_engine = engines(exported["gpt-tiny"])
+    prompt = np.array([9, 10, 11])
+    greedy = generate(ort_engine, prompt[None], None, 12)[0]
+    beam = generate(ort_engine, prompt[None], None, 12, Sampling(beams=4))[0]
+    np.testing.assert_array_equal(beam, generate(torch_engine, prompt[None], None, 12,
+                                                 Sampling(beams=4))[0])
+    assert sequence_log_prob(torch_engine, prompt, beam) >= \
+        sequence_log_prob(torch_engine, prompt, greedy) - 1e-6
+
+
+def test_enc_dec_beam_search_runs_on_both_backends(exported: dict[str, Path]) -> None:
+    torch_engine, ort_engine = engines(exported["transformer-tiny"])
+    source = np.array([[4, 5, 6, 7, 8]])
+    a = generate(ort_engine, source, None, 10, Sampling(beams=3))
+    np.testing.assert_array_equal(a, generate(torch_engine, source, None, 10, Sampling(beams=3)))
+
+
+def test_metadata_props_and_manifest_are_present_and_correct(exported: dict[str, Path]) -> None:
+    for name in TINY_CARDS:
+        folder = exported[name]
+        manifest = json.loads((folder / MANIFEST).read_text())
+        assert manifest["card"] == card(name).fields
+        assert manifest["opset"] == 18
+        assert {"torch", "onnx", "numpy"} <= set(manifest["versions"])
+        for file, entry in manifest["files"].items():
+            assert entry["sha256"] == sha256(folder / file)
+        for file in files_for(card(name).fields):
+            assert file in manifest["files"]
+            model = onnx.load(str(folder / file), load_external_data=False)
+            assert manifest["ir_version"] == model.ir_version
+            props = {p.key: p.value for p in model.metadata_props}
+            assert yaml.safe_load(props["zoo.card"])["d_model"] == card(name)["d_model"]
+            assert props["zoo.opset"] == "18"
+            assert json.loads(props["zoo.versions"])["torch"] == manifest["versions"]["torch"]
+
+
+def test_tied_weights_are_stored_once(exported: dict[str, Path]) -> None:
+    gpt = exported["gpt-tiny"]
+    assert (gpt / "model.onnx").stat().st_size <= 1.05 * (gpt / WEIGHTS).stat().st_size
+    seq2seq = exported["transformer-tiny"]
+    # encoder.onnx and decoder.onnx share the embedding through one external data file.
+    data = (seq2seq / "weights.onnx.data").stat().st_size
+    assert data <= 1.02 * (seq2seq / WEIGHTS).stat().st_size
+
+
+def test_tampered_file_is_detected(exported: dict[str, Path], tmp_path: Path) -> None:
+    folder = copy_export(exported["gpt-tiny"], tmp_path)
+    with (folder / "model.onnx").open("ab") as stream:
+        stream.write(b"\0")
+    with pytest.raises(ManifestError, match="sha256 does not match"):
+        read_manifest(folder)
+    result = CliRunner().invoke(main, ["parity", str(folder)])
+    assert result.exit_code == 2
+    assert "model.onnx: sha256 does not match" in result.stderr
+
+
+def test_altered_weights_fail_the_parity_check(exported: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    folder = copy_export(exported["gpt-tiny"], tmp_path)
+    model = onnx.load(str(folder / "model.onnx"))
+    tensor = next(t for t in model.graph.initializer if t.name.endswith("token.weight"))
+    array = numpy_helper.to_array(tensor).copy()
+    array[:, :3] += 0.05
+    tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
+    onnx.save(model, str(folder / "model.onnx"))
+    manifest = json.loads((folder / MANIFEST).read_text())  # as if exported this way
+    manifest["files"]["model.onnx"]["sha256"] = sha256(folder / "model.onnx")
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["parity", str(folder)])
+    assert result.exit_code == 2
+    assert "NO" in result.stdout and "parity: FAILED" in result.stdout
+    assert result.stderr.startswith("error: parity failed")
+
+
+def test_zoo_export_and_parity_cli(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "gpt"
+    result = runner.invoke(main, ["export", "gpt-tiny", "--onnx", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "parity: PASSED" in result.stdout
+    again = runner.invoke(main, ["export", "gpt-tiny", "--onnx", "-o", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.stderr
+    result = runner.invoke(main, ["parity", str(out)])
+    assert result.exit_code == 0 and "parity: PASSED" in result.stdout
+    built = tmp_path / "built"
+    assert runner.invoke(main, ["build", "bert-tiny", "-o", str(built)]).exit_code == 0
+    result = runner.invoke(main, ["export", str(built), "--onnx", "-o", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "b" / MANIFEST).read_text())["name"] == "bert-tiny"
+
+
+def test_zoo_run_prints_ids_and_encoder_predictions(exported: dict[str, Path]) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", str(exported["gpt-tiny"]), "--ids", "1,2,3",
+                                  "--ids", "4,5", "--max-new-tokens", "6"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split(",") for line in result.stdout.strip().splitlines()]
+    assert len(rows) == 2 and all(len(row) == 6 for row in rows)
+    mask = card("bert-tiny")["mask_token_id"]
+    result = runner.invoke(main, ["run", str(exported["bert-tiny"]), "--ids", f"1,2,{mask},4"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("pooled: ")
+    assert len(result.stdout.splitlines()[0].split()) == 1 + card("bert-tiny")["d_model"]
+    assert "masked position 2:" in result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "{tmp}/nowhere", "--ids", "1"], "no such folder"),
+    (["run", "{tmp}", "--ids", "1"], "not an export"),
+    (["parity", "{tmp}"], "not an export"),
+    (["run", "{gpt}", "--ids", "1,2,999"], "token ids should be in 0..259"),
+    (["run", "{gpt}", "--ids", "1,x"], "expected comma-separated integers"),
+    (["run", "{gpt}", "--ids", "1", "--max-new-tokens", "500"], "exceeds max_positions=128"),
+    (["run", "{gpt}", "--ids", "1", "--top-p", "0"], "--top-p 0.0"),
+    (["run", "{gpt}", "--text", "hello"], "no tokenizer"),
+    (["export", "gpt-tiny", "-o", "{tmp}/x"], "--onnx"),
+    (["export", "gpt-tiny", "--onnx", "--opset", "7", "-o", "{tmp}/x"], "--opset 7"),
+    (["export", "gpt-tiny", "--onnx", "--opset", "26", "-o", "{tmp}/x"], "--opset 26"),
+])
+def test_bad_input_gives_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path,
+                                            exported: dict[str, Path]) -> None:
+    args = [a.format(tmp=tmp_path, gpt=exported["gpt-tiny"]) for a in args]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0]
+    assert result.stderr.strip().splitlines()[-1] == errors[0]  # progress lines come before
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_truncated_onnx_is_reported_in_one_line(exported: dict[str, Path],
+                                               tmp_path: Path) -> None:
+    folder = copy_export(exported["gpt-tiny"], tmp_path)
+    onnx_file = folder / "model.onnx"
+    onnx_file.write_bytes(onnx_file.read_bytes()[: onnx_file.stat().st_size // 2])
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["files"]["model.onnx"]["sha256"] = sha256(onnx_file)
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    result = CliRunner().invoke(main, ["run", str(folder), "--ids", "1"])
+    assert result.exit_code == 2
+    assert "model.onnx: ONNX Runtime cannot load it" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_manifest_from_a_newer_format_is_refused(exported: dict[str, Path],
+                                                tmp_path: Path) -> None:
+    folder = copy_export(exported["gpt-tiny"], tmp_path)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["format_version"] = 99
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="format_version=99"):
+        read_manifest(folder)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f.pop("position_ids"), "missing ['position_ids']"),
+    (lambda f: f.update(extra=np.zeros(1)), "unexpected ['extra']"),
+    (lambda f: f.update(input_ids=f["input_ids"].astype(np.int32)), "should be int64"),
+    (lambda f: f.update(input_ids=f["input_ids"][0]), "should have rank 2"),
+    (lambda f: f.update({"past_key_values.0.key": np.zeros((1, 3, 0, 16), np.float32)}),
+     "axis 1 should be 4"),
+])
+def test_feeds_are_validated_before_onnx_runtime(change, message: str,
+                                                 exported: dict[str, Path]) -> None:
+    runtime = Runtime(exported["gpt-tiny"])
+    feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.ones((1, 2), np.int64),
+             "position_ids": np.array([[0, 1]]),
+             **{f"past_key_values.{i}.{kind}": np.zeros((1, 4, 0, 16), np.float32)
+                for i in range(2) for kind in ("key", "value")}}
+    assert runtime.run("model.onnx", dict(feeds))["logits"].shape == (1, 2, 260)
+    change(feeds)
+    with pytest.raises(OrtError) as error:
+        runtime.run("model.onnx", feeds)
+    assert message in str(error.value)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the error on a machine without CUDA")
+def test_cuda_where_it_is_not_active_is_an_error_not_a_cpu_run(
+        exported: dict[str, Path], tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", str(exported["gpt-tiny"]), "--ids", "1",
+                                       "--provider", "cuda"])
+    assert result.exit_code == 2
+    assert "asked for CUDAExecutionProvider but ONNX Runtime runs CPUExecutionProvider" in \
+        result.stderr
+    result = CliRunner().invoke(main, ["export", "gpt-tiny", "--onnx", "--provider", "cuda",
+                                       "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and not (tmp_path / "x").exists()
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_cuda_matches_cpu_and_pytorch(name: str, exported: dict[str, Path]) -> None:
+    torch_engine, cpu = engines(exported[name])
+    cuda = Runtime(exported[name], "cuda")
+    assert cuda.graphs[next(iter(cuda.graphs))].session.get_providers()[0] == \
+        "CUDAExecutionProvider"
+    assert check_parity(cpu, cuda).passed
+    assert check_parity(torch_engine, cuda).passed
+
+
+@pytest.mark.slow
+def test_gpt2_small_export_stores_weights_once(tmp_path: Path) -> None:
+    gpt2 = card("gpt2-small")
+    export_and_verify(build_model(gpt2), gpt2, tmp_path / "gpt2")
+    onnx_bytes = (tmp_path / "gpt2" / "model.onnx").stat().st_size
+    assert onnx_bytes <= 1.01 * (tmp_path / "gpt2" / WEIGHTS).stat().st_size

@@ -1,0 +1,84 @@
+"""Text in and out: a byte-level tokenizer for models trained here (no files needed), and a
+Hugging Face `tokenizer.json` (through the `tokenizers` library) for imported checkpoints.
+
+A model folder (built, trained, imported or exported) holds at most one of:
+- `byte-tokenizer.json`: {"kind": "bytes", "pad": 256, "bos": 257, "eos": 258, "mask": 259}
+- `tokenizer.json`: a Hugging Face tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+from registry.errors import ZooError
+from registry.paths import display_path
+
+BYTE_TOKENIZER = "byte-tokenizer.json"
+HF_TOKENIZER = "tokenizer.json"
+TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER)
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0..255; the special tokens follow."""
+
+    def __init__(self, pad: int = 256, bos: int = 257, eos: int = 258, mask: int = 259) -> None:
+        self.pad, self.bos, self.eos, self.mask = pad, bos, eos, mask
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self.pad, self.bos, self.eos, self.mask) + 1
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "bytes", "pad": self.pad, "bos": self.bos, "eos": self.eos,
+                           "mask": self.mask}, indent=2) + "\n"
+
+
+class HuggingFaceTokenizer:
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as Backend
+
+        try:
+            self.backend = Backend.from_file(str(path))
+        except Exception as exc:  # the library raises its own exception type
+            raise ZooError(f"{display_path(path)}: not a readable tokenizer.json: {exc}") from exc
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=True)
+
+
+def load_tokenizer(folder: Path) -> Tokenizer | None:
+    """The tokenizer saved in `folder`, or None where there is none."""
+    folder = Path(folder)
+    if (folder / HF_TOKENIZER).is_file():
+        return HuggingFaceTokenizer(folder / HF_TOKENIZER)
+    path = folder / BYTE_TOKENIZER
+    if not path.is_file():
+        return None
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        if spec.pop("kind") != "bytes":
+            raise ValueError("kind should be 'bytes'")
+        return ByteTokenizer(**spec)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ZooError(f"{display_path(path)}: not a byte tokenizer file: {exc}") from exc
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    return [Path(folder) / name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()]

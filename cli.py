@@ -181,8 +181,9 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     progress(f"loading {source}...")
     model, card = load_source(source, registries, seed, parse_overrides(sets) or None)
     try:
+        folder = Path(source) if Path(source).is_dir() else None
         report = export_and_verify(model, card, target, opset, provider, atol, rtol, force,
-                                   progress)
+                                   progress, folder)
     except ParityError as exc:
         click.echo(exc.report.table())
         raise
@@ -244,13 +245,15 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     from export.encode import encode
     from export.generate import Sampling, generate
     from export.runtime import Runtime
+    from zoo.tokenizer import load_tokenizer
 
-    if text is not None:
-        raise ZooError(f"{folder}: this export has no tokenizer; pass token ids with --ids")
-    if not id_lists:
-        raise ZooError("give token ids with --ids 1,2,3")
+    if text is None and not id_lists:
+        raise ZooError("give token ids with --ids 1,2,3 (or --text)")
     runtime = Runtime(Path(folder), provider, threads)
-    prompts = [parse_ids(ids) for ids in id_lists]
+    tokenizer = load_tokenizer(Path(folder))
+    if text is not None and tokenizer is None:
+        raise ZooError(f"{folder}: this export has no tokenizer; pass token ids with --ids")
+    prompts = [tokenizer.encode(text)] if text is not None else [parse_ids(i) for i in id_lists]
     if runtime.family == "encoder":
         for prompt in prompts:
             pooled, predictions = encode(runtime, np.array(prompt))
@@ -268,7 +271,89 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
     tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
     for row in tokens:
-        click.echo(",".join(str(token) for token in row))
+        if text is not None:
+            click.echo(text + tokenizer.decode(row.tolist()))
+        else:
+            click.echo(",".join(str(token) for token in row))
+
+
+def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_second: float) -> None:
+    filled = int(20 * step / total)
+    line = (f"step {step:>{len(str(total))}}/{total} [{'#' * filled}{'.' * (20 - filled)}] "
+            f"loss {loss:.4f}  lr {lr:.2e}  {tokens_per_second / 1000:.1f}k tok/s")
+    tty = sys.stderr.isatty()
+    click.echo(("\r" + line) if tty else line, err=True, nl=not tty or step == total)
+
+
+@main.command()
+@click.argument("source", metavar="NAME|DIR")
+@click.option("--task", type=click.Choice(["lm", "mlm", "copy"]), required=True,
+              help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic.")
+@click.option("--data", type=click.Path(dir_okay=False),
+              help="UTF-8 text file for lm/mlm [the shipped Shakespeare].")
+@click.option("--steps", default=300, show_default=True, help="Total optimizer steps.")
+@click.option("--batch-size", default=32, show_default=True)
+@click.option("--block-size", default=128, show_default=True, help="Tokens per sequence.")
+@click.option("--lr", type=float, help="cosine: peak rate [1e-3]; noam: factor [1.0].")
+@click.option("--schedule", type=click.Choice(["noam", "cosine"]),
+              help="[noam for encoder-decoder, cosine otherwise]")
+@click.option("--warmup", type=int, help="Warm-up steps [400 for noam, 100 for cosine].")
+@click.option("--label-smoothing", type=float, help="[0.1 for encoder-decoder, else 0]")
+@click.option("--checkpoint-every", default=100, show_default=True)
+@click.option("-o", "--out", type=click.Path(file_okay=False), help="Output folder [NAME-trained].")
+@click.option("--resume", is_flag=True, help="Continue from OUT's last checkpoint.")
+@click.option("--seed", default=0, show_default=True, help="Initialisation and data seed.")
+@click.option("--force", is_flag=True, help="Replace an existing OUT (starting afresh).")
+@registry_option
+def train(source: str, task: str, data: str | None, steps: int, batch_size: int, block_size: int,
+          lr: float | None, schedule: str | None, warmup: int | None,
+          label_smoothing: float | None,
+          checkpoint_every: int, out: str | None, resume: bool, seed: int, force: bool,
+          registries: tuple[str, ...]) -> None:
+    """Train a card or a built folder; checkpoints land in OUT (safetensors + JSON).
+
+    Under `torchrun --nproc_per_node N` the same command trains data-parallel.
+    """
+    from zoo.sources import load_source
+    from zoo.train import TrainOptions
+    from zoo.train import train as run_training
+
+    target = Path(out or f"{Path(source).name}-trained")
+    model, card = load_source(source, registries, seed)
+    options = TrainOptions(
+        task=task, out=target, data=Path(data) if data else None, steps=steps,
+        batch_size=batch_size, block_size=block_size, lr=lr, schedule=schedule, warmup=warmup,
+        label_smoothing=label_smoothing, checkpoint_every=checkpoint_every, seed=seed,
+        resume=resume, force=force)
+    result = run_training(model, card, options, progress_bar)
+    if result.get("rank", 0) == 0:
+        losses = result["losses"]
+        click.echo(f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
+                   f"{losses[-1]:.4f}; wrote {target}/")
+
+
+@main.command("import")
+@click.argument("source", metavar="DIR", type=click.Path())
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False),
+              help="Output folder (a built model).")
+@click.option("--force", is_flag=True, help="Overwrite an existing output folder.")
+def import_command(source: str, out: str, force: bool) -> None:
+    """Import a Hugging Face GPT-2 or BERT folder (config.json + model.safetensors).
+
+    Writes OUT/model.safetensors, config.yaml, source.json and tokenizer.json when DIR has one;
+    OUT then works with `zoo export OUT --onnx`. Pickle checkpoints are never loaded.
+    """
+    from zoo.importers import import_checkpoint
+
+    record = import_checkpoint(Path(source), Path(out), force)
+    changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
+                       if key != "description")
+    click.echo(f"imported {record['architecture']} as {record['extends']} with {changed}")
+    if record["ignored"] or record["tied"]:
+        click.echo(f"left out {len(record['ignored']) + len(record['tied'])} tensors "
+                   "(buffers, tied copies, heads the zoo lacks; listed in source.json)")
+    files = ", ".join(sorted(p.name for p in Path(out).iterdir()))
+    click.echo(f"wrote {out}/ ({files})")
 
 
 if __name__ == "__main__":

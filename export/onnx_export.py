@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -131,6 +132,7 @@ def export_onnx(
     force: bool = False,
     verify: Callable[[Path], Any] | None = None,
     progress: Progress = lambda message: None,
+    extra_files: list[Path] | tuple[Path, ...] = (),
 ) -> Any:
     """Write the ONNX files, reference weights, config and manifest to `out`.
 
@@ -150,6 +152,8 @@ def export_onnx(
     with atomic_folder(Path(out), force) as staging:
         (staging / WEIGHTS).write_bytes(weights_bytes(model, {"format": "pt"}))
         (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
+        for extra in extra_files:  # e.g. the tokenizer, so the export is self-contained
+            shutil.copyfile(extra, staging / Path(extra).name)
         contract = files_for(card.fields)
         protos = {}
         for file_name, (graph, args, shapes) in traced_graphs(model, card).items():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from torch import nn
 
@@ -12,19 +11,11 @@ from export.engines import TorchEngine
 from export.onnx_export import DEFAULT_OPSET, export_onnx
 from export.parity import DEFAULT_ATOL, DEFAULT_RTOL, ParityError, Report, check_parity
 from export.runtime import Runtime
-from registry.catalog import Card, open_catalog
-from zoo.build import build_model
-from zoo.weights import CONFIG, load_built
+from registry.catalog import Card
+from zoo.sources import load_source
+from zoo.tokenizer import tokenizer_files
 
-
-def load_source(source: str, registries: tuple[str, ...] = (), seed: int = 0,
-                overrides: dict[str, Any] | None = None) -> tuple[nn.Module, Card]:
-    """A built folder (with config.yaml) is loaded; anything else is a card name to build."""
-    folder = Path(source)
-    if (folder / CONFIG).is_file():
-        return load_built(folder)
-    card = open_catalog(registries).get(source, overrides)
-    return build_model(card, seed=seed), card
+__all__ = ["export_and_verify", "load_source"]
 
 
 def export_and_verify(
@@ -37,6 +28,7 @@ def export_and_verify(
     rtol: float = DEFAULT_RTOL,
     force: bool = False,
     progress: Callable[[str], None] = lambda message: None,
+    source_folder: Path | None = None,
 ) -> Report:
     """Export, then check parity on the staged files; the folder lands only if it passed."""
 
@@ -47,4 +39,5 @@ def export_and_verify(
             raise ParityError(report)
         return report
 
-    return export_onnx(model, card, out, opset, force, verify, progress)
+    extra = tokenizer_files(source_folder) if source_folder is not None else []
+    return export_onnx(model, card, out, opset, force, verify, progress, extra)

@@ -1,0 +1,436 @@
+"""Import public checkpoints in the Hugging Face layout (GPT-2, BERT) as built zoo folders.
+
+A source folder holds `config.json` and `model.safetensors` (and maybe `tokenizer.json`). The map
+for its `model_type` (`registry/maps/*.yaml`) says which card it extends, how config.json keys
+become card fields, and how tensor names become zoo names: each variant is data, and this file
+only applies maps. Only safetensors are read; no pickle is ever loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from registry.catalog import SHIPPED, Card, open_catalog, read_yaml
+from registry.errors import ZooError
+from registry.paths import display_path
+from registry.schema import validate
+from zoo.atomic import atomic_folder, refuse_existing
+from zoo.build import build_model
+from zoo.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
+from zoo.weights import read_tensors, save_built
+
+MAPS = SHIPPED.parent / "maps"
+SOURCE_CONFIG = "config.json"
+SOURCE_WEIGHTS = "model.safetensors"
+PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5",
+           "flax_model.msgpack", "model.ckpt.index")
+RECORD = "source.json"
+PLACEHOLDERS = {"i": r"\d+", "p": r"weight|bias"}  # `{i}`: a layer index; `{p}`: weight or bias
+SHOWN = 12  # names listed in one error line before "(+N more)"
+
+
+class CheckpointError(ZooError):
+    """A checkpoint folder that cannot be imported: layout, config, or tensors do not match."""
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    regex = re.escape(pattern)
+    for name, value in PLACEHOLDERS.items():
+        regex = regex.replace(re.escape(f"{{{name}}}"), f"(?P<{name}>{value})")
+    return re.compile(regex)
+
+
+def _listing(names: list[str]) -> str:
+    more = f" (+{len(names) - SHOWN} more)" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
+
+
+# --- transforms named in the maps: each takes one tensor and returns one per target
+
+TRANSFORMS = {
+    "none": lambda tensor: [tensor],
+    "transpose": lambda tensor: [tensor.t().contiguous()],  # Conv1D (in, out) -> Linear (out, in)
+    "split_qkv": lambda tensor: [part.contiguous() for part in tensor.chunk(3, dim=0)],
+}
+# The same, backwards on shapes: the shape a source tensor needs to give the target shapes, so
+# a tensor is checked before it is transformed and a mismatch is named in the file's terms.
+UNDO_SHAPES = {
+    "none": lambda shapes: shapes,
+    "transpose": lambda shapes: [shape[::-1] for shape in shapes],
+    "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
+}
+
+
+@dataclass
+class Rule:
+    source: str
+    targets: list[str]
+    transforms: list[str]
+
+    def __post_init__(self) -> None:
+        self.pattern = _compile(self.source)
+        self.target_patterns = [_compile(target) for target in self.targets]
+
+    def apply(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        tensors = [tensor]
+        for name in self.transforms:
+            tensors = [out for one in tensors for out in TRANSFORMS[name](one)]
+        return tensors
+
+    def source_shape(self, target_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        shapes = target_shapes
+        for name in reversed(self.transforms):
+            shapes = UNDO_SHAPES[name](shapes)
+        return tuple(shapes[0])
+
+
+class LayoutMap:
+    """One `registry/maps/*.yaml`: a foreign layout and how it becomes a zoo card and tensors."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = read_yaml(path)
+        where = display_path(path)
+        for key in ("model_type", "extends", "config", "tensors"):
+            if key not in self.data:
+                raise CheckpointError(f"{where}: missing key '{key}'")
+        self.rules = [self._rule(entry, where) for entry in self.data["tensors"]]
+        self.ignore = [_compile(pattern) for pattern in self.data.get("ignore", [])]
+
+    @staticmethod
+    def _rule(entry: dict[str, Any], where: str) -> Rule:
+        if not isinstance(entry, dict) or not {"source", "target"} <= set(entry):
+            raise CheckpointError(f"{where}: tensors: {entry!r} needs a source and a target")
+        targets = entry["target"] if isinstance(entry["target"], list) else [entry["target"]]
+        transforms = entry.get("transform", "none")
+        transforms = transforms if isinstance(transforms, list) else [transforms]
+        unknown = [name for name in transforms if name not in TRANSFORMS]
+        if unknown:
+            raise CheckpointError(f"{where}: {entry['source']}: unknown transform "
+                                  f"{', '.join(unknown)} (known: {', '.join(TRANSFORMS)})")
+        return Rule(entry["source"], targets, transforms)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data.get(key) or {}
+
+    def architectures(self) -> list[str]:
+        return list(self.data.get("architectures", []))
+
+    def match(self, name: str) -> tuple[Rule, dict[str, str]] | None:
+        for rule in self.rules:
+            found = rule.pattern.fullmatch(name)
+            if found:
+                return rule, found.groupdict()
+        return None
+
+    def source_of(self, target: str) -> str:
+        """The source tensor name that would fill zoo tensor `target`, for error messages."""
+        for rule in self.rules:
+            for pattern in rule.target_patterns:
+                found = pattern.fullmatch(target)
+                if found:
+                    return rule.source.format(**found.groupdict())
+        return target
+
+    def normalise(self, name: str) -> tuple[str, str | None]:
+        """Strip the model-class prefix and apply aliases: (name, prefix removed or None)."""
+        prefix = next((p for p in self.data.get("prefixes", []) if name.startswith(p)), None)
+        if prefix:
+            name = name[len(prefix):]
+        for old, new in self["aliases"].items():
+            if name.endswith(old):
+                name = name[: -len(old)] + new
+        return name, prefix
+
+
+def known_maps() -> dict[str, LayoutMap]:
+    maps = [LayoutMap(path) for path in sorted(MAPS.glob("*.yaml"))]
+    return {layout.data["model_type"]: layout for layout in maps}
+
+
+# --- reading the source folder -------------------------------------------------------------
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / SOURCE_CONFIG
+    where = display_path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{where}: no such file (a Hugging Face model folder has one)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{where}: cannot read: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{where}: should be a JSON object, got {type(config).__name__}")
+    return config
+
+
+def find_map(config: dict[str, Any], where: str) -> LayoutMap:
+    maps = known_maps()
+    architectures = config.get("architectures") or []
+    model_type = config.get("model_type")
+    if model_type is None:  # very old files name only the class
+        model_type = next((key for key, layout in maps.items()
+                           if set(architectures) & set(layout.architectures())), None)
+    known = "; ".join(f"{key} ({', '.join(layout.architectures())})"
+                      for key, layout in sorted(maps.items()))
+    layout = maps.get(model_type) if isinstance(model_type, str) else None
+    if layout is None or (architectures and not set(architectures) & set(layout.architectures())):
+        found = f"model_type={model_type!r}, architectures={architectures}"
+        raise CheckpointError(f"{where}: {found} is not a known layout; known: {known}")
+    return layout
+
+
+def find_weights(folder: Path) -> Path:
+    path = folder / SOURCE_WEIGHTS
+    if path.is_file():
+        return path
+    where = display_path(folder)
+    if (folder / f"{SOURCE_WEIGHTS}.index.json").is_file():
+        raise CheckpointError(f"{where}: sharded safetensors (model.safetensors.index.json) are "
+                              "not supported; save the model as one model.safetensors")
+    pickles = [name for name in PICKLES if (folder / name).exists()]
+    if pickles:
+        raise CheckpointError(f"{where}: only {', '.join(pickles)}: pickle checkpoints are not "
+                              "loaded; convert to safetensors (model.safetensors)")
+    raise CheckpointError(f"{where}: no {SOURCE_WEIGHTS}")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def normalised_tensors(layout: LayoutMap, tensors: dict[str, torch.Tensor], where: str
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, str], list[str]]:
+    """Tensors under the map's names: ({name: tensor}, {name: name in the file}, prefixes)."""
+    named: dict[str, torch.Tensor] = {}
+    original: dict[str, str] = {}
+    prefixes: set[str] = set()
+    for file_name, tensor in tensors.items():
+        name, prefix = layout.normalise(file_name)
+        if name in named:
+            raise CheckpointError(f"{where}: {original[name]} and {file_name} are one tensor")
+        named[name], original[name] = tensor, file_name
+        if prefix:
+            prefixes.add(prefix)
+    return named, original, sorted(prefixes)
+
+
+# --- config.json -> card -------------------------------------------------------------------
+
+def _activation(layout: LayoutMap, value: Any, where: str) -> str:
+    known = layout["activations"]
+    if value not in known:
+        raise CheckpointError(f"{where}: {layout['config']['activation']}={value!r} is not "
+                              f"supported (known: {', '.join(known)})")
+    return known[value]
+
+
+def _check_requires(layout: LayoutMap, config: dict[str, Any], where: str) -> None:
+    wrong = [f"{key}={config[key]!r} (needs {want!r})" for key, want in layout["requires"].items()
+             if key in config and config[key] != want]
+    if wrong:
+        raise CheckpointError(f"{where}: unsupported settings: {', '.join(wrong)}")
+
+
+def _token_id(spec: dict[str, Any], config: dict[str, Any],
+              tokenizer: HuggingFaceTokenizer | None, vocab_size: int) -> int | None:
+    """The first usable candidate: from config.json or the tokenizer, then the map's fallbacks.
+    An id outside the vocabulary (a tiny model with GPT-2's defaults) is skipped."""
+    found = config.get(spec["config"]) if "config" in spec else None
+    if "tokenizer" in spec and tokenizer is not None:
+        found = tokenizer.backend.token_to_id(spec["tokenizer"])
+    candidates = ([found] if found is not None else []) + list(spec.get("fallback", []))
+    for candidate in candidates:
+        if candidate is None:
+            return None
+        if candidate == "last":
+            return vocab_size - 1
+        usable = isinstance(candidate, int) and not isinstance(candidate, bool)
+        if usable and 0 <= candidate < vocab_size:
+            return candidate
+    return None
+
+
+def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
+                tokenizer: HuggingFaceTokenizer | None, parent: Card, where: str
+                ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Card fields read from config.json and the tensor names: (fields, {field: origin})."""
+    _check_requires(layout, config, where)
+    fields: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for field, key in layout["config"].items():
+        if config.get(key) is not None:  # absent: the parent card's value (HF's default too)
+            fields[field], origins[field] = config[key], f"{where} ({key})"
+    if "activation" in fields:
+        fields["activation"] = _activation(layout, fields["activation"], where)
+    if "d_ff" not in fields and "d_ff_per_d_model" in layout.data and "d_model" in fields:
+        fields["d_ff"] = layout.data["d_ff_per_d_model"] * fields["d_model"]
+    for field, prefix in layout["heads"].items():  # which heads the checkpoint really has
+        fields[field] = any(name.startswith(prefix) for name in names)
+        origins[field] = f"{where} (tensors {prefix}*)"
+    vocab_size = fields.get("vocab_size", parent["vocab_size"])
+    for field, spec in layout["tokens"].items():
+        fields[field] = _token_id(spec, config, tokenizer, vocab_size)
+        origins[field] = where
+    return fields, origins
+
+
+def make_card(parent: Card, name: str, fields: dict[str, Any], origins: dict[str, str],
+              where: str) -> tuple[Card, dict[str, Any]]:
+    """The parent card with `fields` over it, validated: (card, fields that differ)."""
+    resolved = validate({**parent.fields, **fields}, where, origins)
+    overrides = {key: value for key, value in resolved.items() if parent.fields[key] != value}
+    all_origins = {key: origins.get(key, parent.origins[key]) for key in resolved}
+    return Card(name, Path(where), resolved, all_origins), overrides
+
+
+# --- tensors: source names -> zoo names ----------------------------------------------------
+
+@dataclass
+class Mapped:
+    tensors: dict[str, torch.Tensor]
+    ignored: list[str]
+    tied: list[str]
+
+
+def _check_tied(layout: LayoutMap, named: dict[str, torch.Tensor], original: dict[str, str],
+                where: str) -> list[str]:
+    """Tensors the zoo ties (an LM head = the embedding): dropped when equal, refused if not."""
+    tied = []
+    for name, same_as in layout["tied"].items():
+        if name not in named:
+            continue
+        other = named.get(same_as)
+        if other is not None and (other.shape != named[name].shape
+                                  or not torch.equal(other, named[name])):
+            raise CheckpointError(f"{where}: {original[name]} differs from {original[same_as]}; "
+                                  "the zoo ties them, so an untied head cannot be imported")
+        tied.append(name)
+    return tied
+
+
+def map_tensors(layout: LayoutMap, named: dict[str, torch.Tensor], original: dict[str, str],
+                expected: dict[str, torch.Tensor], where: str) -> Mapped:
+    """Rename and transform every tensor; refuse in one line listing every mismatch."""
+    tied = _check_tied(layout, named, original, where)
+    ignored, unexpected, misshaped = [], [], []
+    out: dict[str, torch.Tensor] = {}
+    covered: set[str] = set()  # zoo names some tensor in the file is for, even mis-shaped
+    for name, tensor in named.items():
+        if name in tied:
+            continue
+        if any(pattern.fullmatch(name) for pattern in layout.ignore):
+            ignored.append(original[name])
+            continue
+        found = layout.match(name)
+        if found is None:
+            unexpected.append(original[name])
+            continue
+        rule, groups = found
+        targets = [target.format(**groups) for target in rule.targets]
+        if any(target not in expected for target in targets):  # e.g. a layer beyond n_layers
+            unexpected.append(original[name])
+            continue
+        covered.update(targets)
+        needed = rule.source_shape([tuple(expected[target].shape) for target in targets])
+        if tuple(tensor.shape) != needed:
+            misshaped.append(f"{original[name]} {tuple(tensor.shape)} != {needed}")
+            continue
+        for target, value in zip(targets, rule.apply(tensor), strict=True):
+            out[target] = value.to(expected[target].dtype)
+    missing = sorted({layout.source_of(target) for target in expected if target not in covered})
+    problems = [f"{label}: {_listing(items)}" for label, items in
+                (("missing", missing), ("unexpected", sorted(unexpected)),
+                 ("mis-shaped (file != config.json)", misshaped)) if items]
+    if problems:
+        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    return Mapped(out, sorted(ignored), sorted(original[name] for name in tied))
+
+
+# --- the whole import ----------------------------------------------------------------------
+
+def read_tokenizer(folder: Path) -> HuggingFaceTokenizer | None:
+    path = folder / HF_TOKENIZER
+    return HuggingFaceTokenizer(path) if path.is_file() else None
+
+
+def _check_tokenizer(tokenizer: HuggingFaceTokenizer | None, folder: Path, card: Card) -> None:
+    """A tokenizer whose ids run past the embedding table would index out of range."""
+    if tokenizer is None:
+        return
+    size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
+    if size > card["vocab_size"]:
+        raise CheckpointError(f"{display_path(folder / HF_TOKENIZER)}: {size} tokens, but the "
+                              f"model's vocab_size is {card['vocab_size']}")
+
+
+def _refuse_overlap(source: Path, out: Path) -> None:
+    source, out = source.resolve(), out.resolve()
+    if out == source or out in source.parents:
+        raise CheckpointError(f"{display_path(out)}: the output would replace the source folder")
+
+
+def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str, Any]:
+    """Write `out` as a built folder (model.safetensors, config.yaml, tokenizer.json when the
+    source has one, source.json); nothing is written on failure. Returns source.json's data."""
+    source, out = Path(source), Path(out)
+    refuse_existing(out, force)
+    if not source.is_dir():
+        raise CheckpointError(f"{display_path(source)}: no such folder")
+    _refuse_overlap(source, out)
+    config = read_config(source)
+    config_where = display_path(source / SOURCE_CONFIG)
+    layout = find_map(config, config_where)
+    weights = find_weights(source)
+    weights_where = display_path(weights)
+    tokenizer = read_tokenizer(source)
+
+    tensors = read_tensors(weights)
+    named, original, prefixes = normalised_tensors(layout, tensors, weights_where)
+    parent = open_catalog().get(layout.data["extends"])
+    fields, origins = card_fields(layout, config, list(named), tokenizer, parent, config_where)
+    architecture = next((name for name in config.get("architectures") or []
+                         if name in layout.architectures()), layout.data["model_type"])
+    fields["description"] = f"{architecture} imported from {source.resolve().name}"
+    card, overrides = make_card(parent, out.name, fields, origins, config_where)
+    _check_tokenizer(tokenizer, source, card)
+    model = build_model(card, seed=None)
+    mapped = map_tensors(layout, named, original, model.state_dict(), weights_where)
+    model.load_state_dict(mapped.tensors, strict=True)
+
+    record = {
+        "source": str(source.resolve()),
+        "model_type": layout.data["model_type"],
+        "architecture": architecture,
+        "map": f"registry/maps/{layout.path.name}",
+        "prefixes": prefixes,
+        "safetensors": {"file": SOURCE_WEIGHTS, "sha256": sha256(weights),
+                        "dtypes": sorted({str(t.dtype).removeprefix("torch.")
+                                          for t in tensors.values()})},
+        "extends": layout.data["extends"],
+        "overrides": overrides,
+        "heads": {field: card[field] for field in (*layout["heads"], "tie_embeddings")},
+        "tied": mapped.tied,
+        "ignored": mapped.ignored,
+        "tokenizer": HF_TOKENIZER if tokenizer is not None else None,
+    }
+    with atomic_folder(out, force) as staging:
+        save_built(model, card, staging, force=True)  # replaces the empty staging folder whole
+        if tokenizer is not None:
+            shutil.copyfile(source / HF_TOKENIZER, staging / HF_TOKENIZER)
+        (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record

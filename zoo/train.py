@@ -1,0 +1,240 @@
+"""Training: the paper's recipe for the encoder-decoder, next-token and masked-token training
+for the decoder and encoder, checkpoints with exact resume, and data parallelism (DDP).
+
+Run under `torchrun --nproc_per_node N` the same code trains data-parallel: gloo on CPU, nccl on
+CUDA; each rank draws its own batches; only rank 0 writes files and reports progress.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.paths import display_path
+from zoo import data
+from zoo.atomic import atomic_write_bytes, refuse_existing
+from zoo.checkpoints import latest_checkpoint, restore, save_checkpoint
+from zoo.schedules import make_scheduler
+from zoo.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from zoo.weights import CONFIG, card_yaml
+
+TASK_FAMILY = {"lm": "decoder", "mlm": "encoder", "copy": "encoder-decoder"}
+
+
+@dataclass
+class TrainOptions:
+    task: str
+    out: Path
+    data: Path | None = None
+    steps: int = 300
+    batch_size: int = 32
+    block_size: int = 128  # capped at the card's max_positions
+    lr: float | None = None  # noam: a factor (1.0 = the paper); cosine: the peak rate
+    schedule: str | None = None  # noam for the encoder-decoder, cosine otherwise
+    warmup: int | None = None  # 400 for noam, 100 for cosine
+    label_smoothing: float | None = None  # 0.1 for the encoder-decoder (the paper), else 0
+    clip: float = 1.0
+    checkpoint_every: int = 100
+    seed: int = 0
+    resume: bool = False
+    force: bool = False
+    copy_length: int = 10
+    copy_symbols: int = 10
+
+    def resolved(self, card: Card) -> TrainOptions:
+        seq2seq = card.family == "encoder-decoder"
+        schedule = self.schedule or ("noam" if seq2seq else "cosine")
+        return TrainOptions(**{
+            **asdict(self),
+            "schedule": schedule,
+            "lr": self.lr if self.lr is not None else (1.0 if schedule == "noam" else 1e-3),
+            "warmup": self.warmup or (400 if schedule == "noam" else 100),
+            "label_smoothing": self.label_smoothing if self.label_smoothing is not None
+            else (0.1 if seq2seq else 0.0),
+            "block_size": min(self.block_size, card["max_positions"]),
+        })
+
+
+Progress = Callable[[int, int, float, float, float], None]  # step, total, loss, lr, tokens/s
+
+
+class TrainingError(ZooError):
+    """Training stopped: a NaN loss, or a checkpoint that does not fit."""
+
+
+def _check_fit(card: Card, options: TrainOptions) -> None:
+    family = TASK_FAMILY.get(options.task)
+    if family is None:
+        raise ZooError(f"--task {options.task}: expected one of {', '.join(TASK_FAMILY)}")
+    if family != card.family:
+        raise ZooError(f"--task {options.task} trains a {family}, but {card.name} is "
+                       f"a {card.family} (use " + ", ".join(
+                           f"--task {t} for a {f}" for t, f in TASK_FAMILY.items()) + ")")
+    if options.steps < 1 or options.batch_size < 1:
+        raise ZooError("--steps and --batch-size should be >= 1")
+    if options.task in ("lm", "mlm") and card["vocab_size"] < ByteTokenizer().vocab_size:
+        raise ZooError(f"{card.name}: vocab_size={card['vocab_size']} is too small for the byte "
+                       f"tokenizer (needs {ByteTokenizer().vocab_size})")
+    if options.task == "mlm" and card["mask_token_id"] is None:
+        raise ZooError(f"{card.name}: --task mlm needs mask_token_id in the card")
+    if options.task == "copy":
+        if options.copy_length + 1 > card["max_positions"]:
+            raise ZooError(f"copy length {options.copy_length} exceeds max_positions")
+        if 3 + options.copy_symbols > card["vocab_size"]:
+            raise ZooError(f"{card.name}: vocab_size={card['vocab_size']} is too small for "
+                           f"{options.copy_symbols} copy symbols")
+
+
+class Task:
+    """Makes the batch for a step and computes its loss."""
+
+    def __init__(self, card: Card, options: TrainOptions) -> None:
+        self.card, self.options = card, options
+        self.ids: torch.Tensor | None = None
+        if options.task in ("lm", "mlm"):
+            path = options.data or data.SHIPPED_TEXT
+            self.ids = data.read_text_tokens(path, ByteTokenizer(),
+                                             options.block_size + 1)
+
+    def batch(self, step: int, rank: int) -> data.Batch:
+        generator = data.batch_generator(self.options.seed, step, rank)
+        o, c = self.options, self.card
+        if o.task == "lm":
+            return data.lm_batch(self.ids, o.batch_size, o.block_size, generator)
+        if o.task == "mlm":
+            return data.mlm_batch(self.ids, o.batch_size, o.block_size, generator,
+                                  c["mask_token_id"], c["vocab_size"])
+        return data.copy_batch(o.batch_size, o.copy_length, o.copy_symbols, c["bos_token_id"],
+                               c["eos_token_id"] if c["eos_token_id"] is not None else 2,
+                               generator)
+
+    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        if self.options.task == "lm":
+            logits = model(batch.inputs["input_ids"])[0]
+        elif self.options.task == "mlm":
+            logits = model(batch.inputs["input_ids"]).logits
+        else:
+            logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"])
+        return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),
+                               ignore_index=data.IGNORE,
+                               label_smoothing=self.options.label_smoothing)
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size); starts the process group when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def _parameter_spread(model: nn.Module) -> float:
+    """Largest difference of any parameter across ranks (0 when they are in sync)."""
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    high, low = flat.clone(), flat.clone()
+    dist.all_reduce(high, dist.ReduceOp.MAX)
+    dist.all_reduce(low, dist.ReduceOp.MIN)
+    return float((high - low).abs().max())
+
+
+def _prepare_out(card: Card, options: TrainOptions, writer: bool):
+    """The checkpoint to resume from (or None), after the checks on OUT."""
+    out = options.out
+    if options.resume:
+        checkpoint = latest_checkpoint(out) if out.exists() else None
+        if checkpoint is None:
+            raise ZooError(f"{display_path(out)}: --resume, but there is no checkpoint there")
+        saved = checkpoint.trainer.get("card", {})
+        if saved != card.fields:
+            changed = sorted(k for k in card.fields if saved.get(k) != card.fields[k])
+            raise ZooError(f"{display_path(checkpoint.folder)}: checkpoint is for card "
+                           f"'{checkpoint.trainer.get('card_name')}', which differs from "
+                           f"'{card.name}' in {', '.join(changed) or 'its fields'}")
+        return checkpoint
+    if writer:
+        refuse_existing(out, options.force)
+        if out.exists():
+            shutil.rmtree(out)
+    return None
+
+
+def train(model: nn.Module, card: Card, options: TrainOptions,
+          progress: Progress = lambda *args: None, log_every: int = 10) -> dict[str, Any]:
+    """Train `model` in place; returns the final trainer state (step, losses, ...)."""
+    options = options.resolved(card)
+    _check_fit(card, options)
+    rank, world = _distributed()
+    writer = rank == 0
+    task = Task(card, options)
+    checkpoint = _prepare_out(card, options, writer)
+    optimizer = torch.optim.Adam(model.parameters(), lr=options.lr, betas=(0.9, 0.98), eps=1e-9)
+    start, losses = 0, []
+    if checkpoint is not None:
+        restore(checkpoint, model, optimizer)
+        start, losses = checkpoint.step, checkpoint.trainer["losses"]
+    scheduler = make_scheduler(optimizer, options.schedule, card["d_model"], options.warmup,
+                               options.steps)
+    with warnings.catch_warnings():  # fast-forwarding, so no optimizer.step() comes first
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        for _ in range(start):  # the schedule is a pure function of the step
+            scheduler.step()
+    if writer:
+        options.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(options.out / CONFIG, card_yaml(card).encode())
+        if options.task in ("lm", "mlm"):
+            atomic_write_bytes(options.out / BYTE_TOKENIZER, ByteTokenizer().to_json().encode())
+    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    trained.train()
+
+    def state(step: int) -> dict[str, Any]:
+        return {"step": step, "card_name": card.name, "card": card.fields, "losses": losses,
+                "world_size": world, "rank": rank,
+                "options": {k: str(v) for k, v in asdict(options).items()}}
+
+    started, tokens = time.perf_counter(), 0
+    for step in range(start, options.steps):
+        batch = task.batch(step, rank)
+        torch.manual_seed(data.batch_generator(options.seed, step, rank).initial_seed())
+        loss = task.loss(trained, batch)
+        if not math.isfinite(loss.item()):
+            last = latest_checkpoint(options.out)
+            kept = f"last good checkpoint: step {last.step}" if last else "no checkpoint yet"
+            raise TrainingError(f"step {step + 1}: loss is {loss.item()}; stopped ({kept} "
+                                f"in {display_path(options.out)})")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), options.clip)
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.step()
+        scheduler.step()
+        losses.append(round(loss.item(), 6))
+        tokens += batch.tokens * world
+        done = step + 1
+        if writer and (done % log_every == 0 or done == options.steps):
+            progress(done, options.steps, loss.item(), lr,
+                     tokens / max(time.perf_counter() - started, 1e-9))
+        if done % options.checkpoint_every == 0 or done == options.steps:
+            spread = _parameter_spread(model) if world > 1 else 0.0
+            if writer:
+                save_checkpoint(options.out, model, optimizer,
+                                {**state(done), "rank_parameter_spread": spread})
+    model.eval()
+    final = state(options.steps)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+    return final

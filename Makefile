@@ -13,13 +13,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 DEMO := out/demo
 
-# The main job: list the cards, build the default card, export it to ONNX (with the parity
-# table), and generate from token ids with ONNX Runtime.
+# The main job: list the cards, build gpt-tiny, train it on the shipped Shakespeare (loss
+# falling), export it to ONNX (parity table), and generate text with ONNX Runtime.
 demo: $(STAMP)
 	$(BIN)/zoo list
 	$(BIN)/zoo build gpt-tiny -o $(DEMO)/gpt-tiny --seed 0 --force
-	$(BIN)/zoo export $(DEMO)/gpt-tiny --onnx -o $(DEMO)/gpt-tiny-onnx --force
-	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --ids 72,101,108,108,111 --max-new-tokens 16
+	$(BIN)/zoo train $(DEMO)/gpt-tiny --task lm --steps 800 --lr 3e-3 \
+		-o $(DEMO)/gpt-tiny-trained --force
+	$(BIN)/zoo export $(DEMO)/gpt-tiny-trained --onnx -o $(DEMO)/gpt-tiny-onnx --force
+	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --text "ROMEO:" --max-new-tokens 120 \
+		--temperature 0.8 --top-k 40 --seed 1
 
 test: $(STAMP)
 	$(BIN)/ruff check .

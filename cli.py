@@ -282,6 +282,8 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
     line = (f"step {step:>{len(str(total))}}/{total} [{'#' * filled}{'.' * (20 - filled)}] "
             f"loss {loss:.4f}  lr {lr:.2e}  {tokens_per_second / 1000:.1f}k tok/s")
     tty = sys.stderr.isatty()
+    if not tty and step % max(1, total // 20) and step != total:
+        return  # a log file gets about twenty lines, a terminal one updating line
     click.echo(("\r" + line) if tty else line, err=True, nl=not tty or step == total)
 
 

@@ -39,8 +39,8 @@ class DecoderSession:
         self.past = [outputs[name] for name in self.past_outputs]
         return outputs["logits"][:, -1]
 
-    def prefill(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        self.mask = mask.astype(np.int64)
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        self.mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
         self.past = empty_past(self.engine, ids.shape[0])
         positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
         self.last_position = positions[:, -1]
@@ -63,9 +63,9 @@ class Seq2SeqSession:
         self.past_inputs = past_names(n_layers, "past_key_values", ".decoder")
         self.past_outputs = past_names(n_layers, "present", ".decoder")
 
-    def prefill(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """Encode the source once, then feed the decoder's start token."""
-        self.source_mask = mask.astype(np.int64)
+        self.source_mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
         feeds = {"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask}
         self.memory = self.engine.run("encoder.onnx", feeds)["last_hidden_state"]
         self.past = empty_past(self.engine, ids.shape[0])

@@ -94,17 +94,23 @@ def test_extra_padding_leaves_unpadded_outputs_unchanged(name: str) -> None:
     with torch.no_grad():
         plain = model(ids)
         extra = model(padded, mask)
+        left = model(padded.roll(5, dims=1), mask.roll(5, dims=1))
     torch.testing.assert_close(extra.last_hidden_state[:, :6], plain.last_hidden_state,
                                atol=1e-5, rtol=0)
     torch.testing.assert_close(extra.pooler_output, plain.pooler_output, atol=1e-5, rtol=0)
+    torch.testing.assert_close(left.last_hidden_state[:, 5:], plain.last_hidden_state,
+                               atol=1e-5, rtol=0)
 
 
-def test_source_padding_leaves_encoder_decoder_outputs_unchanged() -> None:
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_source_padding_leaves_encoder_decoder_outputs_unchanged(side: str) -> None:
     tiny = card("transformer-tiny")
     model = build_model(tiny)
     source, target = random_ids(tiny, 2, 6), random_ids(tiny, 2, 4, seed=1)
-    padded = torch.cat([source, torch.zeros(2, 3, dtype=torch.long)], dim=1)
-    mask = torch.cat([torch.ones(2, 6), torch.zeros(2, 3)], dim=1).long()
+    pads, ones = torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 6, dtype=torch.long)
+    parts = [(source, ones), (pads, pads)] if side == "right" else [(pads, pads), (source, ones)]
+    padded = torch.cat([p[0] for p in parts], dim=1)
+    mask = torch.cat([p[1] for p in parts], dim=1)
     with torch.no_grad():
         plain = model.decode(target, model.encode(source))[0]
         extra = model.decode(target, model.encode(padded, mask), mask)[0]

@@ -128,6 +128,7 @@ def _initialise(model: nn.Module, card: dict[str, Any]) -> None:
 def build_model(card: Card | dict[str, Any], seed: int | None = 0, meta: bool = False) -> nn.Module:
     """Build the module for `card`, initialised from `seed`, in eval mode.
 
+    `seed=None` skips our initialisation, for modules whose weights are loaded next.
     `meta=True` builds on the meta device (no memory), for counting full-size cards.
     """
     fields = card.fields if isinstance(card, Card) else card
@@ -136,7 +137,7 @@ def build_model(card: Card | dict[str, Any], seed: int | None = 0, meta: bool = 
         if seed is not None and not meta:
             torch.manual_seed(seed)
         model = _assemble(fields)
-        if not meta:
+        if seed is not None and not meta:
             _initialise(model, fields)
     return model.eval()
 

@@ -36,6 +36,16 @@ def build_mask(
     return mask
 
 
+def padded_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     start: int | torch.Tensor = 0) -> torch.Tensor:
+    """Position ids (B, T) that count real tokens only, so a row padded on either side numbers
+    its tokens exactly as it would alone; without a mask, start, start + 1, ..."""
+    batch, length = input_ids.shape
+    if attention_mask is None:
+        return (torch.arange(length, device=input_ids.device) + start).expand(batch, length)
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool) -> None:
         super().__init__()

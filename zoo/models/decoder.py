@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.blocks.attention import KeyValue, build_mask
+from zoo.blocks.attention import KeyValue, build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead
 from zoo.blocks.layer import Layer
@@ -40,8 +40,7 @@ class Decoder(nn.Module):
         batch, length = input_ids.shape
         past_length = past_key_values[0][0].shape[2] if past_key_values else 0
         if position_ids is None:
-            position_ids = torch.arange(past_length, past_length + length,
-                                        device=input_ids.device).expand(batch, length)
+            position_ids = padded_positions(input_ids, None, past_length)
         mask = build_mask(attention_mask, length, past_length + length, causal=True,
                               device=input_ids.device)
         x = self.embeddings(input_ids, position_ids)

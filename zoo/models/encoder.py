@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from zoo.blocks.attention import build_mask
+from zoo.blocks.attention import build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import MLMHead, Pooler
 from zoo.blocks.layer import Layer
@@ -41,8 +41,8 @@ class Encoder(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> EncoderOutput:
-        batch, length = input_ids.shape
-        position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)
+        length = input_ids.shape[1]
+        position_ids = padded_positions(input_ids, attention_mask)
         mask = build_mask(attention_mask, length, length, causal=False)
         x = self.embeddings(input_ids, position_ids, token_type_ids)
         rotary = self.embeddings.position.rotary(position_ids)

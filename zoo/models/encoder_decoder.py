@@ -9,15 +9,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.blocks.attention import KeyValue, build_mask
+from zoo.blocks.attention import KeyValue, build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead
 from zoo.blocks.layer import Layer
-
-
-def _positions(input_ids: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
-    batch, length = input_ids.shape
-    return (torch.arange(length, device=input_ids.device) + start).expand(batch, length)
 
 
 class EncoderDecoder(nn.Module):
@@ -48,7 +43,7 @@ class EncoderDecoder(nn.Module):
     ) -> torch.Tensor:
         """Source ids (B, S) and mask (B, S) to memory (B, S, d)."""
         length = input_ids.shape[1]
-        position_ids = _positions(input_ids)
+        position_ids = padded_positions(input_ids, attention_mask)
         x = self.source_embeddings(input_ids, position_ids)
         rotary = self.source_embeddings.position.rotary(position_ids)
         mask = build_mask(attention_mask, length, length, causal=False)
@@ -67,7 +62,7 @@ class EncoderDecoder(nn.Module):
         self-attention cache, one (key, value) per layer, (B, n_heads, past + T, head_dim)."""
         length = input_ids.shape[1]
         past_length = past_key_values[0][0].shape[2] if past_key_values else 0
-        position_ids = _positions(input_ids, past_length)
+        position_ids = padded_positions(input_ids, None, past_length)
         embeddings = self._target()
         x = embeddings(input_ids, position_ids)
         rotary = embeddings.position.rotary(position_ids)

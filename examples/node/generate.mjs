@@ -1,0 +1,228 @@
+// Run a zoo ONNX export with onnxruntime-node, following docs/onnx-contract.md.
+//
+//   node generate.mjs FOLDER --ids 72,101,108 [--steps 32]
+//
+// decoder:          greedy generation with the key/value cache -> {"tokens":[...]}
+// encoder-decoder:  encode once, then greedy decoding from bos    -> {"tokens":[...]}
+// encoder:          the pooled vector                             -> {"pooled":[...]}
+//
+// Everything it needs comes from FOLDER/manifest.json (family and card sizes). Generation
+// stops early at the card's eos_token_id, which is included in the output, as `zoo run` does.
+// Bad input prints ONE line `error: ...` on stderr and exits with code 2, like the zoo CLI.
+
+import { createHash } from 'node:crypto';
+import { createReadStream, existsSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import ort from 'onnxruntime-node';
+
+const FORMAT_VERSION = 1; // the manifest format this program (and the Python side) reads
+
+class InputError extends Error {}
+
+function parseArgs(argv) {
+  const usage = 'usage: node generate.mjs FOLDER --ids 1,2,3 [--steps N]';
+  const args = { folder: null, ids: null, steps: 32 };
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i];
+    if (arg === '--ids' || arg === '--steps') {
+      if (i + 1 >= argv.length) throw new InputError(`${arg} needs a value; ${usage}`);
+      args[arg.slice(2)] = argv[++i];
+    } else if (arg.startsWith('-')) {
+      throw new InputError(`unknown option ${arg}; ${usage}`);
+    } else if (args.folder === null) {
+      args.folder = arg;
+    } else {
+      throw new InputError(`unexpected argument ${arg}; ${usage}`);
+    }
+  }
+  if (args.folder === null || args.ids === null) throw new InputError(usage);
+  if (!/^-?\d+(,-?\d+)*$/.test(args.ids.replace(/\s/g, ''))) {
+    throw new InputError(`--ids ${args.ids}: expected comma-separated integers`);
+  }
+  args.ids = args.ids.replace(/\s/g, '').split(',').map(Number);
+  if (!/^\d+$/.test(String(args.steps)) || Number(args.steps) < 1) {
+    throw new InputError(`--steps ${args.steps}: expected a positive integer`);
+  }
+  args.steps = Number(args.steps);
+  return args;
+}
+
+async function sha256(path) {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk);
+  return hash.digest('hex');
+}
+
+// The manifest, after the same checks the Python side makes: it exists, is format 1, and
+// every file it lists is present with the recorded sha256 (a partial copy fails here, not
+// deep inside ONNX Runtime).
+async function readManifest(folder) {
+  if (!existsSync(folder) || !statSync(folder).isDirectory()) {
+    throw new InputError(`${folder}: no such folder`);
+  }
+  const path = join(folder, 'manifest.json');
+  if (!existsSync(path)) {
+    throw new InputError(`${folder}: not an export (no manifest.json); make one with zoo export`);
+  }
+  let manifest;
+  try {
+    manifest = JSON.parse(readFileSync(path, 'utf8'));
+  } catch (error) {
+    throw new InputError(`${path}: not valid JSON: ${error.message}`);
+  }
+  if (manifest.format_version !== FORMAT_VERSION) {
+    throw new InputError(`${path}: format_version=${JSON.stringify(manifest.format_version)}, ` +
+                         `this program reads ${FORMAT_VERSION}`);
+  }
+  for (const field of ['family', 'card', 'graphs', 'files']) {
+    if (!manifest[field]) throw new InputError(`${path}: field '${field}' missing`);
+  }
+  for (const [name, entry] of Object.entries(manifest.files)) {
+    const file = join(folder, name);
+    if (!existsSync(file)) throw new InputError(`${file}: listed in manifest.json but missing`);
+    if ((await sha256(file)) !== entry.sha256) {
+      throw new InputError(`${file}: sha256 does not match manifest.json (changed after export)`);
+    }
+  }
+  return manifest;
+}
+
+function checkIds(ids, steps, manifest) {
+  const { vocab_size: vocab, max_positions: limit } = manifest.card;
+  const bad = ids.find((id) => id < 0 || id >= vocab);
+  if (bad !== undefined) {
+    throw new InputError(`token ids should be in 0..${vocab - 1}, got ${bad}`);
+  }
+  if (ids.length > limit) {
+    throw new InputError(`prompt of ${ids.length} tokens exceeds max_positions=${limit}`);
+  }
+  // A decoder attends over prompt + new tokens; the encoder-decoder's target is bos + new tokens.
+  const total = manifest.family === 'decoder' ? ids.length + steps : steps + 1;
+  if (manifest.family !== 'encoder' && total > limit) {
+    throw new InputError(`prompt of ${ids.length} plus ${steps} new tokens exceeds ` +
+                         `max_positions=${limit}`);
+  }
+}
+
+// Integer inputs are int64: ONNX Runtime for JavaScript wants them as BigInt64Array.
+const int64 = (values, dims) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), dims);
+
+// The cache before the first step: past length 0, shape (batch, n_heads, 0, head_dim).
+function emptyPast(card, names) {
+  const dims = [1, card.n_heads, 0, card.d_model / card.n_heads];
+  const empty = () => new ort.Tensor('float32', new Float32Array(0), dims);
+  return Object.fromEntries(names.map((name) => [name, empty()]));
+}
+
+// [input, output] name pairs of the cache, from the manifest: present.{i}[.decoder].key/.value
+// is fed back as past_key_values.{i}[.decoder].key/.value on the next step.
+function cacheNames(graph) {
+  const past = graph.inputs.filter((name) => name.startsWith('past_key_values.'));
+  return past.map((name) => [name, name.replace(/^past_key_values\./, 'present.')]);
+}
+
+// Greedy pick from the last position of logits (1, T, vocab); the first maximum wins, as in numpy.
+function argmaxLast(logits) {
+  const vocab = logits.dims[2];
+  const row = logits.data.subarray((logits.dims[1] - 1) * vocab, logits.dims[1] * vocab);
+  let best = 0;
+  for (let i = 1; i < vocab; i++) if (row[i] > row[best]) best = i;
+  return best;
+}
+
+// The decode loop both generating families share: `feedsFor(tokens)` gives the inputs for the
+// new tokens besides the cache; each step's presents become the next step's pasts.
+async function greedy(session, card, first, steps, feedsFor, cache) {
+  const tokens = [];
+  let past = emptyPast(card, cache.map(([name]) => name));
+  let next = first;
+  for (let step = 0; step < steps; step++) {
+    const outputs = await session.run({ ...feedsFor(next), ...past });
+    past = Object.fromEntries(cache.map(([input, output]) => [input, outputs[output]]));
+    const token = argmaxLast(outputs.logits);
+    tokens.push(token);
+    if (token === card.eos_token_id) break;
+    next = [token];
+  }
+  return tokens;
+}
+
+async function runDecoder(folder, manifest, ids, steps) {
+  const session = await open(folder, 'model.onnx');
+  let length = 0; // tokens seen so far (past + new): the mask covers all of them
+  const feedsFor = (tokens) => {
+    const positions = tokens.map((_, i) => length + i); // no padding: cumsum(mask) - 1
+    length += tokens.length;
+    return {
+      input_ids: int64(tokens, [1, tokens.length]),
+      attention_mask: int64(new Array(length).fill(1), [1, length]),
+      position_ids: int64(positions, [1, tokens.length]),
+    };
+  };
+  const cache = cacheNames(manifest.graphs['model.onnx']);
+  return { tokens: await greedy(session, manifest.card, ids, steps, feedsFor, cache) };
+}
+
+async function runSeq2Seq(folder, manifest, ids, steps) {
+  const encoder = await open(folder, 'encoder.onnx');
+  const decoder = await open(folder, 'decoder.onnx');
+  const mask = int64(ids.map(() => 1), [1, ids.length]);
+  const { last_hidden_state: memory } = await encoder.run({
+    input_ids: int64(ids, [1, ids.length]), attention_mask: mask,
+  });
+  // The encoder runs once; its output and mask are fed to every decoder step.
+  const feedsFor = (tokens) => ({
+    input_ids: int64(tokens, [1, tokens.length]),
+    encoder_hidden_states: memory,
+    encoder_attention_mask: mask,
+  });
+  const cache = cacheNames(manifest.graphs['decoder.onnx']);
+  const start = [manifest.card.bos_token_id];
+  return { tokens: await greedy(decoder, manifest.card, start, steps, feedsFor, cache) };
+}
+
+async function runEncoder(folder, manifest, ids) {
+  const session = await open(folder, 'model.onnx');
+  const inputs = manifest.graphs['model.onnx'].inputs;
+  if (!manifest.graphs['model.onnx'].outputs.includes('pooler_output')) {
+    throw new InputError(`${manifest.name}: this encoder has no pooler (card pooler: false)`);
+  }
+  const feeds = {
+    input_ids: int64(ids, [1, ids.length]),
+    attention_mask: int64(ids.map(() => 1), [1, ids.length]),
+  };
+  if (inputs.includes('token_type_ids')) {
+    feeds.token_type_ids = int64(ids.map(() => 0), [1, ids.length]); // one segment
+  }
+  const outputs = await session.run(feeds);
+  return { pooled: Array.from(outputs.pooler_output.data) };
+}
+
+async function open(folder, file) {
+  const path = join(folder, file);
+  let session;
+  try {
+    // Severity 3 (errors only): ONNX Runtime's warnings would break the one-line contract.
+    session = await ort.InferenceSession.create(path, { logSeverityLevel: 3 });
+  } catch (error) {
+    throw new InputError(`${path}: ONNX Runtime cannot load it: ${firstLine(error)}`);
+  }
+  return session;
+}
+
+const firstLine = (error) => String(error?.message ?? error).trim().split('\n')[0];
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2));
+  const manifest = await readManifest(args.folder);
+  checkIds(args.ids, args.steps, manifest);
+  const runners = { decoder: runDecoder, 'encoder-decoder': runSeq2Seq, encoder: runEncoder };
+  const run = runners[manifest.family];
+  if (!run) throw new InputError(`${args.folder}: unknown family ${manifest.family}`);
+  console.log(JSON.stringify(await run(args.folder, manifest, args.ids, args.steps)));
+}
+
+main().catch((error) => {
+  process.stderr.write(`error: ${firstLine(error)}\n`);
+  process.exit(2);
+});

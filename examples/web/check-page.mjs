@@ -1,0 +1,71 @@
+// Open the page in headless Chromium and print what it shows, as one line of JSON:
+//   {"state":"done"|"error","tokens":[...],"error":"...","status":"..."}
+//
+//   node check-page.mjs URL [--user-data-dir DIR] [--timeout-ms 60000]
+//
+// Drives the system's Chromium (Debian's /usr/bin/chromium, or $CHROMIUM) with playwright-core;
+// it never downloads a browser. The profile is a new empty folder (made here unless given),
+// and the browser is closed before exit whatever happens, so no process is left behind.
+// Exit 0 when the page finished (done or error shown); 1 with one line on stderr otherwise.
+
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+
+const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync'];
+
+function parseArgs(argv) {
+  const args = { url: null, userDataDir: null, timeoutMs: 60000 };
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === '--user-data-dir') args.userDataDir = argv[++i];
+    else if (argv[i] === '--timeout-ms') args.timeoutMs = Number(argv[++i]);
+    else args.url = argv[i];
+  }
+  if (!args.url) {
+    throw new Error('usage: node check-page.mjs URL [--user-data-dir DIR] [--timeout-ms MS]');
+  }
+  return args;
+}
+
+async function main() {
+  const args = parseArgs(process.argv.slice(2));
+  const ownProfile = !args.userDataDir;
+  const profile = args.userDataDir ?? mkdtempSync(join(tmpdir(), 'zoo-chromium-'));
+  const logged = []; // the page's console, shown only when something goes wrong
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: ARGS,
+  });
+  try {
+    const page = context.pages()[0] ?? await context.newPage();
+    page.on('console', (message) => logged.push(`${message.type()}: ${message.text()}`));
+    page.on('pageerror', (error) => logged.push(`pageerror: ${error.message}`));
+    await page.goto(args.url);
+    try {
+      await page.waitForFunction(() => ['done', 'error'].includes(document.body.dataset.state),
+                                 null, { timeout: args.timeoutMs });
+    } catch {
+      const status = await page.textContent('#status').catch(() => '?');
+      throw new Error(`page did not finish within ${args.timeoutMs} ms (status: ${status}; ` +
+                      `console: ${logged.slice(-3).join(' | ') || 'empty'})`);
+    }
+    const result = await page.evaluate(() => ({
+      state: document.body.dataset.state,
+      tokens: [...document.querySelectorAll('#tokens .token')].map((e) => Number(e.dataset.id)),
+      error: document.getElementById('error').textContent,
+      status: document.getElementById('status').textContent,
+    }));
+    console.log(JSON.stringify(result));
+  } finally {
+    await context.close();
+    if (ownProfile) rmSync(profile, { recursive: true, force: true });
+  }
+}
+
+main().catch((error) => {
+  process.stderr.write(`error: ${String(error?.message ?? error).split('\n')[0]}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,208 @@
+// Greedy generation with a zoo decoder export in the browser (docs/onnx-contract.md).
+//
+// ONNX Runtime Web is served from ./node_modules/onnxruntime-web/dist (npm ci --ignore-scripts
+// in this folder); nothing comes from a CDN. Every failure ends on the page as one line in
+// #error and body[data-state=error], so a test (check-page.mjs) or a person never waits forever.
+
+const ORT_DIST = new URL('./node_modules/onnxruntime-web/dist/', import.meta.url);
+const FORMAT_VERSION = 1; // the manifest format this page (and the Python side) reads
+
+const $ = (id) => document.getElementById(id);
+const setState = (state, text) => {
+  document.body.dataset.state = state;
+  $('status').textContent = text;
+};
+
+class PageError extends Error {}
+
+let ort; // loaded on first use, so a missing node_modules is reported on the page
+
+async function loadOrt() {
+  if (ort) return ort;
+  try {
+    ort = await import(new URL('ort.wasm.min.mjs', ORT_DIST).href);
+  } catch (error) {
+    throw new PageError(`could not load ONNX Runtime Web from ${ORT_DIST.pathname} ` +
+                        `(run npm ci --ignore-scripts in examples/web): ${error.message}`);
+  }
+  // A page served over plain http is not cross-origin isolated: no SharedArrayBuffer, so no
+  // WASM threads. One thread is also what makes the timings comparable between runs.
+  ort.env.wasm.numThreads = 1;
+  ort.env.wasm.wasmPaths = ORT_DIST.href;
+  ort.env.logLevel = 'error';
+  return ort;
+}
+
+async function readManifest(folder) {
+  const url = new URL('manifest.json', folder);
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (error) {
+    throw new PageError(`${url}: cannot fetch it: ${error.message}`);
+  }
+  if (!response.ok) {
+    throw new PageError(`${folder}: not an export (no manifest.json: HTTP ${response.status}); ` +
+                        'make one with zoo export');
+  }
+  let manifest;
+  try {
+    manifest = await response.json();
+  } catch (error) {
+    throw new PageError(`${url}: not valid JSON: ${error.message}`);
+  }
+  if (manifest.format_version !== FORMAT_VERSION) {
+    throw new PageError(`${url}: format_version=${JSON.stringify(manifest.format_version)}, ` +
+                        `this page reads ${FORMAT_VERSION}`);
+  }
+  if (manifest.family !== 'decoder') {
+    throw new PageError(`${folder}: a ${manifest.family} export; this page runs decoders ` +
+                        '(examples/node runs every family)');
+  }
+  return manifest;
+}
+
+function parseIds(text, card, steps) {
+  const clean = text.replace(/\s/g, '');
+  if (!/^-?\d+(,-?\d+)*$/.test(clean)) {
+    throw new PageError(`ids ${text}: expected comma-separated integers`);
+  }
+  const ids = clean.split(',').map(Number);
+  const bad = ids.find((id) => id < 0 || id >= card.vocab_size);
+  if (bad !== undefined) {
+    throw new PageError(`token ids should be in 0..${card.vocab_size - 1}, got ${bad}`);
+  }
+  if (!(steps >= 1) || ids.length + steps > card.max_positions) {
+    throw new PageError(`prompt of ${ids.length} plus ${steps} new tokens: should be at least ` +
+                        `one new token and at most max_positions=${card.max_positions} in all`);
+  }
+  return ids;
+}
+
+// The bytes of one exported file, checked against the manifest's sha256 as the Python side
+// does (a partial copy fails here with its name, not deep inside ONNX Runtime). crypto.subtle
+// exists only in secure contexts (https, localhost, 127.0.0.1); elsewhere the check is skipped.
+async function fetchChecked(url, entry) {
+  const response = await fetch(url).catch((error) => {
+    throw new PageError(`${url}: cannot fetch it: ${error.message}`);
+  });
+  if (!response.ok) {
+    throw new PageError(`${url}: HTTP ${response.status} (listed in manifest.json but missing?)`);
+  }
+  const bytes = new Uint8Array(await response.arrayBuffer());
+  if (entry && globalThis.crypto?.subtle) {
+    const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
+    const hex = Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
+    if (hex !== entry.sha256) {
+      throw new PageError(`${url}: sha256 does not match manifest.json (changed after export)`);
+    }
+  }
+  return bytes;
+}
+
+// Integer inputs are int64 (BigInt64Array in JavaScript).
+const int64 = (values, dims) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), dims);
+
+// Greedy pick from the last position of logits (1, T, vocab); the first maximum wins, as in numpy.
+function argmaxLast(logits) {
+  const vocab = logits.dims[2];
+  const row = logits.data.subarray((logits.dims[1] - 1) * vocab, logits.dims[1] * vocab);
+  let best = 0;
+  for (let i = 1; i < vocab; i++) if (row[i] > row[best]) best = i;
+  return best;
+}
+
+function showToken(token, ms) {
+  const span = document.createElement('span');
+  span.className = 'token';
+  span.dataset.id = token;
+  span.innerHTML = `${token} <small>${ms.toFixed(1)} ms</small>`;
+  $('tokens').append(span);
+}
+
+async function generate(folder, idsText, steps) {
+  setState('loading', 'loading ONNX Runtime Web and the manifest...');
+  await loadOrt();
+  const manifest = await readManifest(folder);
+  const card = manifest.card;
+  const ids = parseIds(idsText, card, steps);
+  const graph = manifest.graphs['model.onnx'];
+  const modelUrl = new URL('model.onnx', folder).href;
+  const bytes = await fetchChecked(modelUrl, manifest.files['model.onnx']);
+  let session;
+  try {
+    session = await ort.InferenceSession.create(bytes, { executionProviders: ['wasm'] });
+  } catch (error) {
+    throw new PageError(`${modelUrl}: ONNX Runtime cannot load it: ${error.message}`);
+  }
+
+  // First step: the whole prompt, past length 0 (cache tensors of shape (1, n_heads, 0, head_dim)).
+  const cache = graph.inputs.filter((name) => name.startsWith('past_key_values.'))
+    .map((name) => [name, name.replace(/^past_key_values\./, 'present.')]);
+  const headDim = card.d_model / card.n_heads;
+  let past = Object.fromEntries(cache.map(([name]) =>
+    [name, new ort.Tensor('float32', new Float32Array(0), [1, card.n_heads, 0, headDim])]));
+  let next = ids;
+  let length = 0; // past + new: the attention mask covers all of them (no padding here)
+  const times = [];
+  setState('running', `generating ${steps} tokens (${manifest.name})...`);
+  for (let step = 0; step < steps; step++) {
+    const positions = next.map((_, i) => length + i); // cumsum(mask) - 1 without padding
+    length += next.length;
+    const feeds = {
+      input_ids: int64(next, [1, next.length]),
+      attention_mask: int64(new Array(length).fill(1), [1, length]),
+      position_ids: int64(positions, [1, next.length]),
+      ...past,
+    };
+    const start = performance.now();
+    const outputs = await session.run(feeds);
+    times.push(performance.now() - start);
+    past = Object.fromEntries(cache.map(([input, output]) => [input, outputs[output]]));
+    const token = argmaxLast(outputs.logits);
+    showToken(token, times.at(-1));
+    if (token === card.eos_token_id) break;
+    next = [token];
+    // Yield to the browser so each token is painted as it comes.
+    await new Promise((resolve) => setTimeout(resolve, 0));
+  }
+  const later = times.slice(1);
+  const perToken = later.length ? later.reduce((a, b) => a + b, 0) / later.length : times[0];
+  setState('done', `${times.length} tokens; first step (prompt of ${ids.length}) ` +
+                   `${times[0].toFixed(1)} ms, then ${perToken.toFixed(2)} ms per token`);
+}
+
+function showError(error) {
+  const text = String(error?.message ?? error).trim().split('\n')[0];
+  $('error').textContent = `error: ${text}`;
+  setState('error', 'failed');
+}
+
+async function start() {
+  $('tokens').replaceChildren();
+  $('error').textContent = '';
+  $('generate').disabled = true;
+  try {
+    const folder = $('model').value.replace(/\/*$/, '/'); // a folder: resolve files inside it
+    await generate(new URL(folder, location.href), $('ids').value, Number($('steps').value));
+  } catch (error) {
+    showError(error);
+  } finally {
+    $('generate').disabled = false;
+  }
+}
+
+// Anything that escapes (a rejected promise inside ONNX Runtime, say) still reaches the page.
+window.addEventListener('error', (event) => showError(event.error ?? event.message));
+window.addEventListener('unhandledrejection', (event) => showError(event.reason));
+
+$('form').addEventListener('submit', (event) => {
+  event.preventDefault();
+  start();
+});
+
+const params = new URLSearchParams(location.search);
+for (const field of ['model', 'ids', 'steps']) {
+  if (params.has(field)) $(field).value = params.get(field);
+}
+if (params.get('run') === '1') start();

@@ -3,7 +3,6 @@ and the check that nothing was changed since."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -15,6 +14,7 @@ from export.contract import FORMAT_VERSION, MANIFEST, files_for
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
+from zoo.atomic import sha256
 
 PACKAGES = ("zoo", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy",
             "safetensors")
@@ -32,14 +32,6 @@ def package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return found
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str]) -> None:

@@ -4,6 +4,7 @@ into place, so an interrupted write never leaves a half file (or folder) under t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -41,6 +42,15 @@ def atomic_folder(target: Path, force: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def sha256(path: Path) -> str:
+    """Hex digest of a file, read in 1 MiB blocks (files may be gigabytes)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_bytes(target: Path, data: bytes) -> None:

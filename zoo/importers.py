@@ -8,7 +8,6 @@ only applies maps. Only safetensors are read; no pickle is ever loaded.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -22,7 +21,7 @@ from registry.catalog import SHIPPED, Card, open_catalog, read_yaml
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.schema import validate
-from zoo.atomic import atomic_folder, refuse_existing
+from zoo.atomic import atomic_folder, refuse_existing, sha256
 from zoo.build import build_model
 from zoo.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
 from zoo.weights import read_tensors, save_built
@@ -203,14 +202,6 @@ def find_weights(folder: Path) -> Path:
         raise CheckpointError(f"{where}: only {', '.join(pickles)}: pickle checkpoints are not "
                               "loaded; convert to safetensors (model.safetensors)")
     raise CheckpointError(f"{where}: no {SOURCE_WEIGHTS}")
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def normalised_tensors(layout: LayoutMap, tensors: dict[str, torch.Tensor], where: str

@@ -79,9 +79,10 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     if card["pooler"]:
         heads += d * d + d
     if card["mlm_head"]:
-        heads += d * d + d + norm + vocab  # transform, norm, output bias; output weight is tied
-    if family != "encoder" and not card["tie_embeddings"]:
-        heads += vocab * d
+        heads += d * d + d + norm + vocab  # transform, norm, output bias
+    has_output = family != "encoder" or card["mlm_head"]
+    if has_output and not card["tie_embeddings"]:
+        heads += vocab * d  # an output matrix of its own
     parts["heads"] = heads
     return {name: count for name, count in parts.items() if count}
 

@@ -157,14 +157,21 @@ PROVIDER = click.Choice(["cpu", "cuda"])
 @click.option("--rtol", default=1e-3, show_default=True, help="Parity relative tolerance.")
 @click.option("--seed", default=0, show_default=True, help="Seed when building a card.")
 @click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE", help="Override a field.")
+@click.option("--optimize", is_flag=True,
+              help="ONNX Runtime's transformer fusions; decoders also get model_kv.onnx, a "
+                   "generation graph whose key/value cache is updated in place.")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]),
+              help="Weight-only MatMul quantization; checked by top-1 agreement with fp32 "
+                   "instead of the parity grid.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output folder.")
 @registry_option
 def export_command(source: str, to_onnx: bool, out: str | None, opset: int, provider: str,
-                   atol: float, rtol: float, seed: int, sets: tuple[str, ...], force: bool,
-                   registries: tuple[str, ...]) -> None:
+                   atol: float, rtol: float, seed: int, sets: tuple[str, ...], optimize: bool,
+                   quantize: str | None, force: bool, registries: tuple[str, ...]) -> None:
     """Export a card or a built folder to ONNX, then prove parity with PyTorch.
 
-    Files land in OUT only when onnx.checker and the parity grid both passed.
+    Files land in OUT only when onnx.checker and the parity grid (for --quantize: the agreement
+    check) both passed.
     """
     if not to_onnx:
         raise ZooError("choose an export format: --onnx")
@@ -173,6 +180,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
 
     refuse_existing(target, force)
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
+    from export.agreement import AgreementError
     from export.onnx_export import check_opset
     from export.parity import ParityError
     from export.pipeline import export_and_verify, load_source
@@ -183,8 +191,8 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     try:
         folder = Path(source) if Path(source).is_dir() else None
         report = export_and_verify(model, card, target, opset, provider, atol, rtol, force,
-                                   progress, folder)
-    except ParityError as exc:
+                                   progress, folder, optimize, quantize)
+    except (ParityError, AgreementError) as exc:
         click.echo(exc.report.table())
         raise
     click.echo(report.table())
@@ -198,7 +206,9 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
 @click.option("--atol", default=1e-4, show_default=True, help="Absolute tolerance.")
 @click.option("--rtol", default=1e-3, show_default=True, help="Relative tolerance.")
 def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
-    """Check an exported FOLDER: PyTorch against ONNX Runtime on the shape grid."""
+    """Check an exported FOLDER: PyTorch against ONNX Runtime on the shape grid (a quantized
+    export: the agreement check against fp32 PyTorch instead)."""
+    from export.agreement import AgreementError, check_agreement
     from export.engines import TorchEngine
     from export.parity import ParityError, check_parity
     from export.runtime import Runtime
@@ -206,6 +216,13 @@ def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
 
     runtime = Runtime(Path(folder), provider)  # verifies the manifest's sha256 first
     model, card = load_built(Path(folder))
+    quantization = runtime.manifest.get("quantization")
+    if quantization:
+        agreement = check_agreement(TorchEngine(model, card), runtime, quantization["weights"])
+        click.echo(agreement.table())
+        if not agreement.passed:
+            raise AgreementError(agreement)
+        return
     report = check_parity(TorchEngine(model, card), runtime, atol, rtol)
     click.echo(report.table())
     if not report.passed:
@@ -356,6 +373,46 @@ def import_command(source: str, out: str, force: bool) -> None:
                    "(buffers, tied copies, heads the zoo lacks; listed in source.json)")
     files = ", ".join(sorted(p.name for p in Path(out).iterdir()))
     click.echo(f"wrote {out}/ ({files})")
+
+
+@main.command()
+@click.argument("source", metavar="NAME|DIR")
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
+@click.option("--threads", type=int, help="Threads for ONNX Runtime and torch [all cores].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Write every figure to this JSON file.")
+@click.option("--repeats", default=10, show_default=True,
+              help="Timed runs per figure (slow figures a third), after three warm-up runs.")
+@click.option("--optimize/--no-optimize", default=True, show_default=True,
+              help="When exporting NAME or a built folder: --optimize it.")
+@click.option("--quantize", type=click.Choice(["int8", "int4"]),
+              help="When exporting NAME or a built folder: --quantize it.")
+@click.option("--profile", is_flag=True, help="Add ONNX Runtime's per-operator times.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
+@registry_option
+def bench(source: str, provider: str, threads: int | None, json_path: str | None,
+          repeats: int, optimize: bool, quantize: str | None, profile: bool, force: bool,
+          registries: tuple[str, ...]) -> None:
+    """Time PyTorch eager against ONNX Runtime on the same weights, scaled by the machine's
+    own limits (one large matmul, a 1 GiB read) measured in the same run.
+
+    NAME|DIR: a card or built folder (exported to a temporary folder first) or an export.
+    """
+    from zoo.atomic import refuse_existing
+
+    if json_path:
+        refuse_existing(Path(json_path), force)  # before minutes of measuring, not after
+    if repeats < 1 or (threads is not None and threads < 1):
+        raise ZooError("--repeats and --threads should be >= 1")
+    from export.bench import BenchOptions, render, run_bench, write_json
+
+    options = BenchOptions(provider, threads, repeats, optimize, quantize, profile)
+    result = run_bench(source, registries, options,
+                       lambda message: click.echo(message, err=True))
+    click.echo(render(result))
+    if json_path:
+        write_json(result, Path(json_path), force)
+        click.echo(f"wrote {json_path}")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,15 @@ class Sampling:
             raise ZooError("--beams and --temperature cannot be combined")
 
 
-def open_session(engine: Engine) -> DecoderSession | Seq2SeqSession:
+def open_session(engine: Engine, capacity: int | None = None, shared_cache: bool = True
+                 ) -> DecoderSession | Seq2SeqSession:
+    """The plain loop, or for an `--optimize` decoder export on CPU the loop over its
+    shared-cache graph (same tokens, no per-step copies); `capacity`: prompt + new tokens."""
+    kv_graph = getattr(engine, "kv_graph", None) if shared_cache else None
+    if engine.card.family == "decoder" and kv_graph is not None:
+        from export.kv_session import SharedCacheSession
+
+        return SharedCacheSession(kv_graph, engine.card, capacity)
     if engine.card.family == "decoder":
         return DecoderSession(engine)
     if engine.card.family == "encoder-decoder":
@@ -150,9 +158,10 @@ def generate(
     new_tokens: int = 32,
     sampling: Sampling | None = None,
     eos: int | None = None,
+    shared_cache: bool = True,
 ) -> np.ndarray:
     """New tokens (B, new_tokens) for left-padded prompts `ids` (B, T); rows that reach `eos`
-    are padded with it afterwards."""
+    are padded with it afterwards. `shared_cache=False` forces the plain loop."""
     sampling = sampling or Sampling()
     sampling.check()
     ids = np.asarray(ids, np.int64)
@@ -161,7 +170,8 @@ def generate(
     vocab = engine.card["vocab_size"]
     if ids.size and (ids.min() < 0 or ids.max() >= vocab):
         raise ZooError(f"token ids should be in 0..{vocab - 1}, got {ids.min()}..{ids.max()}")
-    session = open_session(engine)
+    empty_row = bool(ids.size) and int(mask.sum(axis=1).min()) == 0  # only the plain loop
+    session = open_session(engine, ids.shape[1] + new_tokens, shared_cache and not empty_row)
     if sampling.beams > 1:
         return _beam_search(session, ids, mask, new_tokens, sampling.beams, eos)
     rng = np.random.default_rng(sampling.seed)

@@ -12,6 +12,7 @@ import logging
 import shutil
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,22 @@ Progress = Callable[[str], None]
 
 class ExportError(ZooError):
     """The exporter or onnx.checker refused the model."""
+
+
+@dataclass
+class Variant:
+    """What `zoo export --optimize / --quantize` adds to the plain export. The export fills
+    `notes` (fused-operator counts, missing fusions, quantized MatMuls) and `manifest` (extra
+    manifest.json entries) for the caller to print and check."""
+
+    optimize: bool = False
+    quantize: str | None = None  # "int8" | "int4"
+    notes: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def plain(self) -> bool:
+        return not self.optimize and not self.quantize
 
 
 def check_opset(opset: int) -> None:
@@ -133,12 +150,14 @@ def export_onnx(
     verify: Callable[[Path], Any] | None = None,
     progress: Progress = lambda message: None,
     extra_files: list[Path] | tuple[Path, ...] = (),
+    variant: Variant | None = None,
 ) -> Any:
     """Write the ONNX files, reference weights, config and manifest to `out`.
 
     `verify(staging)` runs before the folder is moved into place (the parity check); when it
     raises, nothing is written. Returns what `verify` returned.
     """
+    variant = variant or Variant()
     check_opset(opset)
     model = model.eval()
     versions = package_versions()
@@ -163,10 +182,25 @@ def export_onnx(
                                                 staging / file_name)
             strip_debug(protos[file_name])
             set_metadata(protos[file_name], metadata)
+        if not variant.plain:
+            from export.variants import apply_variant
+
+            apply_variant(protos, model, card, opset, variant, metadata, progress)
         save_models(protos, staging)
         for file_name in protos:
             _check(staging / file_name)
         write_manifest(staging, card, opset, versions)
+        if variant.manifest:
+            add_to_manifest(staging, variant.manifest)
         if verify is not None:
             result = verify(staging)
     return result
+
+
+def add_to_manifest(folder: Path, entries: dict[str, Any]) -> None:
+    """Extra top-level entries (optimization, generation, quantization); the files' sha256
+    are unaffected, since manifest.json does not list itself."""
+    path = folder / "manifest.json"
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.update(entries)
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

@@ -20,6 +20,10 @@ from registry.paths import display_path
 from registry.schema import validate
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+# ORT's SkipLayerNormalization CPU kernel took 0.2 ms per 128 x 768 call here, eight times
+# LayerNormalization + Add (bert-base forward: 5.2 ms against 0.6 ms + 0.3 ms, see
+# BENCHMARKS.md), so its online fusion is switched off; decoding steps are unaffected.
+DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 # ORT's own logger prints multi-line errors (e.g. a CUDA library it cannot load) before we can
 # report them in one line; every failure it logs is raised to us and reported by us.
@@ -52,21 +56,41 @@ def cuda_active() -> bool:
     return session.get_providers()[0] == PROVIDERS["cuda"]
 
 
+def session_options(threads: int | None = None, profile_prefix: str | None = None
+                    ) -> ort.SessionOptions:
+    """Options for speed: every graph optimisation (fusions, constant folding, layout), one
+    sequential executor whose intra-op pool has `threads` threads (ORT's default: one per
+    physical core), and the CPU arena with memory patterns so that repeated runs of one shape
+    reuse their buffers instead of allocating."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.enable_cpu_mem_arena = True
+    options.enable_mem_pattern = True
+    options.inter_op_num_threads = 1  # sequential executor: a second pool would only idle
+    if threads:
+        options.intra_op_num_threads = threads
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return options
+
+
 class Graph:
     """One ONNX file in one InferenceSession."""
 
-    def __init__(self, path: Path, provider: str, threads: int | None = None) -> None:
+    def __init__(self, path: Path, provider: str, threads: int | None = None,
+                 options: ort.SessionOptions | None = None) -> None:
         if provider not in PROVIDERS:
             raise OrtError(f"--provider {provider}: expected one of {', '.join(PROVIDERS)}")
         self.path = path
         self.provider = provider
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = threads
+        options = options or session_options(threads)
         wanted = [PROVIDERS[provider]]
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=wanted)
+            self.session = ort.InferenceSession(str(path), options, providers=wanted,
+                                                disabled_optimizers=DISABLED_OPTIMIZERS)
         except Exception as exc:  # ORT raises its own exception types; report one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise OrtError(f"{display_path(path)}: ONNX Runtime cannot load it: "
@@ -128,11 +152,25 @@ class Runtime:
         graphs = self.manifest.get("graphs", {})
         if not graphs:
             raise OrtError(f"{display_path(self.folder)}: manifest lists no graphs")
+        self.threads = threads
         self.graphs = {name: Graph(self.folder / name, provider, threads) for name in graphs}
+        self._kv_graph: Graph | None = None
 
     @property
     def family(self) -> str:
         return self.card.family
+
+    @property
+    def kv_graph(self) -> Graph | None:
+        """The shared-cache decoding graph of an `--optimize` export (opened on first use, so
+        parity and encoders never pay for it); None where the export has none, or on CUDA,
+        where its GroupQueryAttention runs only in fp16."""
+        entry = self.manifest.get("generation")
+        if not entry or self.provider != "cpu":
+            return None
+        if self._kv_graph is None:
+            self._kv_graph = Graph(self.folder / entry["file"], self.provider, self.threads)
+        return self._kv_graph
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.graphs[file].run(feeds)

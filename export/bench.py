@@ -1,0 +1,293 @@
+"""`zoo bench NAME|DIR`: PyTorch eager against ONNX Runtime on the same weights, in one run,
+with the machine's own limits measured in that run (export/machine.py), every figure a median
+over repeated runs after warm-up with its spread (export/timing.py).
+
+NAME (a card, built with seed 0) or a built folder is exported to a temporary folder first
+(--optimize by default, since this measures speed); an export folder is used as it is, with the
+reference weights it carries for the PyTorch side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from export.bench_runs import BENCHES, Context, decoder_lengths
+from export.contract import MANIFEST, past_names
+from export.machine import cpu_name, load_average, matmul_flops, read_bandwidth
+from export.manifest import package_versions
+from export.pipeline import export_and_verify
+from export.runtime import Runtime
+from registry.errors import ZooError
+from zoo.atomic import atomic_write_bytes, refuse_existing
+from zoo.sources import load_source
+from zoo.weights import WEIGHTS, load_built
+
+FORMAT_VERSION = 1
+Progress = Callable[[str], None]
+
+
+class BenchError(ZooError):
+    """The benchmark cannot run as asked (e.g. CUDA that is not there)."""
+
+
+@dataclass
+class BenchOptions:
+    provider: str = "cpu"
+    threads: int | None = None
+    repeats: int = 10
+    optimize: bool = True
+    quantize: str | None = None
+    profile: bool = False
+
+
+def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, work: Path,
+             progress: Progress) -> tuple[Path, torch.nn.Module, Any]:
+    folder = Path(source)
+    if (folder / MANIFEST).is_file():
+        model, card = load_built(folder)  # the reference weights the export carries
+        return folder, model, card
+    progress(f"loading {source}...")
+    model, card = load_source(source, registries)
+    out = work / "export"
+    export_and_verify(model, card, out, progress=progress, optimize=options.optimize,
+                      quantize=options.quantize)
+    return out, model, card
+
+
+def _export_facts(folder: Path, runtime: Runtime) -> dict[str, Any]:
+    onnx_bytes = sum(p.stat().st_size for p in folder.iterdir()
+                     if p.suffix == ".onnx" or p.name.endswith(".onnx.data"))
+    weights = folder / WEIGHTS
+    manifest = runtime.manifest
+    return {
+        "optimized": "optimization" in manifest,
+        "quantized": manifest.get("quantization", {}).get("weights", "fp32"),
+        "shared_cache_graph": runtime.kv_graph is not None,
+        "onnx_bytes": onnx_bytes,
+        "safetensors_bytes": weights.stat().st_size if weights.is_file() else 0,
+        "fused": manifest.get("optimization", {}).get("fused", {}),
+    }
+
+
+def _profile(runtime: Runtime, card: Any, threads: int | None) -> dict[str, dict[str, float]]:
+    """Per-operator milliseconds per run for the graphs the benchmark leans on."""
+    from export.kv_session import SharedCacheSession
+    from export.profile import op_times, profiled_graph, temporary_folder
+
+    result = {}
+    with temporary_folder() as tmp:
+        folder, provider = runtime.folder, runtime.provider
+        if card.family == "decoder":
+            past = decoder_lengths(card)[2][-1]
+            inputs = past_names(card["n_layers"], "past_key_values")
+            shape = (1, card["n_heads"], past, card["d_model"] // card["n_heads"])
+            feeds = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, past + 1),
+                                                                              np.int64),
+                     "position_ids": np.array([[past]]),
+                     **{name: np.zeros(shape, np.float32) for name in inputs}}
+            graph = profiled_graph(folder / "model.onnx", provider, threads, Path(tmp))
+            result[f"model.onnx decode step, past {past}"] = op_times(
+                graph, lambda: graph.session.run(None, feeds))
+            entry = runtime.manifest.get("generation")
+            if entry and provider == "cpu":
+                kv = profiled_graph(folder / entry["file"], provider, threads, Path(tmp))
+                session = SharedCacheSession(kv, card)
+                session.prefill(np.array([[5]]), None)
+
+                def step() -> None:
+                    session.lengths[:] = past
+                    session.step(np.array([5]))
+
+                result[f"{entry['file']} decode step, past {past}"] = op_times(kv, step)
+        elif card.family == "encoder":
+            length = min(128, card["max_positions"])
+            feeds = {"input_ids": np.full((1, length), 5), "attention_mask": np.ones(
+                (1, length), np.int64)}
+            if card["type_vocab_size"]:
+                feeds["token_type_ids"] = np.zeros((1, length), np.int64)
+            graph = profiled_graph(folder / "model.onnx", provider, threads, Path(tmp))
+            result[f"model.onnx forward 1 x {length}"] = op_times(
+                graph, lambda: graph.session.run(None, feeds))
+        else:
+            length = min(128, card["max_positions"])
+            feeds = {"input_ids": np.full((1, length), 5),
+                     "attention_mask": np.ones((1, length), np.int64)}
+            graph = profiled_graph(folder / "encoder.onnx", provider, threads, Path(tmp))
+            result[f"encoder.onnx forward 1 x {length}"] = op_times(
+                graph, lambda: graph.session.run(None, feeds))
+    return result
+
+
+def _limits(options: BenchOptions, progress: Progress) -> dict[str, float]:
+    progress("measuring the machine: one large matmul (ORT, torch) and a 1 GiB read...")
+    probes = max(2, min(5, options.repeats))  # a quick run (tests) probes quickly too
+    return {**matmul_flops(options.provider, options.threads, repeats=probes),
+            **read_bandwidth(options.provider, options.threads, repeats=probes)}
+
+
+def rescale(measurements: dict[str, dict[str, dict[str, float]]], limits: dict[str, float]
+            ) -> None:
+    """Recompute every fraction against the best the machine showed in this run: the matmul
+    rate of the same library, or the larger of the run's read bandwidth and the probe taken
+    next to the figure."""
+    for engines in measurements.values():
+        for engine, figure in engines.items():
+            if "gflop_per_s" in figure:
+                limit = limits["torch_flops_per_s" if engine == "torch" else "ort_flops_per_s"]
+                figure["limit_gflop_per_s"] = limit / 1e9
+                figure["fraction_of_limit"] = figure["gflop_per_s"] * 1e9 / limit
+            elif "gbytes_per_s" in figure:
+                limit = max(limits["bound_bytes_per_s"], figure["probe_gbytes_per_s"] * 1e9)
+                figure["limit_gbytes_per_s"] = limit / 1e9
+                figure["fraction_of_limit"] = figure["gbytes_per_s"] * 1e9 / limit
+
+
+def summary(family: str, measurements: dict[str, dict[str, dict[str, float]]],
+            export: dict[str, Any]) -> dict[str, float]:
+    """The ratios the targets are stated in (see BENCHMARKS.md)."""
+
+    def median(key: str, engine: str) -> float:
+        return measurements[key][engine]["median_ms"]
+
+    keys = list(measurements)
+    result: dict[str, float] = {}
+    if export["safetensors_bytes"]:
+        result["onnx_bytes_over_safetensors"] = export["onnx_bytes"] / export["safetensors_bytes"]
+    if family == "decoder":
+        greedy = next(k for k in keys if k.startswith("greedy_"))
+        steps = [k for k in keys if k.startswith("decode_past_")]
+        result["greedy_speedup_ort_over_torch"] = median(greedy, "torch") / median(greedy, "ort")
+        result["greedy_ort_fraction_of_bandwidth"] = measurements[greedy]["ort"][
+            "fraction_of_limit"]
+        result["decode_longest_over_shortest_past_ort"] = (median(steps[-1], "ort")
+                                                            / median(steps[0], "ort"))
+        result["decode_longest_over_shortest_past_torch"] = (median(steps[-1], "torch")
+                                                              / median(steps[0], "torch"))
+    elif family == "encoder":
+        first = keys[0]
+        result["forward_b1_ort_over_torch_latency"] = median(first, "ort") / median(first, "torch")
+        result["forward_b1_ort_fraction_of_matmul"] = measurements[first]["ort"][
+            "fraction_of_limit"]
+    else:
+        encoder, step = keys[0], keys[-1]
+        result["encoder_ort_over_torch_latency"] = median(encoder, "ort") / median(encoder,
+                                                                                   "torch")
+        result["decode_speedup_ort_over_torch"] = median(step, "torch") / median(step, "ort")
+    return result
+
+
+def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptions | None = None,
+              progress: Progress = lambda message: None) -> dict[str, Any]:
+    options = options or BenchOptions()
+    if options.provider == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--provider cuda: torch sees no CUDA device here")
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    started = time.time()
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="zoo-bench-") as tmp:
+        folder, model, card = _subject(source, registries, options, Path(tmp), progress)
+        device = "cuda" if options.provider == "cuda" else "cpu"
+        model = model.eval().to(device)
+        runtime = Runtime(folder, options.provider, options.threads)
+        start = _limits(options, progress)
+        context = Context(runtime, model, card, device, options.repeats, dict(start), progress)
+        measurements = BENCHES[card.family](context)
+        # The memory bandwidth of these shared machines drifts: probe again and scale by the
+        # best of both, so every fraction is of the best the machine showed in this run.
+        end = _limits(options, progress)
+        limits = {key: max(start[key], end[key]) for key in start}
+        rescale(measurements, limits)
+        export = _export_facts(folder, runtime)
+        profile = _profile(runtime, card, options.threads) if options.profile else None
+    result: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "model": {"name": card.name, "family": card.family,
+                  "parameters": sum(p.numel() for p in model.parameters())},
+        "export": export,
+        "settings": {"provider": options.provider, "ort_threads": options.threads or 0,
+                     "torch_threads": torch.get_num_threads(), "repeats": options.repeats},
+        "machine": {"cpu": cpu_name(), "load_before": load_before,
+                    "load_after": load_average(), **limits, "start": start, "end": end},
+        "versions": package_versions(),
+        "measurements": measurements,
+        "summary": summary(card.family, measurements, export),
+        "seconds": time.time() - started,
+    }
+    if profile is not None:
+        result["profile"] = profile
+    return result
+
+
+def write_json(result: dict[str, Any], path: Path, force: bool) -> None:
+    """Atomically (temporary file, then rename); an existing file only with force."""
+    refuse_existing(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
+
+
+def _rate(figure: dict[str, float]) -> str:
+    if "gflop_per_s" in figure:
+        return f"{figure['gflop_per_s']:7.1f} GFLOP/s"
+    if "tokens_per_s" in figure:
+        return f"{figure['tokens_per_s']:7.1f} tok/s  "
+    if "gbytes_per_s" in figure:
+        return f"{figure['gbytes_per_s']:7.1f} GB/s   "
+    return " " * 15
+
+
+def render(result: dict[str, Any]) -> str:
+    """The human-readable table `zoo bench` prints."""
+    m, machine, export = result["model"], result["machine"], result["export"]
+    lines = [
+        f"{m['name']} ({m['family']}, {m['parameters'] / 1e6:.1f}M parameters), "
+        f"{result['settings']['provider']}, export: {export['quantized']}"
+        f"{', optimized' if export['optimized'] else ''}"
+        f"{', shared-cache loop' if export['shared_cache_graph'] else ''}",
+        f"machine: {machine['cpu']}; load {machine['load_before'][0]:.2f} before, "
+        f"{machine['load_after'][0]:.2f} after",
+        f"limits: matmul {int(machine['size'])}^3 ORT {machine['ort_flops_per_s'] / 1e9:.1f} "
+        f"GFLOP/s, torch {machine['torch_flops_per_s'] / 1e9:.1f} GFLOP/s; 1 GiB read "
+        f"numpy {machine['numpy_bytes_per_s'] / 1e9:.1f} GB/s, torch "
+        f"{machine['torch_bytes_per_s'] / 1e9:.1f} GB/s, ORT row x matrix "
+        f"{machine['ort_gemv_bytes_per_s'] / 1e9:.1f} GB/s",
+        f"{'measurement':<18} {'engine':<10} {'median':>10} {'p10-p90 (ms)':>17}  "
+        f"{'rate':<15} {'of limit':>8}",
+    ]
+    for name, engines in result["measurements"].items():
+        for engine, f in engines.items():
+            spread = f"{f['p10_ms']:.1f}-{f['p90_ms']:.1f}"
+            share = f"{f['fraction_of_limit']:.0%}" if "fraction_of_limit" in f else ""
+            lines.append(f"{name:<18} {engine:<10} {f['median_ms']:>7.1f} ms {spread:>17}  "
+                         f"{_rate(f)} {share:>8}")
+    for key, value in result["summary"].items():
+        lines.append(f"{key}: {value:.3f}")
+    for graph, times in result.get("profile", {}).items():
+        total = sum(times.values())
+        top = ", ".join(f"{op} {ms:.2f}" for op, ms in list(times.items())[:8])
+        lines.append(f"profile {graph}: {total:.2f} ms in kernels; {top}")
+    return "\n".join(lines)
+
+
+def finite_numbers(value: Any) -> bool:
+    """True when every number in a nested result is finite (used by the tests)."""
+    if isinstance(value, dict):
+        return all(finite_numbers(v) for v in value.values())
+    if isinstance(value, list):
+        return all(finite_numbers(v) for v in value)
+    if isinstance(value, bool | str):
+        return True
+    if isinstance(value, int | float):
+        return math.isfinite(value)
+    return False

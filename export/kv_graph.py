@@ -1,0 +1,129 @@
+"""A second decoder graph for generation, whose key/value cache is updated in place.
+
+The contract graph (`model.onnx`) takes the cache as `(B, H, past, D)` and returns it grown by
+the new tokens: ONNX Runtime concatenates, so every step reads and writes the whole cache again
+and per-token time grows with the past. This graph takes fixed buffers `(B, H, capacity, D)`
+instead and runs ONNX Runtime's GroupQueryAttention on them; when the caller binds each
+`present.*` output to the same OrtValue as its `past_key_values.*` input, the kernel writes only
+the new tokens' keys and values and attends to each row's first `seqlens_k + 1` positions.
+
+Rows are right-aligned in the buffer (row b holds its tokens at 0..length_b - 1), so a
+left-padded prompt is compacted before prefill; position ids still count real tokens, so every
+row computes what it computes in the contract graph. Only the last real token's logits are
+computed (`logits` is `(B, vocab)`), which saves the vocabulary projection for every other
+prompt token.
+
+The graph is exported from the same modules as `model.onnx`: only the attention core is swapped
+(through `torch.onnx.ops.symbolic_multi_out`), so cards with other norms, positions and
+feed-forwards, plugins included, get it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.export import Dim
+
+from export.contract import past_names
+from export.graphs import flatten, pair_up
+from registry.catalog import Card
+from zoo.blocks.attention import Attention
+from zoo.blocks.positions import Rotary, apply_rotary
+
+KV_FILE = "model_kv.onnx"
+KV_INPUTS = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
+TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY = 2, 3, 8  # >= 2 everywhere (DESIGN.md traps)
+
+
+def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
+    return ([*KV_INPUTS, *past_names(n_layers, "past_key_values")],
+            ["logits", *past_names(n_layers, "present")])
+
+
+class SharedCacheAttention(nn.Module):
+    """One Attention's own projections around GroupQueryAttention (kv_num_heads = num_heads,
+    default scale 1/sqrt(head_dim), causal within the new tokens)."""
+
+    def __init__(self, attention: Attention) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def _rotate(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return apply_rotary(self.attention._heads(x), rotary).transpose(1, 2).reshape(
+            batch, length, -1)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                mask: tuple[torch.Tensor, torch.Tensor] | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                rotary: Rotary | None = None) -> tuple[torch.Tensor, tuple]:
+        a = self.attention
+        query, key, value = a.query(x), a.key(x), a.value(x)
+        if rotary is not None:
+            query, key = self._rotate(query, rotary), self._rotate(key, rotary)
+        seqlens_k, total = mask  # the Layer passes its `mask` argument through unchanged
+        output, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
+            "com.microsoft::GroupQueryAttention",
+            (query, key, value, past[0], past[1], seqlens_k, total),
+            {"num_heads": a.n_heads, "kv_num_heads": a.n_heads},
+            dtypes=(query.dtype, query.dtype, query.dtype),
+            shapes=(query.shape, past[0].shape, past[1].shape),
+            version=1,
+        )
+        return a.out(output), (present_key, present_value)
+
+
+class SharedCacheDecoderGraph(nn.Module):
+    """(input_ids, position_ids, seqlens_k, total_sequence_length, *buffers) ->
+    (logits of each row's last real token, *buffers)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, past):  # noqa: ANN001
+        m = self.model
+        x = m.embeddings(input_ids, position_ids)
+        rotary = m.embeddings.position.rotary(position_ids)
+        lengths = (seqlens_k, total_sequence_length)
+        presents = []
+        for layer, cache in zip(m.layers, pair_up(past), strict=True):
+            x, present = layer(x, lengths, past=cache, rotary=rotary)
+            presents.append(present)
+        # Row b's last real token: seqlens_k[b] in a first (compacted) prompt, the last column
+        # in a decoding step; both are min(seqlens_k, T - 1).
+        last = seqlens_k.long().clamp(max=input_ids.shape[1] - 1)
+        x = x[torch.arange(x.shape[0]), last][:, None]
+        if m.final_norm is not None:
+            x = m.final_norm(x)
+        return (m.head(x, m.embeddings.token.weight)[:, 0], *flatten(presents))
+
+
+@contextlib.contextmanager
+def shared_cache_attention(model: nn.Module) -> Iterator[None]:
+    """Swap every layer's self-attention core for the export, and put the originals back."""
+    originals = [layer.self_attention for layer in model.layers]
+    try:
+        for layer, attention in zip(model.layers, originals, strict=True):
+            layer.self_attention = SharedCacheAttention(attention)
+        yield
+    finally:
+        for layer, attention in zip(model.layers, originals, strict=True):
+            layer.self_attention = attention
+
+
+def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:
+    """(graph module, example args, dynamic shapes) for torch.onnx.export."""
+    b, t, capacity = TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY
+    heads, head_dim = card["n_heads"], card["d_model"] // card["n_heads"]
+    cache = tuple(torch.zeros(b, heads, capacity, head_dim) for _ in range(2 * card["n_layers"]))
+    args = (torch.randint(3, card["vocab_size"], (b, t)), torch.arange(t).expand(b, t).contiguous(),
+            torch.tensor([t - 1, t - 2], dtype=torch.int32), torch.tensor(t, dtype=torch.int32),
+            cache)
+    batch, sequence, slots = Dim("batch"), Dim("sequence"), Dim("capacity")
+    shapes = ({0: batch, 1: sequence}, {0: batch, 1: sequence}, {0: batch}, None,
+              tuple({0: batch, 2: slots} for _ in cache))
+    return SharedCacheDecoderGraph(model), args, shapes

@@ -1,0 +1,114 @@
+"""Generation over the shared-cache graph (export/kv_graph.py) with I/O binding.
+
+Everything a decoding step touches is allocated once: the cache buffers (bound as both the
+`past_key_values.*` input and the `present.*` output, so GroupQueryAttention appends in place),
+the logits, and the small id/position/length arrays, which are numpy arrays that share memory
+with the OrtValues bound to the session. A step writes the new token into those arrays and runs;
+nothing is copied or allocated per step except the logits handed back to the caller.
+
+Same interface as generate.DecoderSession (prefill, step, reorder), so generate() drives it
+unchanged; tests check it picks the same tokens as the plain loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from export.contract import past_names
+from export.runtime import Graph
+from registry.catalog import Card
+from registry.errors import ZooError
+
+
+class SharedCacheSession:
+    def __init__(self, graph: Graph, card: Card, capacity: int | None = None) -> None:
+        self.graph = graph
+        self.card = card
+        self.capacity = min(capacity or card["max_positions"], card["max_positions"])
+        self.heads, self.head_dim = card["n_heads"], card["d_model"] // card["n_heads"]
+        self.past_inputs = past_names(card["n_layers"], "past_key_values")
+        self.past_outputs = past_names(card["n_layers"], "present")
+        self.batch = 0
+
+    def _allocate(self, batch: int) -> None:
+        """Buffers and bindings for `batch` rows; zeroed, so unused slots hold no stale rows."""
+        self.batch = batch
+        shape = (batch, self.heads, self.capacity, self.head_dim)
+        self.buffers = [np.zeros(shape, np.float32) for _ in self.past_inputs]
+        self.logits = np.zeros((batch, self.card["vocab_size"]), np.float32)
+        self.ids = np.zeros((batch, 1), np.int64)
+        self.positions = np.zeros((batch, 1), np.int64)
+        self.seqlens = np.zeros(batch, np.int32)
+        self.total = np.array(self.capacity, np.int32)  # > 1: marks a decoding step
+        self.lengths = np.zeros(batch, np.int64)  # tokens held per row
+        self.binding = self.graph.session.io_binding()
+        # Keep the OrtValues alive as long as the binding that refers to them.
+        self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.buffers]
+        for name_in, name_out, value in zip(self.past_inputs, self.past_outputs, self.values,
+                                            strict=True):
+            self.binding.bind_ortvalue_input(name_in, value)
+            self.binding.bind_ortvalue_output(name_out, value)
+        self.logits_value = ort.OrtValue.ortvalue_from_numpy(self.logits)
+        self.binding.bind_ortvalue_output("logits", self.logits_value)
+
+    def _bind_step_inputs(self) -> None:
+        self.step_values = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in (
+            ("input_ids", self.ids), ("position_ids", self.positions),
+            ("seqlens_k", self.seqlens), ("total_sequence_length", self.total))}
+        for name, value in self.step_values.items():
+            self.binding.bind_ortvalue_input(name, value)
+
+    def _run(self) -> np.ndarray:
+        self.graph.session.run_with_iobinding(self.binding)
+        return self.logits.copy()  # the next step overwrites the bound buffer
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """Compact each row's real tokens to the front (positions count real tokens, exactly
+        as in the contract graph), run them in one pass, and return the last token's logits."""
+        mask = np.ones_like(ids, np.int64) if mask is None else np.asarray(mask, np.int64)
+        lengths = mask.sum(axis=1)
+        if lengths.min() < 1:
+            raise ZooError("every prompt needs at least one real token (attention_mask row "
+                           "of zeros)")
+        width = int(lengths.max())
+        if width > self.capacity:
+            raise ZooError(f"prompt of {width} tokens exceeds the cache capacity "
+                           f"{self.capacity}")
+        if self.batch != len(ids):
+            self._allocate(len(ids))
+        compact = np.zeros((len(ids), width), np.int64)
+        for row, (tokens, keep) in enumerate(zip(ids, mask, strict=True)):
+            compact[row, : lengths[row]] = tokens[keep.astype(bool)]
+        positions = np.minimum(np.arange(width)[None], (lengths - 1)[:, None]).astype(np.int64)
+        self.lengths[:] = lengths
+        # Named, so that the arrays outlive the run that reads them.
+        self.prefill_inputs = {"input_ids": compact, "position_ids": positions,
+                               "seqlens_k": (lengths - 1).astype(np.int32),
+                               "total_sequence_length": np.array(width, np.int32)}
+        for name, value in self.prefill_inputs.items():
+            self.binding.bind_cpu_input(name, value)
+        logits = self._run()
+        self._bind_step_inputs()
+        return logits
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        if int(self.lengths.max()) >= self.capacity:
+            raise ZooError(f"generation exceeds the cache capacity {self.capacity}")
+        self.ids[:, 0] = tokens
+        self.positions[:, 0] = self.lengths  # the next position counts real tokens
+        self.seqlens[:] = self.lengths  # = total length after this token - 1
+        logits = self._run()
+        self.lengths += 1
+        return logits
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Beam search: keep/duplicate rows (the batch may grow from B to B * beams)."""
+        kept = [buffer[rows] for buffer in self.buffers]
+        lengths = self.lengths[rows]
+        if len(rows) != self.batch:
+            self._allocate(len(rows))
+        for buffer, rows_kept in zip(self.buffers, kept, strict=True):
+            buffer[...] = rows_kept
+        self.lengths[:] = lengths
+        self._bind_step_inputs()

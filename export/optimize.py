@@ -1,0 +1,102 @@
+"""ONNX Runtime's transformer fusions (onnxruntime.transformers.optimizer) on exported graphs,
+with the fused-operator counts and a plain message for every expected fusion that did not fire.
+
+The pattern matchers were written for graphs from the TorchScript exporter and Hugging Face
+models; ours come from torch.onnx's dynamo exporter, so some fusions do not match (attention,
+above all). That is reported, not hidden. EmbedLayerNormalization is switched off on purpose:
+it numbers positions 0..S-1 itself, while our position ids count real tokens only, so padded
+rows would change. Gelu is kept exact (no tanh approximation of an erf GELU).
+SkipLayerNormalization is switched off too, measured: its CPU kernel was eight times slower
+than the LayerNormalization + Add it replaces (see export/runtime.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx
+
+from export.onnx_export import quiet_loggers
+from registry.catalog import Card
+
+MS_DOMAIN = "com.microsoft"
+MODEL_TYPES = {"decoder": "gpt2", "encoder": "bert", "encoder-decoder": "bert"}
+ACTIVATION_FUSIONS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}
+
+
+@dataclass
+class FusionReport:
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # file -> {op: count}
+    missing: list[str] = field(default_factory=list)  # one message per expected fusion missing
+
+    def lines(self) -> list[str]:
+        lines = []
+        for file, counts in self.counts.items():
+            shown = ", ".join(f"{op} x{n}" for op, n in sorted(counts.items())) or "none"
+            lines.append(f"fused operators in {file}: {shown}")
+        return lines + [f"note: {message}" for message in self.missing]
+
+    def as_dict(self) -> dict:
+        return {"fused": self.counts, "not_fused": self.missing}
+
+
+def _ms_ops(model: onnx.ModelProto) -> Counter:
+    return Counter(node.op_type for node in model.graph.node if node.domain == MS_DOMAIN)
+
+
+def ensure_ms_opset(model: onnx.ModelProto) -> None:
+    """Fused nodes live in com.microsoft; the optimizer does not always declare the domain."""
+    uses = any(node.domain == MS_DOMAIN for node in model.graph.node)
+    if uses and not any(entry.domain == MS_DOMAIN for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+
+
+def expected_fusions(card: Card, file: str) -> list[tuple[str, ...]]:
+    """Each entry is satisfied by any one of its op types."""
+    expected: list[tuple[str, ...]] = []
+    if card["activation"] in ACTIVATION_FUSIONS:
+        expected.append(ACTIVATION_FUSIONS[card["activation"]])
+    if file != "model_kv.onnx":  # that graph has GroupQueryAttention from the exporter
+        expected.append(("Attention", "MultiHeadAttention"))
+    return expected
+
+
+def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport
+         ) -> onnx.ModelProto:
+    """The fused model; the counts of fused operators it gained go into `report`."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model_type = MODEL_TYPES[card.family]
+    options = FusionOptions(model_type)
+    options.enable_embed_layer_norm = False
+    options.enable_gelu_approximation = False
+    options.enable_skip_layer_norm = False
+    options.enable_bias_skip_layer_norm = False
+    # LayerNorm already arrives as LayerNormalization; the fusion would only turn RMSNorm into
+    # SimplifiedLayerNormalization, an ORT-internal op in the ONNX domain that onnx.checker
+    # rejects. ORT fuses it in memory when it loads the graph anyway.
+    options.enable_layer_norm = False
+    before = _ms_ops(model)
+    with quiet_loggers("onnxruntime", "onnxruntime.transformers", "fusion_base", "onnx_model"):
+        logging.disable(logging.WARNING)  # the optimizer logs per fusion attempt
+        try:
+            optimized = optimize_model(model, model_type=model_type, num_heads=card["n_heads"],
+                                       hidden_size=card["d_model"], opt_level=0,
+                                       optimization_options=options)
+        finally:
+            logging.disable(logging.NOTSET)
+    fused = optimized.model
+    ensure_ms_opset(fused)
+    gained = _ms_ops(fused) - before
+    report.counts[file] = dict(gained)
+    for choices in expected_fusions(card, file):
+        if not any(gained.get(op) for op in choices):
+            why = "ORT's pattern matcher did not recognise the subgraph torch.onnx (dynamo) emitted"
+            if choices[0] == "Attention" and card.family == "decoder":
+                why += "; generation uses model_kv.onnx (GroupQueryAttention) instead"
+            report.missing.append(f"{file}: expected fusion {' or '.join(choices)} did not "
+                                  f"happen ({why})")
+    return fused

@@ -1,0 +1,99 @@
+"""Weight-only quantization of exported graphs with ONNX Runtime's MatMulNBits quantizer.
+
+Every MatMul with a constant weight becomes MatMulNBits (int8 or int4 blocks of 32 along the
+input dimension, one fp32 scale per block, symmetric); inputs and outputs stay fp32, so this is
+weight-only, for int8 too (quantize_dynamic would quantize every activation tensor as well).
+A tied LM head arrives as MatMul(x, Transpose(embedding)); the Transpose is folded into a
+transposed initializer first, so the head (the largest matrix of a GPT-2) is quantized too,
+while the embedding Gather keeps the fp32 table.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from export.onnx_export import quiet_loggers
+from export.optimize import ensure_ms_opset
+from registry.errors import ZooError
+
+BITS = {"int8": 8, "int4": 4}
+BLOCK_SIZE = 32
+# accuracy_level 4: MatMulNBits quantizes activation blocks to int8 inside its dot products
+# (VNNI on x86). Measured on gpt2-small (decode step at past 256): int8 5.2 ms at level 4
+# against 82 ms at level 0 (fp32 dot products); top-1 agreement 61 against 62 of 64 tokens.
+ACCURACY_LEVEL = 4
+
+
+class QuantizeError(ZooError):
+    """An unknown --quantize choice, or the quantizer refused a graph."""
+
+
+def check_choice(choice: str) -> int:
+    if choice not in BITS:
+        raise QuantizeError(f"--quantize {choice}: expected one of {', '.join(BITS)}")
+    return BITS[choice]
+
+
+def fold_transposed_weights(model: onnx.ModelProto) -> int:
+    """Replace MatMul(x, Transpose(W)) by MatMul(x, W_T) for initializers W; returns how many."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    transposes = {node.output[0]: node for node in graph.node
+                  if node.op_type == "Transpose" and node.input[0] in initializers
+                  and len(initializers[node.input[0]].dims) == 2}
+    folded = 0
+    for node in list(graph.node):
+        if node.op_type != "MatMul" or node.input[1] not in transposes:
+            continue
+        transpose = transposes[node.input[1]]
+        weight = numpy_helper.to_array(initializers[transpose.input[0]])
+        name = f"{transpose.input[0]}.T"
+        if name not in initializers:
+            initializers[name] = numpy_helper.from_array(np.ascontiguousarray(weight.T), name)
+            graph.initializer.append(initializers[name])
+        node.input[1] = name
+        folded += 1
+        consumers[transpose.output[0]] -= 1
+        if consumers[transpose.output[0]] == 0:
+            graph.node.remove(transpose)
+    return folded
+
+
+def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]:
+    """The quantized model and the number of MatMuls it quantized."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    bits = check_choice(choice)
+    fold_transposed_weights(model)
+    with quiet_loggers("onnxruntime", "onnxruntime.quantization"):
+        logging.disable(logging.WARNING)
+        try:
+            quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK_SIZE,
+                                             is_symmetric=True, accuracy_level=ACCURACY_LEVEL,
+                                             op_types_to_quantize=("MatMul",))
+            quantizer.process()
+        except Exception as exc:  # the quantizer raises many types; report one line
+            raise QuantizeError(f"--quantize {choice}: {str(exc).splitlines()[0]}") from exc
+        finally:
+            logging.disable(logging.NOTSET)
+    quantized = quantizer.model.model
+    ensure_ms_opset(quantized)
+    count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
+    _drop_unused_initializers(quantized)
+    return quantized, count
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> None:
+    used = {name for node in model.graph.node for name in node.input}
+    used |= {output.name for output in model.graph.output}
+    keep = [tensor for tensor in model.graph.initializer if tensor.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)

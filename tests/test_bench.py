@@ -1,0 +1,197 @@
+"""Speed work on the tiny cards: `zoo bench` (every JSON field present and finite; no timing
+assertions), --optimize and --quantize exports (each passes its parity or agreement check), and
+the shared-cache decode loop (the plain loop's tokens)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from export.agreement import check_agreement
+from export.bench import finite_numbers
+from export.contract import MANIFEST, files_for
+from export.engines import TorchEngine
+from export.generate import Sampling, generate
+from export.kv_graph import KV_FILE
+from export.parity import check_parity
+from export.pipeline import export_and_verify
+from export.quantize import QuantizeError, check_choice
+from export.runtime import Runtime
+from tests.conftest import TINY_CARDS, card
+from zoo.build import build_model
+from zoo.weights import WEIGHTS, load_built
+
+VARIANTS = {"optimize": {"optimize": True}, "int8": {"quantize": "int8"},
+            "int4": {"quantize": "int4"}}
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory):
+    """Each (card, variant) exported once, on first use; exporting runs its check."""
+    root = tmp_path_factory.mktemp("variants")
+    made: dict[tuple[str, str], tuple[Path, object]] = {}
+
+    def get(name: str, variant: str) -> tuple[Path, object]:
+        if (name, variant) not in made:
+            folder = root / f"{name}-{variant}"
+            report = export_and_verify(build_model(card(name), seed=1), card(name), folder,
+                                       **VARIANTS[variant])
+            made[name, variant] = folder, report
+        return made[name, variant]
+
+    return get
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_export_passes_its_check(name: str, variant: str, exports) -> None:
+    folder, report = exports(name, variant)
+    assert report.passed, report.table()
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for file, (inputs, outputs) in files_for(card(name).fields).items():
+        model = onnx.load(str(folder / file), load_external_data=False)
+        assert [i.name for i in model.graph.input] == inputs  # the contract is kept
+        assert [o.name for o in model.graph.output] == outputs
+    if variant == "optimize":
+        assert "optimization" in manifest and "quantization" not in manifest
+        assert "fused operators in" in report.table()
+        # Re-checked from the folder, the way `zoo parity` does it.
+        model, loaded = load_built(folder)
+        assert check_parity(TorchEngine(model, loaded), Runtime(folder)).passed
+    else:
+        quantization = manifest["quantization"]
+        assert quantization["weights"] == variant and quantization["agreement"]["passed"]
+        assert "agreement" in report.table() and "PASSED" in report.table()
+        # `zoo parity` on a quantized folder runs the agreement check, not the fp32 grid.
+        result = CliRunner().invoke(main, ["parity", str(folder)])
+        assert result.exit_code == 0, result.output
+        assert f"agreement ({variant} vs fp32" in result.stdout
+
+
+def test_optimized_decoder_carries_the_shared_cache_graph(exports) -> None:
+    folder, report = exports("gpt-tiny", "optimize")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["generation"]["file"] == KV_FILE
+    assert KV_FILE in manifest["files"]  # with its sha256, like every file
+    ops = {node.op_type for node in onnx.load(str(folder / KV_FILE),
+                                              load_external_data=False).graph.node}
+    assert "GroupQueryAttention" in ops
+    assert "shared-cache loop vs plain loop" in report.table()
+    # Tied weights are still stored once across the two graphs.
+    data = (folder / "weights.onnx.data").stat().st_size
+    assert data <= 1.02 * (folder / WEIGHTS).stat().st_size
+
+
+def test_missing_attention_fusion_is_reported(exports) -> None:
+    folder, report = exports("bert-tiny", "optimize")
+    not_fused = json.loads((folder / MANIFEST).read_text())["optimization"]["not_fused"]
+    assert any("Attention" in message for message in not_fused)
+    assert "expected fusion Attention" in report.table()
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(beams=3),
+                                      Sampling(temperature=1.2, top_k=20, seed=3)])
+def test_reused_buffer_loop_gives_the_plain_loops_tokens(exports, sampling: Sampling) -> None:
+    folder, _ = exports("gpt-tiny", "optimize")
+    runtime = Runtime(folder)
+    assert runtime.kv_graph is not None
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 250, length).tolist() for length in (6, 2, 9)]
+    width = max(map(len, prompts))
+    ids = np.array([[256] * (width - len(p)) + p for p in prompts])
+    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    steps = card("gpt-tiny")["max_positions"] - width
+    fast = generate(runtime, ids, mask, steps, sampling)
+    plain = generate(runtime, ids, mask, steps, sampling, shared_cache=False)
+    np.testing.assert_array_equal(fast, plain)
+    model, loaded = load_built(folder)
+    np.testing.assert_array_equal(fast, generate(TorchEngine(model, loaded), ids, mask, steps,
+                                                 sampling))
+
+
+def test_quantized_agreement_is_measured_against_fp32(exports) -> None:
+    folder, _ = exports("gpt-tiny", "int4")
+    model, loaded = load_built(folder)
+    report = check_agreement(TorchEngine(model, loaded), Runtime(folder), "int4")
+    row = report.rows[0]
+    assert row.positions == 64 and 0 < row.max_logit_diff < 1
+    with pytest.raises(QuantizeError, match="--quantize int3"):
+        check_choice("int3")
+
+
+def bench_json(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", *args, "--repeats", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "bench " in result.stderr  # progress lines
+    assert "median" in result.stdout
+    again = CliRunner().invoke(main, ["bench", *args, "--json", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.stderr
+    return json.loads(out.read_text())
+
+
+FIGURE_KEYS = {"median_ms", "p10_ms", "p90_ms", "min_ms", "max_ms", "runs"}
+
+
+def check_result(result: dict, family: str) -> None:
+    assert finite_numbers(result)
+    assert {"format_version", "date", "model", "export", "settings", "machine", "versions",
+            "measurements", "summary", "seconds"} <= set(result)
+    machine = result["machine"]
+    for key in ("ort_flops_per_s", "torch_flops_per_s", "numpy_bytes_per_s",
+                "torch_bytes_per_s", "ort_gemv_bytes_per_s", "bound_bytes_per_s"):
+        assert machine[key] > 0
+    assert result["model"]["family"] == family
+    for name, engines in result["measurements"].items():
+        assert set(engines) == {"torch", "ort", "ort_plain"}, name
+        for figure in engines.values():
+            assert FIGURE_KEYS <= set(figure), name
+            assert "fraction_of_limit" in figure
+            assert all(isinstance(v, float) for v in figure.values())
+    assert result["summary"] and all(isinstance(v, float) for v in result["summary"].values())
+
+
+def test_zoo_bench_decoder_writes_every_figure(exports, tmp_path: Path) -> None:
+    folder, _ = exports("gpt-tiny", "optimize")
+    result = bench_json(tmp_path, str(folder))
+    check_result(result, "decoder")
+    names = set(result["measurements"])
+    assert {"prefill_32", "decode_past_16", "decode_past_127", "greedy_64"} == names
+    assert {"greedy_speedup_ort_over_torch", "greedy_ort_fraction_of_bandwidth",
+            "decode_longest_over_shortest_past_ort", "onnx_bytes_over_safetensors"} <= set(
+        result["summary"])
+    assert result["export"]["shared_cache_graph"] is True
+    assert "tokens_per_s" in result["measurements"]["greedy_64"]["ort"]
+
+
+def test_zoo_bench_exports_a_card_name_first(tmp_path: Path) -> None:
+    result = bench_json(tmp_path, "gpt-tiny", "--no-optimize")  # to a temporary folder
+    check_result(result, "decoder")
+    assert result["export"]["optimized"] is False
+    assert result["export"]["shared_cache_graph"] is False
+
+
+def test_zoo_bench_encoder_decoder_writes_every_figure(exports, tmp_path: Path) -> None:
+    folder, _ = exports("transformer-tiny", "optimize")
+    result = bench_json(tmp_path, str(folder))
+    check_result(result, "encoder-decoder")
+    assert {"encoder_b1_s128", "decode_past_16", "decode_past_127"} == set(
+        result["measurements"])
+    assert {"encoder_ort_over_torch_latency", "decode_speedup_ort_over_torch"} <= set(
+        result["summary"])
+
+
+def test_shared_cache_graph_follows_other_blocks(tmp_path: Path) -> None:
+    """Rotary positions (applied before GroupQueryAttention), RMSNorm and SwiGLU, no biases."""
+    variant = card("gpt-tiny", position="rotary", norm="rmsnorm", activation="swiglu",
+                   bias=False, n_layers=1)
+    folder = tmp_path / "variant"
+    report = export_and_verify(build_model(variant, seed=2), variant, folder, optimize=True)
+    assert report.passed, report.table()
+    assert "shared-cache loop vs plain loop" in report.table()

@@ -14,6 +14,7 @@ import click
 import yaml
 
 from registry import Card, ZooError, count_parameters, open_catalog, total_parameters
+from registry.errors import first_line
 from registry.params import UnknownCount
 
 EXIT_USER_ERROR = 2
@@ -54,7 +55,7 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
         try:
             overrides[field.strip()] = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            problem = getattr(exc, "problem", None) or first_line(exc)
             raise ZooError(f"--set {pair!r}: value is not valid YAML: {problem}") from exc
     return overrides
 

@@ -54,6 +54,15 @@ def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
+def add_to_manifest(folder: Path, entries: dict[str, Any]) -> None:
+    """Extra top-level entries (optimization, generation, quantization); the files' sha256
+    are unaffected, since manifest.json does not list itself."""
+    path = folder / MANIFEST
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    manifest.update(entries)
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
 def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
     """The manifest of an export folder, after checking every file's sha256."""
     folder = Path(folder)

@@ -23,10 +23,10 @@ from torch.export import Dim
 
 from export.contract import files_for
 from export.graphs import DecoderGraph, EncoderGraph, SourceEncoderGraph, TargetDecoderGraph
-from export.manifest import package_versions, write_manifest
+from export.manifest import add_to_manifest, package_versions, write_manifest
 from export.onnx_files import save_models, set_metadata, strip_debug
 from registry.catalog import Card
-from registry.errors import ZooError
+from registry.errors import ZooError, first_line
 from zoo.atomic import atomic_folder
 from zoo.weights import CONFIG, WEIGHTS, card_yaml, weights_bytes
 
@@ -115,8 +115,7 @@ def _export_one(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list,
                 output_names=names[1], opset_version=opset, dynamo=True, verbose=False,
             )
         except Exception as exc:  # the exporter raises many types; report one line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ExportError(f"{path.name}: torch.onnx.export failed: {first}") from exc
+            raise ExportError(f"{path.name}: torch.onnx.export failed: {first_line(exc)}") from exc
     return program.model_proto
 
 
@@ -138,7 +137,7 @@ def _check(path: Path) -> None:
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise ExportError(f"{path.name}: onnx.checker: {str(exc).splitlines()[0]}") from exc
+        raise ExportError(f"{path.name}: onnx.checker: {first_line(exc)}") from exc
 
 
 def export_onnx(
@@ -195,12 +194,3 @@ def export_onnx(
         if verify is not None:
             result = verify(staging)
     return result
-
-
-def add_to_manifest(folder: Path, entries: dict[str, Any]) -> None:
-    """Extra top-level entries (optimization, generation, quantization); the files' sha256
-    are unaffected, since manifest.json does not list itself."""
-    path = folder / "manifest.json"
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    manifest.update(entries)
-    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")

@@ -12,7 +12,8 @@ from torch import nn
 from export.agreement import AgreementError, AgreementReport, check_agreement
 from export.engines import TorchEngine
 from export.generate import generate
-from export.onnx_export import DEFAULT_OPSET, Variant, add_to_manifest, export_onnx
+from export.manifest import add_to_manifest
+from export.onnx_export import DEFAULT_OPSET, Variant, export_onnx
 from export.parity import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from export.onnx_export import quiet_loggers
 from export.optimize import ensure_ms_opset
-from registry.errors import ZooError
+from registry.errors import ZooError, first_line
 
 BITS = {"int8": 8, "int4": 4}
 BLOCK_SIZE = 32
@@ -81,7 +81,7 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
                                              op_types_to_quantize=("MatMul",))
             quantizer.process()
         except Exception as exc:  # the quantizer raises many types; report one line
-            raise QuantizeError(f"--quantize {choice}: {str(exc).splitlines()[0]}") from exc
+            raise QuantizeError(f"--quantize {choice}: {first_line(exc)}") from exc
         finally:
             logging.disable(logging.NOTSET)
     quantized = quantizer.model.model

@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from export.manifest import read_manifest
 from registry.catalog import Card
-from registry.errors import ZooError
+from registry.errors import ZooError, first_line
 from registry.paths import display_path
 from registry.schema import validate
 
@@ -92,9 +92,8 @@ class Graph:
             self.session = ort.InferenceSession(str(path), options, providers=wanted,
                                                 disabled_optimizers=DISABLED_OPTIMIZERS)
         except Exception as exc:  # ORT raises its own exception types; report one line
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise OrtError(f"{display_path(path)}: ONNX Runtime cannot load it: "
-                                f"{first}") from exc
+                           f"{first_line(exc)}") from exc
         active = self.session.get_providers()
         if active[0] != PROVIDERS[provider]:
             raise OrtError(

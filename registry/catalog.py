@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from registry.errors import CardError
+from registry.errors import CardError, first_line
 from registry.paths import display_path
 from registry.plugins import load_plugins
 from registry.schema import FIELDS, check_known_fields, validate
@@ -54,7 +54,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or first_line(exc)
         raise CardError(f"{where}:{line} malformed YAML: {problem}") from exc
     if data is None:
         data = {}

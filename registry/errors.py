@@ -1,5 +1,7 @@
 """Errors a user can cause. The CLI prints them as one line and exits 2."""
 
+from __future__ import annotations
+
 
 class ZooError(Exception):
     """A problem with the user's input: a card, a file, an option. Its message is one line."""
@@ -7,3 +9,12 @@ class ZooError(Exception):
 
 class CardError(ZooError):
     """A card that cannot be read, resolved or validated."""
+
+
+def first_line(exc: BaseException, default: str | None = None) -> str:
+    """The first line of an exception's message, for one-line errors from libraries whose
+    messages run over many lines (or are empty: then `default`, else the type's name)."""
+    text = str(exc).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(exc).__name__ if default is None else default

@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from registry.blocks import BlockEntry, register_block
-from registry.errors import ZooError
+from registry.errors import ZooError, first_line
 
 GROUP = "zoo.plugins"
 
@@ -58,8 +58,8 @@ def load_plugins() -> list[Path]:
         except ZooError:
             raise
         except Exception as exc:  # a broken plugin must not become a traceback
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise ZooError(f"{api.origin} failed to load: {type(exc).__name__}: {first}") from exc
+            raise ZooError(f"{api.origin} failed to load: {type(exc).__name__}: "
+                           f"{first_line(exc, default='')}") from exc
         folders.extend(api.card_folders)
     _loaded = folders
     return folders

@@ -125,12 +125,12 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
     """Build card NAME with fresh weights: writes OUT/model.safetensors and OUT/config.yaml."""
     card = resolve_card(name, registries, parse_overrides(sets))
     target = Path(out or name)
-    from zoo.atomic import refuse_existing
+    from zoo.files.atomic import refuse_existing
 
     refuse_existing(target, force)  # before minutes of work, not after
     click.echo(f"building {card.name} (seed {seed})...", err=True)
     from zoo.build import build_model
-    from zoo.weights import save_built
+    from zoo.files.weights import save_built
 
     model = build_model(card, seed=seed)
     path = save_built(model, card, target, force=force)
@@ -177,7 +177,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     if not to_onnx:
         raise ZooError("choose an export format: --onnx")
     target = Path(out or f"{Path(source).name}-onnx")
-    from zoo.atomic import refuse_existing
+    from zoo.files.atomic import refuse_existing
 
     refuse_existing(target, force)
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
@@ -213,7 +213,7 @@ def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
     from export.engines import TorchEngine
     from export.parity import ParityError, check_parity
     from export.runtime import Runtime
-    from zoo.weights import load_built
+    from zoo.files.weights import load_built
 
     runtime = Runtime(Path(folder), provider)  # verifies the manifest's sha256 first
     model, card = load_built(Path(folder))
@@ -263,7 +263,7 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     from export.encode import encode
     from export.generate import Sampling, generate
     from export.runtime import Runtime
-    from zoo.tokenizer import load_tokenizer
+    from zoo.files.tokenizer import load_tokenizer
 
     if text is None and not id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")
@@ -334,9 +334,9 @@ def train(source: str, task: str, data: str | None, steps: int, batch_size: int,
 
     Under `torchrun --nproc_per_node N` the same command trains data-parallel.
     """
-    from zoo.sources import load_source
-    from zoo.train import TrainOptions
-    from zoo.train import train as run_training
+    from zoo.files.sources import load_source
+    from zoo.training.train import TrainOptions
+    from zoo.training.train import train as run_training
 
     target = Path(out or f"{Path(source).name}-trained")
     model, card = load_source(source, registries, seed)
@@ -363,7 +363,7 @@ def import_command(source: str, out: str, force: bool) -> None:
     Writes OUT/model.safetensors, config.yaml, source.json and tokenizer.json when DIR has one;
     OUT then works with `zoo export OUT --onnx`. Pickle checkpoints are never loaded.
     """
-    from zoo.importers import import_checkpoint
+    from zoo.files.importers import import_checkpoint
 
     record = import_checkpoint(Path(source), Path(out), force)
     changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
@@ -399,7 +399,7 @@ def bench(source: str, provider: str, threads: int | None, json_path: str | None
 
     NAME|DIR: a card or built folder (exported to a temporary folder first) or an export.
     """
-    from zoo.atomic import refuse_existing
+    from zoo.files.atomic import refuse_existing
 
     if json_path:
         refuse_existing(Path(json_path), force)  # before minutes of measuring, not after

@@ -28,9 +28,9 @@ from export.manifest import package_versions
 from export.pipeline import export_and_verify
 from export.runtime import Runtime
 from registry.errors import ZooError
-from zoo.atomic import atomic_write_bytes, refuse_existing
-from zoo.sources import load_source
-from zoo.weights import WEIGHTS, load_built
+from zoo.files.atomic import atomic_write_bytes, refuse_existing
+from zoo.files.sources import load_source
+from zoo.files.weights import WEIGHTS, load_built
 
 FORMAT_VERSION = 1
 Progress = Callable[[str], None]

@@ -14,7 +14,7 @@ from export.contract import FORMAT_VERSION, MANIFEST, files_for
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.atomic import sha256
+from zoo.files.atomic import sha256
 
 PACKAGES = ("zoo", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy",
             "safetensors")

@@ -27,8 +27,8 @@ from export.manifest import add_to_manifest, package_versions, write_manifest
 from export.onnx_files import save_models, set_metadata, strip_debug
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
-from zoo.atomic import atomic_folder
-from zoo.weights import CONFIG, WEIGHTS, card_yaml, weights_bytes
+from zoo.files.atomic import atomic_folder
+from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, weights_bytes
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25

@@ -25,8 +25,8 @@ from export.parity import (
 from export.quantize import check_choice
 from export.runtime import Runtime
 from registry.catalog import Card
-from zoo.sources import load_source
-from zoo.tokenizer import tokenizer_files
+from zoo.files.sources import load_source
+from zoo.files.tokenizer import tokenizer_files
 
 __all__ = ["export_and_verify", "load_source"]
 

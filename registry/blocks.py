@@ -1,5 +1,7 @@
 """Names of the block kinds a card may use, known without importing torch.
 
+Each kind is also the card field that selects a block of that kind (`norm: rmsnorm`).
+
 The torch classes live in `zoo.blocks`; this table only knows their names, so that a card can be
 validated (and `zoo list` can answer) before any tensor exists. Plugins add names here through
 `registry.plugins.PluginAPI.add_block`, pointing at their class by import path.
@@ -11,13 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from registry.errors import ZooError
-
-# The card field that selects a block of each kind.
-KIND_FIELDS: dict[str, str] = {
-    "activation": "activation",
-    "norm": "norm",
-    "position": "position",
-}
 
 
 @dataclass(frozen=True)

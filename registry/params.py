@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry.blocks import BLOCKS, KIND_FIELDS
+from registry.blocks import BLOCKS
 
 
 class UnknownCount(Exception):
@@ -16,7 +16,7 @@ class UnknownCount(Exception):
 
 
 def _plugin_count(kind: str, card: dict[str, Any]) -> int:
-    entry = BLOCKS[kind][card[KIND_FIELDS[kind]]]
+    entry = BLOCKS[kind][card[kind]]
     if entry.param_count is None:
         raise UnknownCount(entry.name)
     return int(entry.param_count(card))

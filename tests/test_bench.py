@@ -25,7 +25,7 @@ from export.quantize import QuantizeError, check_choice
 from export.runtime import Runtime
 from tests.conftest import TINY_CARDS, card
 from zoo.build import build_model
-from zoo.weights import WEIGHTS, load_built
+from zoo.files.weights import WEIGHTS, load_built
 
 VARIANTS = {"optimize": {"optimize": True}, "int8": {"quantize": "int8"},
             "int4": {"quantize": "int4"}}

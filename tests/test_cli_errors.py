@@ -253,7 +253,7 @@ def built(built_once: Path, tmp_path: Path) -> Path:
 
 
 def load_error(folder: Path) -> str:
-    from zoo.weights import WeightsError, load_built
+    from zoo.files.weights import WeightsError, load_built
 
     assert issubclass(WeightsError, ZooError)
     with pytest.raises(WeightsError) as info:
@@ -281,7 +281,7 @@ def write_weights(folder: Path, tensors: dict) -> None:
 def test_load_built_round_trip(built: Path) -> None:
     import torch
 
-    from zoo.weights import load_built
+    from zoo.files.weights import load_built
 
     model, card = load_built(built)
     assert card["d_model"] == 64
@@ -338,7 +338,7 @@ def test_load_missing_and_unexpected_tensors(built: Path) -> None:
 
 
 def test_load_folder_without_config(built: Path) -> None:
-    from zoo.weights import load_built
+    from zoo.files.weights import load_built
 
     (built / "config.yaml").unlink()
     with pytest.raises(ZooError, match="not a built model"):

@@ -23,7 +23,7 @@ from export.pipeline import export_and_verify
 from export.runtime import OrtError, Runtime, cuda_active
 from tests.conftest import TINY_CARDS, card
 from zoo.build import build_model
-from zoo.weights import WEIGHTS, load_built
+from zoo.files.weights import WEIGHTS, load_built
 
 CUDA = cuda_active()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="ONNX Runtime's CUDA provider is not active")

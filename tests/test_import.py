@@ -16,8 +16,8 @@ from click.testing import CliRunner, Result
 from safetensors.torch import load_file, save_file
 
 import cli
-from zoo.importers import RECORD
-from zoo.weights import load_built
+from zoo.files.importers import RECORD
+from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -80,7 +80,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
 
 @pytest.fixture(scope="module")
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from zoo.importers import import_checkpoint
+    from zoo.files.importers import import_checkpoint
 
     root = tmp_path_factory.mktemp("imported")
     for name, (folder, _) in sources.items():

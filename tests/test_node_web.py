@@ -31,7 +31,7 @@ from export.pipeline import export_and_verify
 from export.runtime import Runtime
 from tests.conftest import card
 from zoo.build import build_model
-from zoo.weights import load_built
+from zoo.files.weights import load_built
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIR = ROOT / "examples" / "node"

@@ -21,14 +21,14 @@ from export.engines import TorchEngine
 from export.generate import generate
 from export.pipeline import export_and_verify
 from tests.conftest import card
-from zoo import checkpoints
 from zoo.build import build_model
-from zoo.checkpoints import latest_checkpoint
-from zoo.data import SHIPPED_TEXT, copy_sequences
-from zoo.schedules import make_scheduler
-from zoo.tokenizer import ByteTokenizer, load_tokenizer
-from zoo.train import Task, TrainingError, TrainOptions, train
-from zoo.weights import load_built
+from zoo.files.tokenizer import ByteTokenizer, load_tokenizer
+from zoo.files.weights import load_built
+from zoo.training import checkpoints
+from zoo.training.checkpoints import latest_checkpoint
+from zoo.training.data import SHIPPED_TEXT, copy_sequences
+from zoo.training.schedules import make_scheduler
+from zoo.training.train import Task, TrainingError, TrainOptions, train
 
 REPO = Path(__file__).resolve().parents[1]
 

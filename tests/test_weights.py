@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import TINY_CARDS, card, random_ids
 from zoo.build import build_model
-from zoo.weights import WEIGHTS, load_built, save_built
+from zoo.files.weights import WEIGHTS, load_built, save_built
 
 
 @pytest.mark.parametrize("name", TINY_CARDS)

@@ -10,10 +10,10 @@ from torch import nn
 
 from registry.catalog import Card
 from zoo.blocks.attention import Attention
+from zoo.blocks.classes import block_class
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead, MLMHead, Pooler
 from zoo.blocks.layer import Layer
-from zoo.blocks.registry import block_class
 from zoo.models.decoder import Decoder
 from zoo.models.encoder import Encoder
 from zoo.models.encoder_decoder import EncoderDecoder

@@ -25,14 +25,28 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo import data
-from zoo.atomic import atomic_write_bytes, refuse_existing
-from zoo.checkpoints import latest_checkpoint, restore, save_checkpoint
-from zoo.schedules import make_scheduler
-from zoo.tokenizer import BYTE_TOKENIZER, ByteTokenizer
-from zoo.weights import CONFIG, card_yaml
+from zoo.files.atomic import atomic_write_bytes, refuse_existing
+from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from zoo.files.weights import CONFIG, card_yaml
+from zoo.training import data
+from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
+from zoo.training.schedules import make_scheduler
 
-TASK_FAMILY = {"lm": "decoder", "mlm": "encoder", "copy": "encoder-decoder"}
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """What a task trains and how, unless the command line says otherwise."""
+
+    trains: str  # the family it needs
+    schedule: str  # noam: the paper's schedule for the encoder-decoder
+    label_smoothing: float
+
+
+TASKS = {
+    "lm": TaskDefaults("decoder", "cosine", 0.0),
+    "mlm": TaskDefaults("encoder", "cosine", 0.0),
+    "copy": TaskDefaults("encoder-decoder", "noam", 0.1),  # Vaswani et al. 2017
+}
 
 
 @dataclass
@@ -56,15 +70,15 @@ class TrainOptions:
     copy_symbols: int = 10
 
     def resolved(self, card: Card) -> TrainOptions:
-        seq2seq = card.family == "encoder-decoder"
-        schedule = self.schedule or ("noam" if seq2seq else "cosine")
+        defaults = TASKS[self.task]
+        schedule = self.schedule or defaults.schedule
         return TrainOptions(**{
             **asdict(self),
             "schedule": schedule,
             "lr": self.lr if self.lr is not None else (1.0 if schedule == "noam" else 1e-3),
             "warmup": self.warmup or (400 if schedule == "noam" else 100),
             "label_smoothing": self.label_smoothing if self.label_smoothing is not None
-            else (0.1 if seq2seq else 0.0),
+            else defaults.label_smoothing,
             "block_size": min(self.block_size, card["max_positions"]),
         })
 
@@ -77,13 +91,13 @@ class TrainingError(ZooError):
 
 
 def _check_fit(card: Card, options: TrainOptions) -> None:
-    family = TASK_FAMILY.get(options.task)
-    if family is None:
-        raise ZooError(f"--task {options.task}: expected one of {', '.join(TASK_FAMILY)}")
-    if family != card.family:
-        raise ZooError(f"--task {options.task} trains a {family}, but {card.name} is "
+    defaults = TASKS.get(options.task)
+    if defaults is None:
+        raise ZooError(f"--task {options.task}: expected one of {', '.join(TASKS)}")
+    if defaults.trains != card.family:
+        raise ZooError(f"--task {options.task} trains a {defaults.trains}, but {card.name} is "
                        f"a {card.family} (use " + ", ".join(
-                           f"--task {t} for a {f}" for t, f in TASK_FAMILY.items()) + ")")
+                           f"--task {t} for a {d.trains}" for t, d in TASKS.items()) + ")")
     if options.steps < 1 or options.batch_size < 1:
         raise ZooError("--steps and --batch-size should be >= 1")
     if options.task in ("lm", "mlm") and card["vocab_size"] < ByteTokenizer().vocab_size:
@@ -175,8 +189,8 @@ def _prepare_out(card: Card, options: TrainOptions, writer: bool):
 def train(model: nn.Module, card: Card, options: TrainOptions,
           progress: Progress = lambda *args: None, log_every: int = 10) -> dict[str, Any]:
     """Train `model` in place; returns the final trainer state (step, losses, ...)."""
+    _check_fit(card, options)  # first: the defaults depend on a known task
     options = options.resolved(card)
-    _check_fit(card, options)
     rank, world = _distributed()
     writer = rank == 0
     task = Task(card, options)

@@ -10,7 +10,7 @@ from torch import nn
 
 from registry.catalog import Card, open_catalog
 from zoo.build import build_model
-from zoo.weights import CONFIG, load_built
+from zoo.files.weights import CONFIG, load_built
 
 
 def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed: int = 0,

@@ -9,7 +9,6 @@ only applies maps. Only safetensors are read; no pickle is ever loaded.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,34 +16,26 @@ from typing import Any
 
 import torch
 
-from registry.catalog import SHIPPED, Card, open_catalog, read_yaml
+from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
+from registry.layouts import LayoutMap, Rule, known_maps
 from registry.paths import display_path
 from registry.schema import validate
-from zoo.atomic import atomic_folder, refuse_existing, sha256
 from zoo.build import build_model
-from zoo.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
-from zoo.weights import read_tensors, save_built
+from zoo.files.atomic import atomic_folder, refuse_existing, sha256
+from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
+from zoo.files.weights import read_tensors, save_built
 
-MAPS = SHIPPED.parent / "maps"
 SOURCE_CONFIG = "config.json"
 SOURCE_WEIGHTS = "model.safetensors"
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5",
            "flax_model.msgpack", "model.ckpt.index")
 RECORD = "source.json"
-PLACEHOLDERS = {"i": r"\d+", "p": r"weight|bias"}  # `{i}`: a layer index; `{p}`: weight or bias
 SHOWN = 12  # names listed in one error line before "(+N more)"
 
 
 class CheckpointError(ZooError):
     """A checkpoint folder that cannot be imported: layout, config, or tensors do not match."""
-
-
-def _compile(pattern: str) -> re.Pattern[str]:
-    regex = re.escape(pattern)
-    for name, value in PLACEHOLDERS.items():
-        regex = regex.replace(re.escape(f"{{{name}}}"), f"(?P<{name}>{value})")
-    return re.compile(regex)
 
 
 def _listing(names: list[str]) -> str:
@@ -59,100 +50,13 @@ TRANSFORMS = {
     "transpose": lambda tensor: [tensor.t().contiguous()],  # Conv1D (in, out) -> Linear (out, in)
     "split_qkv": lambda tensor: [part.contiguous() for part in tensor.chunk(3, dim=0)],
 }
-# The same, backwards on shapes: the shape a source tensor needs to give the target shapes, so
-# a tensor is checked before it is transformed and a mismatch is named in the file's terms.
-UNDO_SHAPES = {
-    "none": lambda shapes: shapes,
-    "transpose": lambda shapes: [shape[::-1] for shape in shapes],
-    "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
-}
 
 
-@dataclass
-class Rule:
-    source: str
-    targets: list[str]
-    transforms: list[str]
-
-    def __post_init__(self) -> None:
-        self.pattern = _compile(self.source)
-        self.target_patterns = [_compile(target) for target in self.targets]
-
-    def apply(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        tensors = [tensor]
-        for name in self.transforms:
-            tensors = [out for one in tensors for out in TRANSFORMS[name](one)]
-        return tensors
-
-    def source_shape(self, target_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-        shapes = target_shapes
-        for name in reversed(self.transforms):
-            shapes = UNDO_SHAPES[name](shapes)
-        return tuple(shapes[0])
-
-
-class LayoutMap:
-    """One `registry/maps/*.yaml`: a foreign layout and how it becomes a zoo card and tensors."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data = read_yaml(path)
-        where = display_path(path)
-        for key in ("model_type", "extends", "config", "tensors"):
-            if key not in self.data:
-                raise CheckpointError(f"{where}: missing key '{key}'")
-        self.rules = [self._rule(entry, where) for entry in self.data["tensors"]]
-        self.ignore = [_compile(pattern) for pattern in self.data.get("ignore", [])]
-
-    @staticmethod
-    def _rule(entry: dict[str, Any], where: str) -> Rule:
-        if not isinstance(entry, dict) or not {"source", "target"} <= set(entry):
-            raise CheckpointError(f"{where}: tensors: {entry!r} needs a source and a target")
-        targets = entry["target"] if isinstance(entry["target"], list) else [entry["target"]]
-        transforms = entry.get("transform", "none")
-        transforms = transforms if isinstance(transforms, list) else [transforms]
-        unknown = [name for name in transforms if name not in TRANSFORMS]
-        if unknown:
-            raise CheckpointError(f"{where}: {entry['source']}: unknown transform "
-                                  f"{', '.join(unknown)} (known: {', '.join(TRANSFORMS)})")
-        return Rule(entry["source"], targets, transforms)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data.get(key) or {}
-
-    def architectures(self) -> list[str]:
-        return list(self.data.get("architectures", []))
-
-    def match(self, name: str) -> tuple[Rule, dict[str, str]] | None:
-        for rule in self.rules:
-            found = rule.pattern.fullmatch(name)
-            if found:
-                return rule, found.groupdict()
-        return None
-
-    def source_of(self, target: str) -> str:
-        """The source tensor name that would fill zoo tensor `target`, for error messages."""
-        for rule in self.rules:
-            for pattern in rule.target_patterns:
-                found = pattern.fullmatch(target)
-                if found:
-                    return rule.source.format(**found.groupdict())
-        return target
-
-    def normalise(self, name: str) -> tuple[str, str | None]:
-        """Strip the model-class prefix and apply aliases: (name, prefix removed or None)."""
-        prefix = next((p for p in self.data.get("prefixes", []) if name.startswith(p)), None)
-        if prefix:
-            name = name[len(prefix):]
-        for old, new in self["aliases"].items():
-            if name.endswith(old):
-                name = name[: -len(old)] + new
-        return name, prefix
-
-
-def known_maps() -> dict[str, LayoutMap]:
-    maps = [LayoutMap(path) for path in sorted(MAPS.glob("*.yaml"))]
-    return {layout.data["model_type"]: layout for layout in maps}
+def apply_rule(rule: Rule, tensor: torch.Tensor) -> list[torch.Tensor]:
+    tensors = [tensor]
+    for name in rule.transforms:
+        tensors = [out for one in tensors for out in TRANSFORMS[name](one)]
+    return tensors
 
 
 # --- reading the source folder -------------------------------------------------------------
@@ -341,7 +245,7 @@ def map_tensors(layout: LayoutMap, named: dict[str, torch.Tensor], original: dic
         if tuple(tensor.shape) != needed:
             misshaped.append(f"{original[name]} {tuple(tensor.shape)} != {needed}")
             continue
-        for target, value in zip(targets, rule.apply(tensor), strict=True):
+        for target, value in zip(targets, apply_rule(rule, tensor), strict=True):
             out[target] = value.to(expected[target].dtype)
     missing = sorted({layout.source_of(target) for target in expected if target not in covered})
     problems = [f"{label}: {_listing(items)}" for label, items in

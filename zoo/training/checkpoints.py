@@ -25,8 +25,8 @@ from safetensors.torch import save
 
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.atomic import atomic_folder, atomic_write_bytes
-from zoo.weights import WEIGHTS, load_weights, read_tensors, weights_bytes
+from zoo.files.atomic import atomic_folder, atomic_write_bytes
+from zoo.files.weights import WEIGHTS, load_weights, read_tensors, weights_bytes
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"

@@ -13,7 +13,7 @@ import torch
 
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.tokenizer import ByteTokenizer
+from zoo.files.tokenizer import ByteTokenizer
 
 SHIPPED_TEXT = Path(__file__).parent / "datasets" / "tinyshakespeare.txt"
 IGNORE = -100  # label for positions that carry no loss

@@ -1,0 +1,121 @@
+"""Foreign checkpoint layouts (`registry/maps/*.yaml`), parsed without torch.
+
+Each map says which card a Hugging Face `model_type` extends, how its config.json keys become
+card fields, and how its tensor names become zoo names. This module only reads and checks the
+maps; `zoo/files/importers.py` applies them to tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.catalog import SHIPPED, read_yaml
+from registry.errors import ZooError
+from registry.paths import display_path
+
+MAPS = SHIPPED.parent / "maps"
+PLACEHOLDERS = {"i": r"\d+", "p": r"weight|bias"}  # `{i}`: a layer index; `{p}`: weight or bias
+
+# The transforms a map may name, each backwards on shapes: the shape a source tensor needs to
+# give the target shapes, so a tensor is checked before it is transformed and a mismatch is
+# named in the file's terms. The forward transforms on tensors live with the importer.
+UNDO_SHAPES = {
+    "none": lambda shapes: shapes,
+    "transpose": lambda shapes: [shape[::-1] for shape in shapes],
+    "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
+}
+
+
+class LayoutError(ZooError):
+    """A map file that is malformed."""
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    regex = re.escape(pattern)
+    for name, value in PLACEHOLDERS.items():
+        regex = regex.replace(re.escape(f"{{{name}}}"), f"(?P<{name}>{value})")
+    return re.compile(regex)
+
+
+@dataclass
+class Rule:
+    source: str
+    targets: list[str]
+    transforms: list[str]
+
+    def __post_init__(self) -> None:
+        self.pattern = compile_pattern(self.source)
+        self.target_patterns = [compile_pattern(target) for target in self.targets]
+
+    def source_shape(self, target_shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+        shapes = target_shapes
+        for name in reversed(self.transforms):
+            shapes = UNDO_SHAPES[name](shapes)
+        return tuple(shapes[0])
+
+
+class LayoutMap:
+    """One `registry/maps/*.yaml`: a foreign layout and how it becomes a zoo card and tensors."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = read_yaml(path)
+        where = display_path(path)
+        for key in ("model_type", "extends", "config", "tensors"):
+            if key not in self.data:
+                raise LayoutError(f"{where}: missing key '{key}'")
+        self.rules = [self._rule(entry, where) for entry in self.data["tensors"]]
+        self.ignore = [compile_pattern(pattern) for pattern in self.data.get("ignore", [])]
+
+    @staticmethod
+    def _rule(entry: dict[str, Any], where: str) -> Rule:
+        if not isinstance(entry, dict) or not {"source", "target"} <= set(entry):
+            raise LayoutError(f"{where}: tensors: {entry!r} needs a source and a target")
+        targets = entry["target"] if isinstance(entry["target"], list) else [entry["target"]]
+        transforms = entry.get("transform", "none")
+        transforms = transforms if isinstance(transforms, list) else [transforms]
+        unknown = [name for name in transforms if name not in UNDO_SHAPES]
+        if unknown:
+            raise LayoutError(f"{where}: {entry['source']}: unknown transform "
+                              f"{', '.join(unknown)} (known: {', '.join(UNDO_SHAPES)})")
+        return Rule(entry["source"], targets, transforms)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data.get(key) or {}
+
+    def architectures(self) -> list[str]:
+        return list(self.data.get("architectures", []))
+
+    def match(self, name: str) -> tuple[Rule, dict[str, str]] | None:
+        for rule in self.rules:
+            found = rule.pattern.fullmatch(name)
+            if found:
+                return rule, found.groupdict()
+        return None
+
+    def source_of(self, target: str) -> str:
+        """The source tensor name that would fill zoo tensor `target`, for error messages."""
+        for rule in self.rules:
+            for pattern in rule.target_patterns:
+                found = pattern.fullmatch(target)
+                if found:
+                    return rule.source.format(**found.groupdict())
+        return target
+
+    def normalise(self, name: str) -> tuple[str, str | None]:
+        """Strip the model-class prefix and apply aliases: (name, prefix removed or None)."""
+        prefix = next((p for p in self.data.get("prefixes", []) if name.startswith(p)), None)
+        if prefix:
+            name = name[len(prefix):]
+        for old, new in self["aliases"].items():
+            if name.endswith(old):
+                name = name[: -len(old)] + new
+        return name, prefix
+
+
+def known_maps() -> dict[str, LayoutMap]:
+    maps = [LayoutMap(path) for path in sorted(MAPS.glob("*.yaml"))]
+    return {layout.data["model_type"]: layout for layout in maps}

@@ -1,0 +1,1 @@
+"""Files in and out: safetensors weights, atomic writes, tokenizers, checkpoint import."""

@@ -89,10 +89,12 @@ def list_cards(pattern: str, registries: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("name")
+@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
+              help="Override a card field (repeatable), as for build and export.")
 @registry_option
-def show(name: str, registries: tuple[str, ...]) -> None:
+def show(name: str, sets: tuple[str, ...], registries: tuple[str, ...]) -> None:
     """Show card NAME resolved, where each field came from, and its parameter count."""
-    card = open_catalog(registries).get(name)
+    card = resolve_card(name, registries, parse_overrides(sets))
     click.echo(f"# {card.name}  ({card.path})")
     width = max(len(field) for field in card.fields)
     for field, value in card.fields.items():
@@ -181,10 +183,11 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
 
     refuse_existing(target, force)
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
-    from export.agreement import AgreementError
-    from export.onnx_export import check_opset
-    from export.parity import ParityError
-    from export.pipeline import export_and_verify, load_source
+    from export.checks.agreement import AgreementError
+    from export.checks.parity import ParityError
+    from export.onnx.trace import check_opset
+    from export.pipeline import export_and_verify
+    from zoo.files.sources import load_source
 
     check_opset(opset)
     progress(f"loading {source}...")
@@ -209,25 +212,20 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
 def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
     """Check an exported FOLDER: PyTorch against ONNX Runtime on the shape grid (a quantized
     export: the agreement check against fp32 PyTorch instead)."""
-    from export.agreement import AgreementError, check_agreement
-    from export.engines import TorchEngine
-    from export.parity import ParityError, check_parity
-    from export.runtime import Runtime
+    from export.checks.agreement import AgreementError
+    from export.checks.parity import ParityError
+    from export.checks.verify import verify
+    from export.runtime.sessions import Runtime
     from zoo.files.weights import load_built
 
     runtime = Runtime(Path(folder), provider)  # verifies the manifest's sha256 first
     model, card = load_built(Path(folder))
-    quantization = runtime.manifest.get("quantization")
-    if quantization:
-        agreement = check_agreement(TorchEngine(model, card), runtime, quantization["weights"])
-        click.echo(agreement.table())
-        if not agreement.passed:
-            raise AgreementError(agreement)
-        return
-    report = check_parity(TorchEngine(model, card), runtime, atol, rtol)
+    try:
+        report = verify(model, card, runtime, atol, rtol)
+    except (ParityError, AgreementError) as exc:
+        click.echo(exc.report.table())
+        raise
     click.echo(report.table())
-    if not report.passed:
-        raise ParityError(report)
 
 
 def parse_ids(text: str) -> list[int]:
@@ -258,11 +256,15 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
     the pooled vector and the top predictions at masked positions.
     """
+    if max_new_tokens < 1:  # before the folder is opened: bad options need no export
+        raise ZooError(f"--max-new-tokens {max_new_tokens}: should be >= 1")
     import numpy as np
 
-    from export.encode import encode
-    from export.generate import Sampling, generate
-    from export.runtime import Runtime
+    from export.families import family_of
+    from export.runtime.encode import encode
+    from export.runtime.generate import generate
+    from export.runtime.sampling import Sampling
+    from export.runtime.sessions import Runtime
     from zoo.files.tokenizer import load_tokenizer
 
     if text is None and not id_lists:
@@ -272,7 +274,7 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     if text is not None and tokenizer is None:
         raise ZooError(f"{folder}: this export has no tokenizer; pass token ids with --ids")
     prompts = [tokenizer.encode(text)] if text is not None else [parse_ids(i) for i in id_lists]
-    if runtime.family == "encoder":
+    if not family_of(runtime.card).generates:
         for prompt in prompts:
             pooled, predictions = encode(runtime, np.array(prompt))
             if pooled is not None:
@@ -405,7 +407,7 @@ def bench(source: str, provider: str, threads: int | None, json_path: str | None
         refuse_existing(Path(json_path), force)  # before minutes of measuring, not after
     if repeats < 1 or (threads is not None and threads < 1):
         raise ZooError("--repeats and --threads should be >= 1")
-    from export.bench import BenchOptions, render, run_bench, write_json
+    from export.bench.run import BenchOptions, render, run_bench, write_json
 
     options = BenchOptions(provider, threads, repeats, optimize, quantize, profile)
     result = run_bench(source, registries, options,

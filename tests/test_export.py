@@ -14,18 +14,22 @@ from click.testing import CliRunner
 from onnx import numpy_helper
 
 from cli import main
-from export.contract import MANIFEST, files_for
-from export.engines import TorchEngine
-from export.generate import Sampling, generate, open_session
-from export.manifest import ManifestError, read_manifest, sha256
-from export.parity import check_parity
+from export.checks.parity import check_parity
+from export.families import family_of
+from export.onnx.contract import MANIFEST
+from export.onnx.manifest import ManifestError, read_manifest
 from export.pipeline import export_and_verify
-from export.runtime import OrtError, Runtime, cuda_active
+from export.runtime.engines import TorchEngine
+from export.runtime.generate import generate, open_session
+from export.runtime.sampling import Sampling
+from export.runtime.sessions import OrtError, Runtime, cuda_active
 from tests.conftest import TINY_CARDS, card
 from zoo.build import build_model
+from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
 
 CUDA = cuda_active()
+GPT_TINY = card("gpt-tiny").fields
 needs_cuda = pytest.mark.skipif(not CUDA, reason="ONNX Runtime's CUDA provider is not active")
 
 
@@ -51,11 +55,22 @@ def engines(folder: Path) -> tuple[TorchEngine, Runtime]:
     return TorchEngine(model, loaded), Runtime(folder)
 
 
+def past_shape(fields: dict, heads: int | None = None) -> tuple[int, int, int, int]:
+    """An empty cache for one layer, batch 1, from the card: (1, heads, 0, d_model / n_heads)."""
+    heads = fields["n_heads"] if heads is None else heads
+    return (1, heads, 0, fields["d_model"] // fields["n_heads"])
+
+
+def empty_past_feeds(fields: dict) -> dict[str, np.ndarray]:
+    return {f"past_key_values.{i}.{kind}": np.zeros(past_shape(fields), np.float32)
+            for i in range(fields["n_layers"]) for kind in ("key", "value")}
+
+
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
                                                             exported: dict[str, Path]) -> None:
     folder = exported[name]
-    for file in files_for(card(name).fields):
+    for file in family_of(card(name)).contract(card(name)):
         onnx.checker.check_model(str(folder / file), full_check=True)
     report = check_parity(*engines(folder))
     assert report.passed, report.table()
@@ -71,7 +86,7 @@ def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_inputs_and_outputs_follow_the_contract_with_dynamic_axes(
         name: str, exported: dict[str, Path]) -> None:
-    for file, (inputs, outputs) in files_for(card(name).fields).items():
+    for file, (inputs, outputs) in family_of(card(name)).contract(card(name)).items():
         model = onnx.load(str(exported[name] / file), load_external_data=False)
         assert [i.name for i in model.graph.input] == inputs
         assert [o.name for o in model.graph.output] == outputs
@@ -138,9 +153,7 @@ def test_sampling_is_seeded_and_identical_between_backends(exported: dict[str, P
 def sequence_log_prob(engine: TorchEngine, prompt: np.ndarray, tokens: np.ndarray) -> float:
     ids = np.concatenate([prompt, tokens])[None]
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-             "position_ids": np.arange(ids.shape[1])[None],
-             **{f"past_key_values.{i}.{kind}": np.zeros((1, 4, 0, 16), np.float32)
-                for i in range(2) for kind in ("key", "value")}}
+             "position_ids": np.arange(ids.shape[1])[None], **empty_past_feeds(engine.card.fields)}
     logits = engine.run("model.onnx", feeds)["logits"][0].astype(np.float64)
     log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
                                 keepdims=True)) - logits.max(-1, keepdims=True)
@@ -175,7 +188,7 @@ def test_metadata_props_and_manifest_are_present_and_correct(exported: dict[str,
         assert {"torch", "onnx", "numpy"} <= set(manifest["versions"])
         for file, entry in manifest["files"].items():
             assert entry["sha256"] == sha256(folder / file)
-        for file in files_for(card(name).fields):
+        for file in family_of(card(name)).contract(card(name)):
             assert file in manifest["files"]
             model = onnx.load(str(folder / file), load_external_data=False)
             assert manifest["ir_version"] == model.ir_version
@@ -312,17 +325,16 @@ def test_manifest_from_a_newer_format_is_refused(exported: dict[str, Path],
     (lambda f: f.update(extra=np.zeros(1)), "unexpected ['extra']"),
     (lambda f: f.update(input_ids=f["input_ids"].astype(np.int32)), "should be int64"),
     (lambda f: f.update(input_ids=f["input_ids"][0]), "should have rank 2"),
-    (lambda f: f.update({"past_key_values.0.key": np.zeros((1, 3, 0, 16), np.float32)}),
-     "axis 1 should be 4"),
+    (lambda f: f.update({"past_key_values.0.key": np.zeros(
+        past_shape(GPT_TINY, heads=GPT_TINY["n_heads"] - 1), np.float32)}),
+     f"axis 1 should be {GPT_TINY['n_heads']}"),
 ])
 def test_feeds_are_validated_before_onnx_runtime(change, message: str,
                                                  exported: dict[str, Path]) -> None:
     runtime = Runtime(exported["gpt-tiny"])
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.ones((1, 2), np.int64),
-             "position_ids": np.array([[0, 1]]),
-             **{f"past_key_values.{i}.{kind}": np.zeros((1, 4, 0, 16), np.float32)
-                for i in range(2) for kind in ("key", "value")}}
-    assert runtime.run("model.onnx", dict(feeds))["logits"].shape == (1, 2, 260)
+             "position_ids": np.array([[0, 1]]), **empty_past_feeds(GPT_TINY)}
+    assert runtime.run("model.onnx", dict(feeds))["logits"].shape == (1, 2, GPT_TINY["vocab_size"])
     change(feeds)
     with pytest.raises(OrtError) as error:
         runtime.run("model.onnx", feeds)

@@ -19,7 +19,7 @@ def forward(model: torch.nn.Module, family: str, ids: torch.Tensor,
     if family == "decoder":
         return model(ids, mask)[0]
     if family == "encoder":
-        return model(ids, mask).last_hidden_state
+        return model(ids, mask)["last_hidden_state"]
     return model(ids, ids, mask)
 
 
@@ -52,10 +52,10 @@ def test_forward_shapes_no_nan_and_backward_reaches_every_parameter(name: str) -
     ids = random_ids(tiny, 2, 7)
     if tiny.family == "encoder":
         out = model(ids, torch.ones_like(ids), torch.zeros_like(ids))
-        assert out.last_hidden_state.shape == (2, 7, tiny["d_model"])
-        assert out.pooler_output.shape == (2, tiny["d_model"])
-        assert out.logits.shape == (2, 7, tiny["vocab_size"])
-        loss = sum(t.sum() for t in out)
+        assert out["last_hidden_state"].shape == (2, 7, tiny["d_model"])
+        assert out["pooler_output"].shape == (2, tiny["d_model"])
+        assert out["logits"].shape == (2, 7, tiny["vocab_size"])
+        loss = sum(t.sum() for t in out.values())
     else:
         logits = forward(model, tiny.family, ids)
         assert logits.shape == (2, 7, tiny["vocab_size"])
@@ -95,10 +95,10 @@ def test_extra_padding_leaves_unpadded_outputs_unchanged(name: str) -> None:
         plain = model(ids)
         extra = model(padded, mask)
         left = model(padded.roll(5, dims=1), mask.roll(5, dims=1))
-    torch.testing.assert_close(extra.last_hidden_state[:, :6], plain.last_hidden_state,
+    torch.testing.assert_close(extra["last_hidden_state"][:, :6], plain["last_hidden_state"],
                                atol=1e-5, rtol=0)
-    torch.testing.assert_close(extra.pooler_output, plain.pooler_output, atol=1e-5, rtol=0)
-    torch.testing.assert_close(left.last_hidden_state[:, 5:], plain.last_hidden_state,
+    torch.testing.assert_close(extra["pooler_output"], plain["pooler_output"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(left["last_hidden_state"][:, 5:], plain["last_hidden_state"],
                                atol=1e-5, rtol=0)
 
 
@@ -153,10 +153,16 @@ def test_pre_and_post_norm_are_both_built_and_differ() -> None:
     ids = random_ids(card("gpt-tiny"), 1, 5)
     outputs = {}
     for placement in ("pre", "post"):
-        model = build_model(card("gpt-tiny", norm_placement=placement), seed=0)
-        assert all(layer.pre_norm == (placement == "pre") for layer in model.layers)
+        tiny = card("gpt-tiny", norm_placement=placement)
+        model = build_model(tiny, seed=0)
+        x = torch.randn(1, 4, tiny["d_model"], generator=torch.Generator().manual_seed(0)) * 5
         with torch.no_grad():
             outputs[placement] = model(ids)[0]
+            unit = [torch.allclose(layer(x, None)[0].var(-1, unbiased=False), torch.ones(1, 4),
+                                   atol=1e-3) for layer in model.layers]
+        # Post-norm: each layer ends in a LayerNorm (unit weight at init), so rows have unit
+        # variance; pre-norm: it ends in the residual sum, which keeps the input's scale.
+        assert unit == [placement == "post"] * tiny["n_layers"]
     # Same weights, different wiring: the outputs must differ.
     assert not torch.allclose(outputs["pre"], outputs["post"])
 

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.contract import MANIFEST
-from export.encode import encode
-from export.engines import TorchEngine
-from export.generate import generate
+from export.onnx.contract import MANIFEST
 from export.pipeline import export_and_verify
-from export.runtime import Runtime
+from export.runtime.encode import encode
+from export.runtime.engines import TorchEngine
+from export.runtime.generate import generate
+from export.runtime.sessions import Runtime
 from tests.conftest import card
 from zoo.build import build_model
 from zoo.files.weights import load_built

@@ -17,9 +17,9 @@ import torch
 from click.testing import CliRunner
 
 from cli import main
-from export.engines import TorchEngine
-from export.generate import generate
 from export.pipeline import export_and_verify
+from export.runtime.engines import TorchEngine
+from export.runtime.generate import generate
 from tests.conftest import card
 from zoo.build import build_model
 from zoo.files.tokenizer import ByteTokenizer, load_tokenizer
@@ -142,8 +142,14 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
         ["latest", "step-00000020"]  # no half-written step-40
     load_built(tmp_path / "run")
-    resumed = train(build_model(tiny), tiny, options(tmp_path / "run", resume=True))
-    assert resumed["step"] == 40
+    ran: list[int] = []
+    resumed = train(build_model(tiny), tiny, options(tmp_path / "run", resume=True),
+                    lambda step, *rest: ran.append(step), log_every=1)
+    assert ran == list(range(21, 41))  # only the steps after the kept checkpoint
+    assert len(resumed["losses"]) == 40  # 20 restored + 20 new
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
+        ["latest", "step-00000020", "step-00000040"]
+    assert latest_checkpoint(tmp_path / "run").step == 40
 
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(

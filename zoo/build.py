@@ -12,7 +12,7 @@ from registry.catalog import Card
 from zoo.blocks.attention import Attention
 from zoo.blocks.classes import block_class
 from zoo.blocks.embeddings import Embeddings
-from zoo.blocks.heads import LMHead, MLMHead, Pooler
+from zoo.blocks.heads import LMHead, encoder_heads
 from zoo.blocks.layer import Layer
 from zoo.models.decoder import Decoder
 from zoo.models.encoder import Encoder
@@ -81,14 +81,10 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
         return Decoder(parts.embeddings(parts.position()), parts.layers(), parts.final_norm(),
                        parts.lm_head())
     if family == "encoder":
-        return Encoder(
-            parts.embeddings(parts.position()),
-            parts.layers(),
-            parts.final_norm(),
-            Pooler(card["d_model"]) if card["pooler"] else None,
-            MLMHead(card["d_model"], card["vocab_size"], parts.norm(), card["tie_embeddings"])
-            if card["mlm_head"] else None,
-        )
+        embeddings, layers, final_norm = (parts.embeddings(parts.position()), parts.layers(),
+                                          parts.final_norm())
+        heads = {spec.name: spec.build(card, parts) for spec in encoder_heads(card)}
+        return Encoder(embeddings, layers, final_norm, heads)
     position = parts.position()  # shared by both stacks: a function of position only
     tied = card["tie_embeddings"]
     return EncoderDecoder(

@@ -6,7 +6,10 @@ runs eagerly is the one that is traced for export. Cache tensors are (B, n_heads
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -46,7 +49,52 @@ def padded_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
+class AttentionCore(Protocol):
+    """What an Attention computes from its own projections: the seam for other kernels.
+
+    Called with the module (its `query`/`key`/`value` projections, `split_heads`, `n_heads`,
+    `dropout`), the queries' input x (B, T, d), the keys' source (x itself, or the encoder memory
+    for cross-attention), the mask, the cache and the rotary tables. Returns the attended values
+    merged back to (B, T, d), before the output projection, and the cache to hand back.
+    """
+
+    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
+                 mask: Any, past: Any, rotary: Rotary | None) -> tuple[torch.Tensor, Any]: ...
+
+
+class DotProductCore:
+    """softmax(Q K^T / sqrt(head_dim)) V, with the cache appended by concatenation."""
+
+    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
+                 mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
+                 ) -> tuple[torch.Tensor, KeyValue]:
+        a = attention
+        query = a.split_heads(a.query(x))
+        key = a.split_heads(a.key(source))
+        value = a.split_heads(a.value(source))
+        if rotary is not None:
+            query, key = apply_rotary(query, rotary), apply_rotary(key, rotary)
+        if past is not None:
+            key = torch.cat([past[0], key], dim=2)
+            value = torch.cat([past[1], value], dim=2)
+        scores = query @ key.transpose(-2, -1) / math.sqrt(a.head_dim)  # (B, nh, T, S)
+        if mask is not None:
+            # A large finite value, not -inf: a row with every key masked (a padding query)
+            # becomes uniform instead of NaN.
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = a.dropout(scores.softmax(dim=-1))
+        batch, _, length, _ = query.shape
+        merged = (weights @ value).transpose(1, 2).reshape(batch, length, -1)  # (B, T, d)
+        return merged, (key, value)
+
+
+DOT_PRODUCT = DotProductCore()
+
+
 class Attention(nn.Module):
+    """Projections around a replaceable core (`self.core`, see AttentionCore); the output
+    projection is applied to whatever the core returns."""
+
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool) -> None:
         super().__init__()
         self.n_heads = n_heads
@@ -56,8 +104,9 @@ class Attention(nn.Module):
         self.value = nn.Linear(d_model, d_model, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
+        self.core: AttentionCore = DOT_PRODUCT
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
 
@@ -65,30 +114,29 @@ class Attention(nn.Module):
         self,
         x: torch.Tensor,
         context: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-        past: KeyValue | None = None,
+        mask: Any = None,
+        past: Any = None,
         rotary: Rotary | None = None,
-    ) -> tuple[torch.Tensor, KeyValue]:
+    ) -> tuple[torch.Tensor, Any]:
         """Attend from x (B, T, d) to `context` (cross) or to x itself plus `past` (self).
 
         Returns the output (B, T, d) and the keys/values attended to, which for self-attention
         are the cache to pass as `past` at the next step.
         """
         source = x if context is None else context
-        query = self._heads(self.query(x))
-        key = self._heads(self.key(source))
-        value = self._heads(self.value(source))
-        if rotary is not None:
-            query, key = apply_rotary(query, rotary), apply_rotary(key, rotary)
-        if past is not None:
-            key = torch.cat([past[0], key], dim=2)
-            value = torch.cat([past[1], value], dim=2)
-        scores = query @ key.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, nh, T, S)
-        if mask is not None:
-            # A large finite value, not -inf: a row with every key masked (a padding query)
-            # becomes uniform instead of NaN.
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = self.dropout(scores.softmax(dim=-1))
-        batch, _, length, _ = query.shape
-        merged = (weights @ value).transpose(1, 2).reshape(batch, length, -1)  # (B, T, d)
-        return self.out(merged), (key, value)
+        merged, present = self.core(self, x, source, mask, past, rotary)
+        return self.out(merged), present
+
+
+@contextlib.contextmanager
+def attention_core(attentions: Iterable[Attention], core: AttentionCore) -> Iterator[None]:
+    """Run `attentions` with another core (e.g. for one export), then restore their own."""
+    attentions = list(attentions)
+    originals = [attention.core for attention in attentions]
+    try:
+        for attention in attentions:
+            attention.core = core
+        yield
+    finally:
+        for attention, original in zip(attentions, originals, strict=True):
+            attention.core = original

@@ -15,32 +15,54 @@ from registry.errors import ZooError
 from registry.paths import display_path
 
 
+def already_exists(path: Path) -> ZooError:
+    return ZooError(f"{display_path(path)} already exists (use --force to overwrite)")
+
+
 def refuse_existing(path: Path, force: bool) -> None:
     if path.exists() and not force:
-        raise ZooError(f"{display_path(path)} already exists (use --force to overwrite)")
+        raise already_exists(path)
+
+
+def claim(target: Path) -> None:
+    """Create `target` empty: mkdir is atomic, so of two racing runs exactly one succeeds."""
+    try:
+        os.mkdir(target)
+    except FileExistsError:
+        raise already_exists(target) from None
 
 
 @contextlib.contextmanager
 def atomic_folder(target: Path, force: bool) -> Iterator[Path]:
     """Yield an empty temporary folder; on success it replaces `target` in one rename.
 
-    On any error the temporary folder is removed and `target` is left exactly as it was.
+    Without `force`, `target` is claimed first by creating it empty, so a second run into the
+    same new folder fails at once with "already exists" instead of silently replacing the
+    first; the staged folder is then renamed onto the empty claim. On any error the temporary
+    folder (and the claim) is removed and `target` is left exactly as it was.
     """
     target = Path(target)
-    refuse_existing(target, force)
+    refuse_existing(target, force)  # the common case, before anything is created
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    claimed = False
     try:
+        if not force:
+            claim(target)
+            claimed = True
         yield staging
-        if target.exists():
+        if force and target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
             os.replace(target, old / target.name)
             os.replace(staging, target)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(staging, target)
+            os.replace(staging, target)  # POSIX: a folder may replace an empty folder
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if claimed:
+            with contextlib.suppress(OSError):
+                target.rmdir()  # only while still the empty claim: never staged contents
         raise
 
 

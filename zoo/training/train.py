@@ -140,7 +140,7 @@ class Task:
         if self.options.task == "lm":
             logits = model(batch.inputs["input_ids"])[0]
         elif self.options.task == "mlm":
-            logits = model(batch.inputs["input_ids"]).logits
+            logits = model(batch.inputs["input_ids"])["logits"]
         else:
             logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"])
         return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),

@@ -13,24 +13,25 @@ row computes what it computes in the contract graph. Only the last real token's 
 computed (`logits` is `(B, vocab)`), which saves the vocabulary projection for every other
 prompt token.
 
-The graph is exported from the same modules as `model.onnx`: only the attention core is swapped
-(through `torch.onnx.ops.symbolic_multi_out`), so cards with other norms, positions and
+The graph is exported from the same modules as `model.onnx`: only each self-attention's core is
+swapped (Attention's public seam, zoo/blocks/attention.py) for GroupQueryAttention, emitted
+through `torch.onnx.ops.symbolic_multi_out`, so cards with other norms, positions and
 feed-forwards, plugins included, get it too.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 from torch.export import Dim
 
-from export.contract import past_names
-from export.graphs import flatten, pair_up
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, cache_shape, past_names
+from export.onnx.wrappers import flatten, pair_up
 from registry.catalog import Card
-from zoo.blocks.attention import Attention
+from zoo.blocks.attention import Attention, KeyValue, attention_core
+from zoo.blocks.heads import LMHead
 from zoo.blocks.positions import Rotary, apply_rotary
 
 KV_FILE = "model_kv.onnx"
@@ -39,32 +40,24 @@ TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY = 2, 3, 8  # >= 2 everywhere (DESIGN
 
 
 def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
-    return ([*KV_INPUTS, *past_names(n_layers, "past_key_values")],
-            ["logits", *past_names(n_layers, "present")])
+    return ([*KV_INPUTS, *past_names(n_layers, CACHE_INPUT)],
+            [LMHead.graph_output, *past_names(n_layers, CACHE_OUTPUT)])
 
 
-class SharedCacheAttention(nn.Module):
-    """One Attention's own projections around GroupQueryAttention (kv_num_heads = num_heads,
-    default scale 1/sqrt(head_dim), causal within the new tokens)."""
+class GroupQueryAttentionCore:
+    """An attention core (zoo.blocks.attention.AttentionCore) that runs GroupQueryAttention on
+    the module's own projections (kv_num_heads = num_heads, default scale 1/sqrt(head_dim),
+    causal within the new tokens). Its `mask` is (seqlens_k, total_sequence_length), passed
+    through unchanged by the layer; its `past` and present are the in-place buffers."""
 
-    def __init__(self, attention: Attention) -> None:
-        super().__init__()
-        self.attention = attention
-
-    def _rotate(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return apply_rotary(self.attention._heads(x), rotary).transpose(1, 2).reshape(
-            batch, length, -1)
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
-                mask: tuple[torch.Tensor, torch.Tensor] | None = None,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None,
-                rotary: Rotary | None = None) -> tuple[torch.Tensor, tuple]:
-        a = self.attention
+    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
+                 mask: tuple[torch.Tensor, torch.Tensor], past: KeyValue,
+                 rotary: Rotary | None) -> tuple[torch.Tensor, KeyValue]:
+        a = attention
         query, key, value = a.query(x), a.key(x), a.value(x)
         if rotary is not None:
-            query, key = self._rotate(query, rotary), self._rotate(key, rotary)
-        seqlens_k, total = mask  # the Layer passes its `mask` argument through unchanged
+            query, key = _rotate(a, query, rotary), _rotate(a, key, rotary)
+        seqlens_k, total = mask
         output, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
             (query, key, value, past[0], past[1], seqlens_k, total),
@@ -73,7 +66,14 @@ class SharedCacheAttention(nn.Module):
             shapes=(query.shape, past[0].shape, past[1].shape),
             version=1,
         )
-        return a.out(output), (present_key, present_value)
+        return output, (present_key, present_value)
+
+
+def _rotate(attention: Attention, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+    """GroupQueryAttention takes (B, T, d): rotate per head, then merge the heads again."""
+    batch, length, _ = x.shape
+    return apply_rotary(attention.split_heads(x), rotary).transpose(1, 2).reshape(
+        batch, length, -1)
 
 
 class SharedCacheDecoderGraph(nn.Module):
@@ -102,24 +102,16 @@ class SharedCacheDecoderGraph(nn.Module):
         return (m.head(x, m.embeddings.token.weight)[:, 0], *flatten(presents))
 
 
-@contextlib.contextmanager
-def shared_cache_attention(model: nn.Module) -> Iterator[None]:
-    """Swap every layer's self-attention core for the export, and put the originals back."""
-    originals = [layer.self_attention for layer in model.layers]
-    try:
-        for layer, attention in zip(model.layers, originals, strict=True):
-            layer.self_attention = SharedCacheAttention(attention)
-        yield
-    finally:
-        for layer, attention in zip(model.layers, originals, strict=True):
-            layer.self_attention = attention
+def shared_cache_attention(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Every decoder layer's self-attention on GroupQueryAttention, for the export only."""
+    return attention_core((layer.self_attention for layer in model.layers),
+                          GroupQueryAttentionCore())
 
 
 def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:
     """(graph module, example args, dynamic shapes) for torch.onnx.export."""
     b, t, capacity = TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY
-    heads, head_dim = card["n_heads"], card["d_model"] // card["n_heads"]
-    cache = tuple(torch.zeros(b, heads, capacity, head_dim) for _ in range(2 * card["n_layers"]))
+    cache = tuple(torch.zeros(cache_shape(card, b, capacity)) for _ in range(2 * card["n_layers"]))
     args = (torch.randint(3, card["vocab_size"], (b, t)), torch.arange(t).expand(b, t).contiguous(),
             torch.tensor([t - 1, t - 2], dtype=torch.int32), torch.tensor(t, dtype=torch.int32),
             cache)

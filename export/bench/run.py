@@ -1,6 +1,6 @@
 """`zoo bench NAME|DIR`: PyTorch eager against ONNX Runtime on the same weights, in one run,
-with the machine's own limits measured in that run (export/machine.py), every figure a median
-over repeated runs after warm-up with its spread (export/timing.py).
+with the machine's own limits measured in that run (bench/machine.py), every figure a median
+over repeated runs after warm-up with its spread (bench/timing.py).
 
 NAME (a card, built with seed 0) or a built folder is exported to a temporary folder first
 (--optimize by default, since this measures speed); an export folder is used as it is, with the
@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from export.bench_runs import BENCHES, Context, decoder_lengths
-from export.contract import MANIFEST, past_names
-from export.machine import cpu_name, load_average, matmul_flops, read_bandwidth
-from export.manifest import package_versions
+from export.bench.context import Context
+from export.bench.machine import cpu_name, load_average, matmul_flops, read_bandwidth
+from export.bench.profile import temporary_folder
+from export.families import family_of
+from export.onnx.contract import MANIFEST
+from export.onnx.manifest import package_versions
 from export.pipeline import export_and_verify
-from export.runtime import Runtime
+from export.runtime.sessions import Runtime
 from registry.errors import ZooError
 from zoo.files.atomic import atomic_write_bytes, refuse_existing
 from zoo.files.sources import load_source
@@ -79,55 +80,6 @@ def _export_facts(folder: Path, runtime: Runtime) -> dict[str, Any]:
     }
 
 
-def _profile(runtime: Runtime, card: Any, threads: int | None) -> dict[str, dict[str, float]]:
-    """Per-operator milliseconds per run for the graphs the benchmark leans on."""
-    from export.kv_session import SharedCacheSession
-    from export.profile import op_times, profiled_graph, temporary_folder
-
-    result = {}
-    with temporary_folder() as tmp:
-        folder, provider = runtime.folder, runtime.provider
-        if card.family == "decoder":
-            past = decoder_lengths(card)[2][-1]
-            inputs = past_names(card["n_layers"], "past_key_values")
-            shape = (1, card["n_heads"], past, card["d_model"] // card["n_heads"])
-            feeds = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, past + 1),
-                                                                              np.int64),
-                     "position_ids": np.array([[past]]),
-                     **{name: np.zeros(shape, np.float32) for name in inputs}}
-            graph = profiled_graph(folder / "model.onnx", provider, threads, Path(tmp))
-            result[f"model.onnx decode step, past {past}"] = op_times(
-                graph, lambda: graph.session.run(None, feeds))
-            entry = runtime.manifest.get("generation")
-            if entry and provider == "cpu":
-                kv = profiled_graph(folder / entry["file"], provider, threads, Path(tmp))
-                session = SharedCacheSession(kv, card)
-                session.prefill(np.array([[5]]), None)
-
-                def step() -> None:
-                    session.lengths[:] = past
-                    session.step(np.array([5]))
-
-                result[f"{entry['file']} decode step, past {past}"] = op_times(kv, step)
-        elif card.family == "encoder":
-            length = min(128, card["max_positions"])
-            feeds = {"input_ids": np.full((1, length), 5), "attention_mask": np.ones(
-                (1, length), np.int64)}
-            if card["type_vocab_size"]:
-                feeds["token_type_ids"] = np.zeros((1, length), np.int64)
-            graph = profiled_graph(folder / "model.onnx", provider, threads, Path(tmp))
-            result[f"model.onnx forward 1 x {length}"] = op_times(
-                graph, lambda: graph.session.run(None, feeds))
-        else:
-            length = min(128, card["max_positions"])
-            feeds = {"input_ids": np.full((1, length), 5),
-                     "attention_mask": np.ones((1, length), np.int64)}
-            graph = profiled_graph(folder / "encoder.onnx", provider, threads, Path(tmp))
-            result[f"encoder.onnx forward 1 x {length}"] = op_times(
-                graph, lambda: graph.session.run(None, feeds))
-    return result
-
-
 def _limits(options: BenchOptions, progress: Progress) -> dict[str, float]:
     progress("measuring the machine: one large matmul (ORT, torch) and a 1 GiB read...")
     probes = max(2, min(5, options.repeats))  # a quick run (tests) probes quickly too
@@ -152,38 +104,13 @@ def rescale(measurements: dict[str, dict[str, dict[str, float]]], limits: dict[s
                 figure["fraction_of_limit"] = figure["gbytes_per_s"] * 1e9 / limit
 
 
-def summary(family: str, measurements: dict[str, dict[str, dict[str, float]]],
+def summary(card: Any, measurements: dict[str, dict[str, dict[str, float]]],
             export: dict[str, Any]) -> dict[str, float]:
     """The ratios the targets are stated in (see BENCHMARKS.md)."""
-
-    def median(key: str, engine: str) -> float:
-        return measurements[key][engine]["median_ms"]
-
-    keys = list(measurements)
     result: dict[str, float] = {}
     if export["safetensors_bytes"]:
         result["onnx_bytes_over_safetensors"] = export["onnx_bytes"] / export["safetensors_bytes"]
-    if family == "decoder":
-        greedy = next(k for k in keys if k.startswith("greedy_"))
-        steps = [k for k in keys if k.startswith("decode_past_")]
-        result["greedy_speedup_ort_over_torch"] = median(greedy, "torch") / median(greedy, "ort")
-        result["greedy_ort_fraction_of_bandwidth"] = measurements[greedy]["ort"][
-            "fraction_of_limit"]
-        result["decode_longest_over_shortest_past_ort"] = (median(steps[-1], "ort")
-                                                            / median(steps[0], "ort"))
-        result["decode_longest_over_shortest_past_torch"] = (median(steps[-1], "torch")
-                                                              / median(steps[0], "torch"))
-    elif family == "encoder":
-        first = keys[0]
-        result["forward_b1_ort_over_torch_latency"] = median(first, "ort") / median(first, "torch")
-        result["forward_b1_ort_fraction_of_matmul"] = measurements[first]["ort"][
-            "fraction_of_limit"]
-    else:
-        encoder, step = keys[0], keys[-1]
-        result["encoder_ort_over_torch_latency"] = median(encoder, "ort") / median(encoder,
-                                                                                   "torch")
-        result["decode_speedup_ort_over_torch"] = median(step, "torch") / median(step, "ort")
-    return result
+    return {**result, **family_of(card).bench_summary(measurements)}
 
 
 def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptions | None = None,
@@ -202,14 +129,18 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
         runtime = Runtime(folder, options.provider, options.threads)
         start = _limits(options, progress)
         context = Context(runtime, model, card, device, options.repeats, dict(start), progress)
-        measurements = BENCHES[card.family](context)
+        family = family_of(card)
+        measurements = family.bench(context)
         # The memory bandwidth of these shared machines drifts: probe again and scale by the
         # best of both, so every fraction is of the best the machine showed in this run.
         end = _limits(options, progress)
         limits = {key: max(start[key], end[key]) for key in start}
         rescale(measurements, limits)
         export = _export_facts(folder, runtime)
-        profile = _profile(runtime, card, options.threads) if options.profile else None
+        profile = None
+        if options.profile:  # per-operator milliseconds for the graphs the benchmark leans on
+            with temporary_folder() as traces:
+                profile = family.profile(runtime, card, options.threads, Path(traces))
     result: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -222,7 +153,7 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
                     "load_after": load_average(), **limits, "start": start, "end": end},
         "versions": package_versions(),
         "measurements": measurements,
-        "summary": summary(card.family, measurements, export),
+        "summary": summary(card, measurements, export),
         "seconds": time.time() - started,
     }
     if profile is not None:

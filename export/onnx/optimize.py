@@ -7,7 +7,7 @@ above all). That is reported, not hidden. EmbedLayerNormalization is switched of
 it numbers positions 0..S-1 itself, while our position ids count real tokens only, so padded
 rows would change. Gelu is kept exact (no tanh approximation of an erf GELU).
 SkipLayerNormalization is switched off too, measured: its CPU kernel was eight times slower
-than the LayerNormalization + Add it replaces (see export/runtime.py).
+than the LayerNormalization + Add it replaces (see export/runtime/sessions.py).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from export.onnx_export import quiet_loggers
+from export.logs import quiet_loggers
 from registry.catalog import Card
 
 MS_DOMAIN = "com.microsoft"
-MODEL_TYPES = {"decoder": "gpt2", "encoder": "bert", "encoder-decoder": "bert"}
 ACTIVATION_FUSIONS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}
 
 
@@ -63,13 +62,14 @@ def expected_fusions(card: Card, file: str) -> list[tuple[str, ...]]:
     return expected
 
 
-def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport
-         ) -> onnx.ModelProto:
-    """The fused model; the counts of fused operators it gained go into `report`."""
+def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport,
+         model_type: str, attention_note: str = "") -> onnx.ModelProto:
+    """The fused model; the counts of fused operators it gained go into `report`.
+    `model_type`: the optimizer's pattern set (the family's); `attention_note`: why a missing
+    attention fusion does not matter, where it does not."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
-    model_type = MODEL_TYPES[card.family]
     options = FusionOptions(model_type)
     options.enable_embed_layer_norm = False
     options.enable_gelu_approximation = False
@@ -80,14 +80,11 @@ def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport
     # rejects. ORT fuses it in memory when it loads the graph anyway.
     options.enable_layer_norm = False
     before = _ms_ops(model)
-    with quiet_loggers("onnxruntime", "onnxruntime.transformers", "fusion_base", "onnx_model"):
-        logging.disable(logging.WARNING)  # the optimizer logs per fusion attempt
-        try:
-            optimized = optimize_model(model, model_type=model_type, num_heads=card["n_heads"],
-                                       hidden_size=card["d_model"], opt_level=0,
-                                       optimization_options=options)
-        finally:
-            logging.disable(logging.NOTSET)
+    with quiet_loggers("onnxruntime", "onnxruntime.transformers", "fusion_base", "onnx_model",
+                       disable=logging.WARNING):
+        optimized = optimize_model(model, model_type=model_type, num_heads=card["n_heads"],
+                                   hidden_size=card["d_model"], opt_level=0,
+                                   optimization_options=options)
     fused = optimized.model
     ensure_ms_opset(fused)
     gained = _ms_ops(fused) - before
@@ -95,8 +92,8 @@ def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport
     for choices in expected_fusions(card, file):
         if not any(gained.get(op) for op in choices):
             why = "ORT's pattern matcher did not recognise the subgraph torch.onnx (dynamo) emitted"
-            if choices[0] == "Attention" and card.family == "decoder":
-                why += "; generation uses model_kv.onnx (GroupQueryAttention) instead"
+            if choices[0] == "Attention" and attention_note:
+                why += f"; {attention_note}"
             report.missing.append(f"{file}: expected fusion {' or '.join(choices)} did not "
                                   f"happen ({why})")
     return fused

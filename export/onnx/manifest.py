@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx
 
-from export.contract import FORMAT_VERSION, MANIFEST, files_for
+from export.onnx.contract import FORMAT_VERSION, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
@@ -34,8 +34,9 @@ def package_versions() -> dict[str, str]:
     return found
 
 
-def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str]) -> None:
-    contract = files_for(card.fields)
+def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str],
+                   contract: dict[str, tuple[list[str], list[str]]]) -> None:
+    """`contract`: {graph file: (input names, output names)}, in the graphs' own order."""
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from export.onnx_export import quiet_loggers
-from export.optimize import ensure_ms_opset
+from export.logs import quiet_loggers
+from export.onnx.optimize import ensure_ms_opset
 from registry.errors import ZooError, first_line
 
 BITS = {"int8": 8, "int4": 4}
@@ -73,8 +73,7 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
 
     bits = check_choice(choice)
     fold_transposed_weights(model)
-    with quiet_loggers("onnxruntime", "onnxruntime.quantization"):
-        logging.disable(logging.WARNING)
+    with quiet_loggers("onnxruntime", "onnxruntime.quantization", disable=logging.WARNING):
         try:
             quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK_SIZE,
                                              is_symmetric=True, accuracy_level=ACCURACY_LEVEL,
@@ -82,8 +81,6 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
             quantizer.process()
         except Exception as exc:  # the quantizer raises many types; report one line
             raise QuantizeError(f"--quantize {choice}: {first_line(exc)}") from exc
-        finally:
-            logging.disable(logging.NOTSET)
     quantized = quantizer.model.model
     ensure_ms_opset(quantized)
     count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)

@@ -13,24 +13,18 @@ import os
 import numpy as np
 import onnxruntime as ort
 import torch
-from onnx import TensorProto, helper
 
-from export.runtime import PROVIDERS, session_options
-from export.timing import measure
+from export.bench.timing import measure
+from export.runtime.sessions import PROVIDERS, one_node_model, session_options
 
 MATMUL_SIZE = 2048  # 2 * 2048^3 = 17 GFLOP: ~0.1 s on two cores, far beyond cache sizes
 READ_BYTES = 1 << 30
 
 
-def _matmul_session(size: int, provider: str, threads: int | None) -> ort.InferenceSession:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "b"], ["c"])], "matmul",
-        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size]),
-         helper.make_tensor_value_info("b", TensorProto.FLOAT, [size, size])],
-        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [size, size])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10  # what ONNX Runtime 1.2x reads; onnx may default to a newer IR
+def _matmul_session(rows: int, inner: int, columns: int, provider: str, threads: int | None
+                    ) -> ort.InferenceSession:
+    model = one_node_model("MatMul", {"a": [rows, inner], "b": [inner, columns]},
+                           {"c": [rows, columns]})
     return ort.InferenceSession(model.SerializeToString(), session_options(threads),
                                 providers=[PROVIDERS[provider]])
 
@@ -42,7 +36,7 @@ def matmul_flops(provider: str = "cpu", threads: int | None = None, size: int = 
     a = rng.standard_normal((size, size), np.float32)
     b = rng.standard_normal((size, size), np.float32)
     flops = 2.0 * size**3
-    session = _matmul_session(size, provider, threads)
+    session = _matmul_session(size, size, size, provider, threads)
     ort_time = measure(lambda: session.run(None, {"a": a, "b": b}), repeats, warmup=1)
     device = "cuda" if provider == "cuda" else "cpu"
     ta, tb = torch.from_numpy(a).to(device), torch.from_numpy(b).to(device)
@@ -51,20 +45,6 @@ def matmul_flops(provider: str = "cpu", threads: int | None = None, size: int = 
     return {"size": float(size), "flops": flops,
             "ort_flops_per_s": flops / ort_time.median,
             "torch_flops_per_s": flops / torch_time.median}
-
-
-def _gemv_session(rows: int, columns: int, provider: str, threads: int | None
-                  ) -> ort.InferenceSession:
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "gemv",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows]),
-         helper.make_tensor_value_info("w", TensorProto.FLOAT, [rows, columns])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, columns])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10
-    return ort.InferenceSession(model.SerializeToString(), session_options(threads),
-                                providers=[PROVIDERS[provider]])
 
 
 def read_bandwidth(provider: str = "cpu", threads: int | None = None, repeats: int = 5,
@@ -77,8 +57,8 @@ def read_bandwidth(provider: str = "cpu", threads: int | None = None, repeats: i
     rows = 8192
     matrix = array.reshape(rows, -1)
     row = np.ones((1, rows), np.float32)
-    session = _gemv_session(rows, matrix.shape[1], provider, threads)
-    gemv_time = measure(lambda: session.run(None, {"x": row, "w": matrix}), repeats, warmup=1)
+    session = _matmul_session(1, rows, matrix.shape[1], provider, threads)
+    gemv_time = measure(lambda: session.run(None, {"a": row, "b": matrix}), repeats, warmup=1)
     tensor = torch.from_numpy(array)
     sync = None
     if provider == "cuda":

@@ -66,19 +66,23 @@ class Cost:
         return 2.0 * self.layers * keys * self.d * 4.0 * batch  # keys and values, fp32
 
 
-def model_cost(model: nn.Module, card: Card) -> Cost:
-    vocab, d = card["vocab_size"], card["d_model"]
-    if card.family == "decoder":
-        return Cost(card, linear_params(model.layers), vocab * d, 0)
-    if card.family == "encoder":
-        mlm = model.mlm_head
-        return Cost(card, linear_params(model.layers), vocab * d if mlm is not None else 0,
-                    linear_params(mlm) if mlm is not None else 0)
+def decoder_cost(model: nn.Module, card: Card) -> Cost:
+    return Cost(card, linear_params(model.layers), card["vocab_size"] * card["d_model"], 0)
+
+
+def encoder_cost(model: nn.Module, card: Card) -> Cost:
+    mlm = getattr(model, "mlm_head", None)
+    head = card["vocab_size"] * card["d_model"] if mlm is not None else 0
+    return Cost(card, linear_params(model.layers), head, linear_params(mlm))
+
+
+def seq2seq_cost(model: nn.Module, card: Card) -> Cost:
     cross_kv = sum(layer.cross_attention.key.weight.numel()
                    + layer.cross_attention.value.weight.numel()
                    for layer in model.decoder_layers)
-    return Cost(card, linear_params(model.decoder_layers) - cross_kv, vocab * d, 0,
-                linear_params(model.encoder_layers), cross_kv)
+    return Cost(card, linear_params(model.decoder_layers) - cross_kv,
+                card["vocab_size"] * card["d_model"], 0, linear_params(model.encoder_layers),
+                cross_kv)
 
 
 def onnx_matmul_weight_bytes(path: Path) -> float:

@@ -1,26 +1,14 @@
-"""PyTorch behind the same interface as `Runtime`: `run(file, feeds) -> {output: array}`.
-
-Parity and generation are written once against this interface, so the code that compares
-PyTorch with ONNX Runtime drives both through exactly the same steps.
-"""
+"""PyTorch behind the same interface as `Runtime` (runtime/engine.Engine): each graph file is
+the family's flat-signature wrapper, fed and read by the contract's names."""
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
-from export.contract import files_for
-from export.graphs import DecoderGraph, EncoderGraph, SourceEncoderGraph, TargetDecoderGraph
+from export.families import family_of
 from registry.catalog import Card
-
-
-class Engine(Protocol):
-    card: Card
-
-    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
 
 class TorchEngine:
@@ -28,15 +16,9 @@ class TorchEngine:
         self.card = card
         self.device = torch.device(device)
         model = model.eval().to(self.device)
-        if card.family == "decoder":
-            graphs = {"model.onnx": DecoderGraph(model)}
-        elif card.family == "encoder":
-            graphs = {"model.onnx": EncoderGraph(model, bool(card["type_vocab_size"]))}
-        else:
-            graphs = {"encoder.onnx": SourceEncoderGraph(model),
-                      "decoder.onnx": TargetDecoderGraph(model)}
-        self.graphs = graphs
-        self.contract = files_for(card.fields)
+        family = family_of(card)
+        self.graphs = family.wrappers(model, card)
+        self.contract = family.contract(card)
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs, outputs = self.contract[file]

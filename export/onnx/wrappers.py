@@ -28,14 +28,14 @@ class DecoderGraph(nn.Module):
 
 
 class EncoderGraph(nn.Module):
-    def __init__(self, model: nn.Module, with_token_types: bool) -> None:
+    """last_hidden_state, then each head's output in the order the heads declare them."""
+
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.with_token_types = with_token_types
 
     def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001
-        output = self.model(input_ids, attention_mask, token_type_ids)
-        return tuple(tensor for tensor in output if tensor is not None)
+        return tuple(self.model(input_ids, attention_mask, token_type_ids).values())
 
 
 class SourceEncoderGraph(nn.Module):

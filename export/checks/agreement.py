@@ -17,11 +17,13 @@ carries the weight of catching real breakage.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from export.engines import Engine
-from export.generate import open_session
+from export.runtime.encode import encoder_feeds
+from export.runtime.engine import Engine
+from registry.catalog import Card
 from registry.errors import ZooError
 
 STEPS = 64
@@ -88,18 +90,11 @@ def _in_top5(expected_top1: np.ndarray, actual: np.ndarray) -> np.ndarray:
     return (best5 == expected_top1[..., None]).any(axis=-1)
 
 
-def _generation(reference: Engine, candidate: Engine, steps: int, seed: int) -> Agreement:
-    card = reference.card
+def generation_agreement(expected_session: Any, actual_session: Any, card: Card,
+                         prompt_length: int, steps: int, seed: int) -> Agreement:
+    """Along the reference's greedy continuation of a random prompt (teacher-forced)."""
     rng = np.random.default_rng(seed)
-    prompt_length = 8 if card.family == "decoder" else 12
-    if card.family == "encoder-decoder":
-        steps = min(steps, card["max_positions"] - 1)
-    else:
-        steps = min(steps, card["max_positions"] - prompt_length)
     prompt = rng.integers(3, card["vocab_size"], (1, prompt_length), dtype=np.int64)
-    capacity = prompt_length + steps
-    expected_session = open_session(reference, capacity)
-    actual_session = open_session(candidate, capacity)
     expected = expected_session.prefill(prompt, None)
     actual = actual_session.prefill(prompt, None)
     agreeing, top5, worst = 0, 0, 0.0
@@ -113,14 +108,12 @@ def _generation(reference: Engine, candidate: Engine, steps: int, seed: int) -> 
     return Agreement(f"greedy, {steps} steps (teacher-forced)", steps, agreeing, top5, worst)
 
 
-def _masked_lm(reference: Engine, candidate: Engine, seed: int) -> Agreement:
+def masked_lm_agreement(reference: Engine, candidate: Engine, seed: int) -> Agreement:
     card = reference.card
     rng = np.random.default_rng(seed)
     length = min(STEPS, card["max_positions"])
-    feeds = {"input_ids": rng.integers(3, card["vocab_size"], (2, length), dtype=np.int64),
-             "attention_mask": np.ones((2, length), np.int64)}
-    if card["type_vocab_size"]:
-        feeds["token_type_ids"] = np.zeros((2, length), np.int64)
+    feeds = encoder_feeds(card, rng.integers(3, card["vocab_size"], (2, length),
+                                             dtype=np.int64))
     expected = reference.run("model.onnx", feeds)
     actual = candidate.run("model.onnx", feeds)
     name = "logits" if "logits" in expected else "last_hidden_state"
@@ -135,13 +128,3 @@ def _masked_lm(reference: Engine, candidate: Engine, seed: int) -> Agreement:
         agreeing = top5 = int((cosine >= 0.99).sum())
         what = f"hidden-state cosine >= 0.99, 2 x {length} positions"
     return Agreement(what, len(e), agreeing, top5, float(np.abs(a - e).max()))
-
-
-def check_agreement(reference: Engine, candidate: Engine, quantization: str,
-                    steps: int = STEPS, seed: int = 0) -> AgreementReport:
-    report = AgreementReport(quantization, THRESHOLDS[quantization])
-    if reference.card.family == "encoder":
-        report.rows.append(_masked_lm(reference, candidate, seed))
-    else:
-        report.rows.append(_generation(reference, candidate, steps, seed))
-    return report

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
-from export.manifest import read_manifest
+from export.onnx.manifest import read_manifest
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.paths import display_path
@@ -34,18 +35,28 @@ class OrtError(ZooError):
     """ONNX Runtime could not load or run a graph, or a feed does not fit it."""
 
 
+def one_node_model(op: str, inputs: dict[str, list[int]], outputs: dict[str, list[int]]
+                   ) -> onnx.ModelProto:
+    """A graph of one fp32 operator, for probes of the provider and of the machine."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node(op, list(inputs), list(outputs))], op.lower(),
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+         for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+         for name, shape in outputs.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10  # what ONNX Runtime 1.2x reads; onnx may default to a newer IR
+    return model
+
+
 def cuda_active() -> bool:
     """True only where a CUDA session really runs on CUDA (not merely listed)."""
     if PROVIDERS["cuda"] not in ort.get_available_providers():
         return False
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])], "probe",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model = one_node_model("Identity", {"x": [1]}, {"y": [1]})
     options = ort.SessionOptions()
     options.log_severity_level = 4
     try:

@@ -1,4 +1,4 @@
-"""Generation over the shared-cache graph (export/kv_graph.py) with I/O binding.
+"""Generation over the shared-cache graph (export/onnx/shared_cache.py) with I/O binding.
 
 Everything a decoding step touches is allocated once: the cache buffers (bound as both the
 `past_key_values.*` input and the `present.*` output, so GroupQueryAttention appends in place),
@@ -6,7 +6,7 @@ the logits, and the small id/position/length arrays, which are numpy arrays that
 with the OrtValues bound to the session. A step writes the new token into those arrays and runs;
 nothing is copied or allocated per step except the logits handed back to the caller.
 
-Same interface as generate.DecoderSession (prefill, step, reorder), so generate() drives it
+Same interface as decoding.DecoderSession (prefill, step, reorder), so generate() drives it
 unchanged; tests check it picks the same tokens as the plain loop.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from export.contract import past_names
-from export.runtime import Graph
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, cache_shape, past_names
+from export.runtime.sessions import Graph
 from registry.catalog import Card
 from registry.errors import ZooError
 
@@ -26,15 +26,14 @@ class SharedCacheSession:
         self.graph = graph
         self.card = card
         self.capacity = min(capacity or card["max_positions"], card["max_positions"])
-        self.heads, self.head_dim = card["n_heads"], card["d_model"] // card["n_heads"]
-        self.past_inputs = past_names(card["n_layers"], "past_key_values")
-        self.past_outputs = past_names(card["n_layers"], "present")
+        self.past_inputs = past_names(card["n_layers"], CACHE_INPUT)
+        self.past_outputs = past_names(card["n_layers"], CACHE_OUTPUT)
         self.batch = 0
 
     def _allocate(self, batch: int) -> None:
         """Buffers and bindings for `batch` rows; zeroed, so unused slots hold no stale rows."""
         self.batch = batch
-        shape = (batch, self.heads, self.capacity, self.head_dim)
+        shape = cache_shape(self.card, batch, self.capacity)
         self.buffers = [np.zeros(shape, np.float32) for _ in self.past_inputs]
         self.logits = np.zeros((batch, self.card["vocab_size"]), np.float32)
         self.ids = np.zeros((batch, 1), np.int64)

@@ -1,0 +1,190 @@
+"""`zoo bench` on a decoder: prefill, one decoding step at several past lengths, and greedy
+generation, each engine with its own key/value cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from export.bench.context import Context, Figure, figure, median, random_cache, tensor
+from export.bench.cost import decoder_cost, onnx_matmul_weight_bytes
+from export.bench.profile import op_times, profiled_graph
+from export.onnx.contract import CACHE_INPUT, cache_shape, past_names
+from export.runtime.decoding import DecoderSession
+from export.runtime.sampling import Sampling, decode
+from export.runtime.sessions import Runtime
+from export.runtime.shared_cache import SharedCacheSession
+from registry.catalog import Card
+
+GREEDY = Sampling()
+
+
+def _torch_greedy(model: nn.Module, prompt: torch.Tensor, new_tokens: int) -> None:
+    """Greedy decoding in eager PyTorch with its key/value cache (the fair comparison)."""
+    batch, length = prompt.shape
+    mask = torch.ones(batch, length, dtype=torch.long, device=prompt.device)
+    positions = torch.arange(length, device=prompt.device)[None]
+    logits, past = model(prompt, mask, positions, None)
+    for _ in range(new_tokens - 1):
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        mask = torch.cat([mask, torch.ones_like(token)], dim=1)
+        positions = positions[:, -1:] + 1
+        logits, past = model(token, mask, positions, past)
+
+
+def _decode_step_torch(ctx: Context, past: int, bytes_read: float, bound: float
+                       ) -> dict[str, Figure]:
+    cache = random_cache(ctx, 1, past, numpy=False)
+    pairs = tuple((cache[i], cache[i + 1]) for i in range(0, len(cache), 2))
+    token = torch.tensor([[5]], device=ctx.device)
+    mask = torch.ones(1, past + 1, dtype=torch.long, device=ctx.device)
+    position = torch.tensor([[past]], device=ctx.device)
+    with torch.no_grad():
+        t = ctx.time(f"decode at past {past} (torch)",
+                     lambda: ctx.model(token, mask, position, pairs), torch_side=True)
+    return {"torch": figure(t, bound, bytes_read=bytes_read)}
+
+
+def decoder_lengths(card: Card) -> tuple[int, int, list[int]]:
+    """Prompt length, new tokens and the past lengths to time (clipped to the card)."""
+    limit = card["max_positions"]
+    prompt = min(32, limit // 2)
+    new_tokens = min(64, limit - prompt)
+    pasts = sorted({min(past, limit - 1) for past in (16, 256, 1000)})
+    return prompt, new_tokens, pasts
+
+
+def bench_decoder(ctx: Context) -> dict[str, dict[str, Figure]]:
+    card, model, runtime = ctx.card, ctx.model, ctx.runtime
+    cost = decoder_cost(model, card)
+    prompt_length, new_tokens, pasts = decoder_lengths(card)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(3, card["vocab_size"], (1, prompt_length), dtype=np.int64)
+    token = np.array([[5]], np.int64)
+    inputs = past_names(card["n_layers"], CACHE_INPUT)
+    kv = runtime.kv_graph
+    torch_weights = 4.0 * (cost.layer_params + cost.head_params)
+    ort_weights = onnx_matmul_weight_bytes(runtime.folder / (kv.path.name if kv else "model.onnx"))
+    plain_weights = onnx_matmul_weight_bytes(runtime.folder / "model.onnx")
+    results: dict[str, dict[str, Figure]] = {}
+
+    # Prefill: the prompt in one pass. PyTorch and the contract graph compute logits for every
+    # prompt token; the shared-cache graph only for the last.
+    prompt_t = tensor(ctx, prompt)
+    ones = torch.ones_like(prompt_t)
+    positions = torch.arange(prompt_length, device=ctx.device)[None]
+    with torch.no_grad():
+        t = ctx.time(f"prefill {prompt_length} (torch)",
+                     lambda: model(prompt_t, ones, positions, None), torch_side=True)
+    entry = {"torch": figure(t, ctx.limits["torch_flops_per_s"],
+                             cost.decoder_forward(prompt_length, 0, prompt_length))}
+    empty = dict(zip(inputs, random_cache(ctx, 1, 0, numpy=True), strict=True))
+    plain_feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt),
+                   "position_ids": np.arange(prompt_length)[None], **empty}
+    t = ctx.time(f"prefill {prompt_length} (ort plain)",
+                 lambda: runtime.run("model.onnx", plain_feeds))
+    entry["ort_plain"] = figure(t, ctx.limits["ort_flops_per_s"],
+                                cost.decoder_forward(prompt_length, 0, prompt_length))
+    session = SharedCacheSession(kv, card, card["max_positions"]) if kv else None
+    if session is not None:
+        t = ctx.time(f"prefill {prompt_length} (ort)", lambda: session.prefill(prompt, None))
+        entry["ort"] = figure(t, ctx.limits["ort_flops_per_s"],
+                              cost.decoder_forward(prompt_length, 0, 1))
+    else:
+        entry["ort"] = entry["ort_plain"]
+    results[f"prefill_{prompt_length}"] = entry
+
+    # One decoding step after `past` tokens: reads every weight and the cache once.
+    for past in pasts:
+        cache_bytes = cost.cache_bytes(1, past + 1)
+        bound = ctx.bound()
+        entry = _decode_step_torch(ctx, past, torch_weights + cache_bytes, bound)
+        feeds = {"input_ids": token, "attention_mask": np.ones((1, past + 1), np.int64),
+                 "position_ids": np.array([[past]]),
+                 **dict(zip(inputs, random_cache(ctx, 1, past, numpy=True), strict=True))}
+        t = ctx.time(f"decode at past {past} (ort plain)",
+                     lambda feeds=feeds: runtime.run("model.onnx", feeds))
+        entry["ort_plain"] = figure(t, bound, bytes_read=plain_weights + cache_bytes)
+        if session is not None:
+            session.prefill(prompt[:, :1], None)
+
+            def rewind(past: int = past) -> None:  # the step appends; time the same step
+                session.lengths[:] = past
+
+            t = ctx.time(f"decode at past {past} (ort)", lambda: session.step(token[:, 0]),
+                         setup=rewind)
+            entry["ort"] = figure(t, bound, bytes_read=ort_weights + cache_bytes)
+        else:
+            entry["ort"] = entry["ort_plain"]
+        results[f"decode_past_{past}"] = entry
+
+    # Greedy generation: prompt, then new tokens one at a time, each engine with its cache.
+    average_cache = cost.cache_bytes(1, prompt_length + new_tokens // 2)
+    bound = ctx.bound()
+    with torch.no_grad():
+        t = ctx.time(f"greedy {new_tokens} tokens (torch)",
+                     lambda: _torch_greedy(model, prompt_t, new_tokens), slow=True,
+                     torch_side=True)
+    entry = {"torch": figure(t, bound, bytes_read=torch_weights + average_cache,
+                             tokens=new_tokens)}
+    mask = np.ones_like(prompt)
+    t = ctx.time(f"greedy {new_tokens} tokens (ort plain)",
+                 lambda: decode(DecoderSession(runtime), prompt, mask, new_tokens, GREEDY, None),
+                 slow=True)
+    entry["ort_plain"] = figure(t, bound, bytes_read=plain_weights + average_cache,
+                                tokens=new_tokens)
+    if kv is not None:
+        capacity = prompt_length + new_tokens
+        t = ctx.time(f"greedy {new_tokens} tokens (ort)",
+                     lambda: decode(SharedCacheSession(kv, card, capacity), prompt, mask,
+                                    new_tokens, GREEDY, None), slow=True)
+        entry["ort"] = figure(t, bound, bytes_read=ort_weights + average_cache,
+                              tokens=new_tokens)
+    else:
+        entry["ort"] = entry["ort_plain"]
+    results[f"greedy_{new_tokens}"] = entry
+    return results
+
+
+def decoder_summary(measurements: dict[str, dict[str, Figure]]) -> dict[str, float]:
+    keys = list(measurements)
+    greedy = next(k for k in keys if k.startswith("greedy_"))
+    steps = [k for k in keys if k.startswith("decode_past_")]
+    m = measurements
+    return {
+        "greedy_speedup_ort_over_torch": median(m, greedy, "torch") / median(m, greedy, "ort"),
+        "greedy_ort_fraction_of_bandwidth": m[greedy]["ort"]["fraction_of_limit"],
+        "decode_longest_over_shortest_past_ort": (median(m, steps[-1], "ort")
+                                                  / median(m, steps[0], "ort")),
+        "decode_longest_over_shortest_past_torch": (median(m, steps[-1], "torch")
+                                                    / median(m, steps[0], "torch")),
+    }
+
+
+def decoder_profile(runtime: Runtime, card: Card, threads: int | None, folder: Path
+                    ) -> dict[str, dict[str, float]]:
+    """Per-operator times of one decoding step at the longest past: the contract graph, and
+    the shared-cache graph where the export has one."""
+    past = decoder_lengths(card)[2][-1]
+    inputs = past_names(card["n_layers"], CACHE_INPUT)
+    empty = np.zeros(cache_shape(card, 1, past), np.float32)
+    feeds = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, past + 1), np.int64),
+             "position_ids": np.array([[past]]), **{name: empty for name in inputs}}
+    graph = profiled_graph(runtime.folder / "model.onnx", runtime.provider, threads, folder)
+    result = {f"model.onnx decode step, past {past}": op_times(
+        graph, lambda: graph.session.run(None, feeds))}
+    entry = runtime.manifest.get("generation")
+    if entry and runtime.provider == "cpu":
+        kv = profiled_graph(runtime.folder / entry["file"], runtime.provider, threads, folder)
+        session = SharedCacheSession(kv, card)
+        session.prefill(np.array([[5]]), None)
+
+        def step() -> None:
+            session.lengths[:] = past
+            session.step(np.array([5]))
+
+        result[f"{entry['file']} decode step, past {past}"] = op_times(kv, step)
+    return result

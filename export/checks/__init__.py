@@ -1,0 +1,1 @@
+"""Proving exports: the parity grid, the quantized agreement check, and verify()."""

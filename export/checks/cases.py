@@ -1,0 +1,116 @@
+"""The parity grid's cases, per family: shapes that differ from the traced ones.
+
+Batch 1 and 3; sequence 1, a middle length and the card's maximum; past length 0 and > 0; rows
+with padding. Any cache and encoder memory a case needs is computed by the reference engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from export.family import Case
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
+from export.runtime.decoding import empty_past
+from export.runtime.encode import encoder_feeds
+from export.runtime.engine import Engine
+
+
+def lengths(limit: int) -> tuple[int, int]:
+    """A middle sequence length and a past length that fit within `limit` together."""
+    return max(2, limit // 2), max(1, limit // 3)
+
+
+def random_ids(engine: Engine, rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
+    return rng.integers(3, engine.card["vocab_size"], (batch, length), dtype=np.int64)
+
+
+def left_padding(batch: int, length: int) -> np.ndarray:
+    """Row r has r * length // 4 leading pads; row 0 none."""
+    mask = np.ones((batch, length), np.int64)
+    for row in range(batch):
+        mask[row, : row * length // 4] = 0
+    return mask
+
+
+def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
+    card = engine.card
+    limit = card["max_positions"]
+    middle, past = lengths(limit)
+    inputs = past_names(card["n_layers"], CACHE_INPUT)
+    outputs = past_names(card["n_layers"], CACHE_OUTPUT)
+    cases = []
+    for batch, length, past_length, padded in (
+        (1, 1, 0, False), (3, middle, 0, False), (1, limit, 0, False), (3, middle, 0, True),
+        (1, 1, past, False), (3, 1, past, True), (3, limit - past, past, True),
+    ):
+        total = past_length + length
+        mask = left_padding(batch, total) if padded else np.ones((batch, total), np.int64)
+        positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
+        cache = empty_past(engine, batch)
+        if past_length:  # a real cache: the reference run over a prefix
+            prefix = engine.run("model.onnx", {
+                "input_ids": random_ids(engine, rng, batch, past_length),
+                "attention_mask": mask[:, :past_length], "position_ids": positions[:, :past_length],
+                **dict(zip(inputs, cache, strict=True))})
+            cache = [prefix[name] for name in outputs]
+        name = f"b{batch} s{length} past{past_length}" + (" padded" if padded else "")
+        cases.append(Case(name, "model.onnx", {
+            "input_ids": random_ids(engine, rng, batch, length), "attention_mask": mask,
+            "position_ids": positions[:, past_length:], **dict(zip(inputs, cache, strict=True))}))
+    return cases
+
+
+def right_padding(batch: int, length: int) -> np.ndarray:
+    mask = np.ones((batch, length), np.int64)
+    for row in range(1, batch):
+        mask[row, length - row * length // 4:] = 0
+    return mask
+
+
+def encoder_cases(engine: Engine, rng: np.random.Generator, file: str,
+                  with_token_types: bool) -> list[Case]:
+    limit = engine.card["max_positions"]
+    middle, _ = lengths(limit)
+    cases = []
+    for batch, length, padded in ((1, 1, False), (3, middle, False), (1, limit, False),
+                                  (3, middle, True)):
+        mask = right_padding(batch, length) if padded else np.ones((batch, length), np.int64)
+        ids = random_ids(engine, rng, batch, length)
+        if with_token_types and engine.card["type_vocab_size"]:
+            types = rng.integers(0, engine.card["type_vocab_size"], (batch, length),
+                                 dtype=np.int64)
+            feeds = encoder_feeds(engine.card, ids, mask, types)
+        else:
+            feeds = {"input_ids": ids, "attention_mask": mask}
+        name = f"b{batch} s{length}" + (" padded" if padded else "")
+        cases.append(Case(name, file, feeds))
+    return cases
+
+
+def seq2seq_decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
+    card = engine.card
+    limit = card["max_positions"]
+    middle, past = lengths(limit)
+    inputs = past_names(card["n_layers"], CACHE_INPUT, ".decoder")
+    outputs = past_names(card["n_layers"], CACHE_OUTPUT, ".decoder")
+    cases = []
+    for batch, length, past_length, padded in (
+        (1, 1, 0, False), (3, middle, 0, True), (1, limit, 0, False), (3, 1, past, True),
+        (1, limit - past, past, False),
+    ):
+        source_mask = right_padding(batch, middle) if padded else np.ones((batch, middle),
+                                                                           np.int64)
+        memory = engine.run("encoder.onnx", {"input_ids": random_ids(engine, rng, batch, middle),
+                                             "attention_mask": source_mask})["last_hidden_state"]
+        shared = {"encoder_hidden_states": memory, "encoder_attention_mask": source_mask}
+        cache = empty_past(engine, batch)
+        if past_length:
+            prefix = engine.run("decoder.onnx", {
+                "input_ids": random_ids(engine, rng, batch, past_length), **shared,
+                **dict(zip(inputs, cache, strict=True))})
+            cache = [prefix[name] for name in outputs]
+        name = f"b{batch} s{length} past{past_length}" + (" src-padded" if padded else "")
+        cases.append(Case(name, "decoder.onnx", {
+            "input_ids": random_ids(engine, rng, batch, length), **shared,
+            **dict(zip(inputs, cache, strict=True))}))
+    return cases

@@ -1,0 +1,103 @@
+"""Parity: PyTorch against ONNX Runtime on the family's grid of shapes that differ from the
+traced ones (checks/cases.py). An element passes when |ort - torch| <= atol + rtol * |torch|
+(numpy's allclose). Families that generate must also give identical greedy tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from export.checks.cases import left_padding, random_ids
+from export.families import family_of
+from export.runtime.engine import Engine
+from export.runtime.generate import generate
+from registry.errors import ZooError
+
+DEFAULT_ATOL, DEFAULT_RTOL = 1e-4, 1e-3
+CACHE_OUTPUT = re.compile(r"^(present)\.\d+\..*$")
+GENERATION_STEPS = 32
+
+
+@dataclass
+class Row:
+    output: str
+    case: str
+    max_abs: float
+    max_rel: float
+    passed: bool
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    generation: list[tuple[str, bool, int]] = field(default_factory=list)  # (what, same, steps)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows) and all(same for _, same, _ in self.generation)
+
+    def table(self) -> str:
+        lines = [f"{'output':<28} {'case':<26} {'max abs':>10} {'max rel':>10}  pass"]
+        for r in self.rows:
+            lines.append(f"{r.output:<28} {r.case:<26} {r.max_abs:>10.2e} {r.max_rel:>10.2e}  "
+                         f"{'yes' if r.passed else 'NO'}")
+        for what, same, steps in self.generation:
+            verdict = "identical" if same else "DIFFERENT"
+            lines.append(f"greedy tokens ({what}, {steps} steps): {verdict}")
+        lines.append("parity: " + ("PASSED" if self.passed else "FAILED"))
+        return "\n".join(lines)
+
+
+class ParityError(ZooError):
+    def __init__(self, report: Report) -> None:
+        failed = [f"{r.output} [{r.case}] max abs {r.max_abs:.2e}"
+                  for r in report.rows if not r.passed]
+        failed += [f"greedy tokens ({what})" for what, same, _ in report.generation if not same]
+        super().__init__(f"parity failed for {len(failed)} check(s): {'; '.join(failed[:4])}")
+        self.report = report
+
+
+def compare(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float
+            ) -> tuple[float, float, bool]:
+    if expected.shape != actual.shape:
+        return float("inf"), float("inf"), False
+    difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    if difference.size == 0:
+        return 0.0, 0.0, True
+    # Relative to |expected| + atol, so that elements near zero do not dominate the figure.
+    relative = difference / (np.abs(expected) + atol)
+    passed = bool(np.all(difference <= atol + rtol * np.abs(expected)))
+    return float(difference.max()), float(relative.max()), passed
+
+
+def check_parity(reference: Engine, candidate: Engine, atol: float = DEFAULT_ATOL,
+                 rtol: float = DEFAULT_RTOL, generation_steps: int = GENERATION_STEPS,
+                 seed: int = 0) -> Report:
+    report = Report()
+    family = family_of(reference.card)
+    for case in family.parity_cases(reference, np.random.default_rng(seed)):
+        expected = reference.run(case.file, case.feeds)
+        actual = candidate.run(case.file, case.feeds)
+        grouped: dict[str, Row] = {}
+        for output, value in expected.items():
+            max_abs, max_rel, passed = compare(value, actual[output], atol, rtol)
+            label = CACHE_OUTPUT.sub(r"\1.*", output)  # one row for all layers' cache
+            if case.file != "model.onnx":
+                label = f"{case.file[:-5]}:{label}"
+            row = grouped.setdefault(label, Row(label, case.name, 0.0, 0.0, True))
+            row.max_abs, row.max_rel = max(row.max_abs, max_abs), max(row.max_rel, max_rel)
+            row.passed = row.passed and passed
+        report.rows.extend(grouped.values())
+    if family.generates and generation_steps:
+        rng = np.random.default_rng(seed)
+        card = reference.card
+        steps = min(generation_steps, card["max_positions"] - 4)
+        prompt = random_ids(reference, rng, 2, 4)
+        mask = left_padding(2, 4)
+        same = np.array_equal(generate(reference, prompt, mask, steps),
+                              generate(candidate, prompt, mask, steps))
+        report.generation.append(("batch 2, left-padded", same, steps))
+    return report

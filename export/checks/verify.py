@@ -1,0 +1,69 @@
+"""verify(): the one check an export passes, run by `zoo export` before the folder lands and by
+`zoo parity` on a folder: the parity grid, or for a quantized export the agreement check; an
+optimized decoder also proves that its shared-cache loop picks the plain loop's tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from torch import nn
+
+from export.checks.agreement import STEPS, THRESHOLDS, AgreementError, AgreementReport
+from export.checks.parity import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    GENERATION_STEPS,
+    ParityError,
+    Report,
+    check_parity,
+)
+from export.families import family_of
+from export.runtime.engine import Engine
+from export.runtime.engines import TorchEngine
+from export.runtime.generate import generate
+from export.runtime.sessions import Runtime
+from registry.catalog import Card
+
+
+def check_agreement(reference: Engine, candidate: Engine, quantization: str,
+                    steps: int = STEPS, seed: int = 0) -> AgreementReport:
+    report = AgreementReport(quantization, THRESHOLDS[quantization])
+    report.rows.append(family_of(reference.card).agreement(reference, candidate, steps, seed))
+    return report
+
+
+def shared_cache_matches_plain(runtime: Runtime, steps: int = GENERATION_STEPS, seed: int = 0
+                               ) -> tuple[str, bool, int]:
+    """Greedy tokens of the shared-cache loop against the plain loop, left-padded batch of 2."""
+    card = runtime.card
+    rng = np.random.default_rng(seed)
+    steps = min(steps, card["max_positions"] - 5)
+    prompt = rng.integers(3, card["vocab_size"], (2, 5), dtype=np.int64)
+    mask = np.array([[1] * 5, [0, 0, 1, 1, 1]], np.int64)
+    fast = generate(runtime, prompt, mask, steps)
+    plain = generate(runtime, prompt, mask, steps, shared_cache=False)
+    return "shared-cache loop vs plain loop", bool(np.array_equal(fast, plain)), steps
+
+
+def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT_ATOL,
+           rtol: float = DEFAULT_RTOL, progress: Callable[[str], None] = lambda message: None
+           ) -> Report | AgreementReport:
+    """The report of the check `runtime`'s export needs; raises ParityError or AgreementError
+    (each carrying its report) when it fails."""
+    reference = TorchEngine(model, card)
+    quantization = runtime.manifest.get("quantization")
+    if quantization:
+        weights = quantization["weights"]
+        progress(f"checking {weights} against fp32 PyTorch (top-1 agreement)...")
+        agreement = check_agreement(reference, runtime, weights)
+        if not agreement.passed:
+            raise AgreementError(agreement)
+        return agreement
+    progress(f"checking parity against ONNX Runtime ({runtime.provider})...")
+    report = check_parity(reference, runtime, atol, rtol)
+    if runtime.kv_graph is not None:
+        report.generation.append(shared_cache_matches_plain(runtime))
+    if not report.passed:
+        raise ParityError(report)
+    return report

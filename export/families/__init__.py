@@ -1,0 +1,28 @@
+"""The family table: the one place a family name becomes the object that knows what the family
+means to export, check, run and benchmark (export/family.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from export.families.decoder import DecoderFamily
+from export.families.encoder import EncoderFamily
+from export.families.seq2seq import Seq2SeqFamily
+from export.family import Family
+from registry.errors import ZooError
+
+FAMILIES: dict[str, Family] = {
+    family.name: family for family in (DecoderFamily(), EncoderFamily(), Seq2SeqFamily())
+}
+
+
+def family_of(card: Any) -> Family:
+    """The family object for a card (or anything with `.family`)."""
+    return FAMILIES[card.family]
+
+
+def register_family(family: Family) -> None:
+    """Add a family (a plugin's, or a test's); one name twice is an error."""
+    if family.name in FAMILIES:
+        raise ZooError(f"family '{family.name}' is already registered")
+    FAMILIES[family.name] = family

@@ -1,0 +1,91 @@
+"""The GPT-style decoder: one graph (model.onnx) that serves the first step and every later one;
+with --optimize also model_kv.onnx, whose cache is updated in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from export.bench.context import Context
+from export.bench.cost import Cost, decoder_cost
+from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
+from export.checks.agreement import Agreement, generation_agreement
+from export.checks.cases import decoder_cases
+from export.family import Case, Extras, Family, GraphIO, Input
+from export.onnx.files import set_metadata, strip_debug
+from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
+from export.onnx.trace import export_graph
+from export.onnx.wrappers import DecoderGraph
+from export.runtime.decoding import DecoderSession
+from export.runtime.shared_cache import SharedCacheSession
+from registry.catalog import Card
+from zoo.blocks.heads import LMHead
+
+AGREEMENT_PROMPT = 8
+KV_FILE_PATH = Path(KV_FILE)
+
+
+class DecoderFamily(Family):
+    name = "decoder"
+    generates = True
+    optimizer_model_type = "gpt2"
+    attention_fusion_note = f"generation uses {KV_FILE} (GroupQueryAttention) instead"
+
+    def graphs(self, card: Card) -> dict[str, GraphIO]:
+        inputs = (Input("input_ids", ("batch", "sequence"), "ids"),
+                  Input("attention_mask", ("batch", "total_sequence"), "ones"),
+                  Input("position_ids", ("batch", "sequence"), "positions"))
+        return {"model.onnx": GraphIO(inputs, (LMHead.graph_output,), cache_infix="")}
+
+    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
+        return {"model.onnx": DecoderGraph(model)}
+
+    def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
+        return decoder_cases(reference, rng)
+
+    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
+        kv_graph = getattr(engine, "kv_graph", None) if shared_cache else None
+        if kv_graph is not None:
+            return SharedCacheSession(kv_graph, engine.card, capacity)
+        return DecoderSession(engine)
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
+        steps = min(steps, reference.card["max_positions"] - AGREEMENT_PROMPT)
+        capacity = AGREEMENT_PROMPT + steps
+        return generation_agreement(self.open_session(reference, capacity, True),
+                                    self.open_session(candidate, capacity, True),
+                                    reference.card, AGREEMENT_PROMPT, steps, seed)
+
+    def cost(self, model: nn.Module, card: Card) -> Cost:
+        return decoder_cost(model, card)
+
+    def bench(self, context: Context) -> dict[str, dict[str, dict[str, float]]]:
+        return bench_decoder(context)
+
+    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
+        return decoder_summary(measurements)
+
+    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
+                ) -> dict[str, dict[str, float]]:
+        return decoder_profile(runtime, card, threads, folder)
+
+    def optimized_extras(self, model: nn.Module, card: Card, opset: int,
+                         metadata: dict[str, str], progress: Any) -> Extras:
+        progress(f"exporting {KV_FILE} (key/value cache updated in place)...")
+        graph, args, shapes = kv_trace(model, card)
+        names = kv_names(card["n_layers"])
+        with shared_cache_attention(model):
+            proto = export_graph(graph, args, shapes, names, opset, KV_FILE_PATH)
+        strip_debug(proto)
+        set_metadata(proto, metadata)
+        return Extras({KV_FILE: proto}, {"generation": {
+            "file": KV_FILE,
+            "attention": "com.microsoft.GroupQueryAttention",
+            "inputs": names[0],
+            "outputs": names[1],
+            "cache": "(batch, n_heads, capacity, head_dim) buffers; bind each present.* "
+                     "output to its past_key_values.* input",
+        }})

@@ -1,0 +1,57 @@
+"""The BERT-style encoder: one graph (model.onnx) whose outputs are the hidden states and then
+whatever the card's heads declare (zoo/blocks/heads.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from export.bench.context import Context
+from export.bench.cost import Cost, encoder_cost
+from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
+from export.checks.agreement import Agreement, masked_lm_agreement
+from export.checks.cases import encoder_cases
+from export.family import Case, Family, GraphIO, Input
+from export.onnx.wrappers import EncoderGraph
+from registry.catalog import Card
+from zoo.blocks.heads import encoder_heads
+
+TOKENS = ("batch", "sequence")
+
+
+class EncoderFamily(Family):
+    name = "encoder"
+    generates = False
+    optimizer_model_type = "bert"
+
+    def graphs(self, card: Card) -> dict[str, GraphIO]:
+        inputs = [Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"),
+                  Input("token_type_ids", TOKENS, "zeros", when="type_vocab_size")]
+        outputs = ("last_hidden_state",
+                   *(spec.head.graph_output for spec in encoder_heads(card)))
+        kept = tuple(i for i in inputs if i.when is None or card[i.when])
+        return {"model.onnx": GraphIO(kept, outputs)}
+
+    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
+        return {"model.onnx": EncoderGraph(model)}
+
+    def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
+        return encoder_cases(reference, rng, "model.onnx", with_token_types=True)
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
+        return masked_lm_agreement(reference, candidate, seed)
+
+    def cost(self, model: nn.Module, card: Card) -> Cost:
+        return encoder_cost(model, card)
+
+    def bench(self, context: Context) -> dict[str, dict[str, dict[str, float]]]:
+        return bench_encoder(context)
+
+    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
+        return encoder_summary(measurements)
+
+    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
+                ) -> dict[str, dict[str, float]]:
+        return forward_profile(runtime, card, threads, folder)

@@ -1,0 +1,71 @@
+"""The encoder-decoder (the original Transformer): encoder.onnx runs once per source,
+decoder.onnx once per step with its self-attention cache; both share weights.onnx.data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from export.bench.context import Context
+from export.bench.cost import Cost, seq2seq_cost
+from export.bench.encoder import forward_profile
+from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
+from export.checks.agreement import Agreement, generation_agreement
+from export.checks.cases import encoder_cases, seq2seq_decoder_cases
+from export.family import Case, Family, GraphIO, Input
+from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
+from export.runtime.decoding import Seq2SeqSession
+from registry.catalog import Card
+from zoo.blocks.heads import LMHead
+
+SOURCE = ("batch", "encoder_sequence")
+AGREEMENT_PROMPT = 12
+
+
+class Seq2SeqFamily(Family):
+    name = "encoder-decoder"
+    generates = True
+    optimizer_model_type = "bert"
+
+    def graphs(self, card: Card) -> dict[str, GraphIO]:
+        encoder = GraphIO((Input("input_ids", SOURCE, "ids"),
+                           Input("attention_mask", SOURCE, "ones")), ("last_hidden_state",))
+        decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "ids"),
+                           Input("encoder_hidden_states", (*SOURCE, "d_model"), "normal"),
+                           Input("encoder_attention_mask", SOURCE, "ones")),
+                          (LMHead.graph_output,), cache_infix=".decoder")
+        return {"encoder.onnx": encoder, "decoder.onnx": decoder}
+
+    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
+        return {"encoder.onnx": SourceEncoderGraph(model),
+                "decoder.onnx": TargetDecoderGraph(model)}
+
+    def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
+        return (encoder_cases(reference, rng, "encoder.onnx", with_token_types=False)
+                + seq2seq_decoder_cases(reference, rng))
+
+    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
+        return Seq2SeqSession(engine)
+
+    def generated_length(self, prompt_length: int, new_tokens: int) -> int:
+        return new_tokens + 1  # the target side: the start token, then the new tokens
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
+        steps = min(steps, reference.card["max_positions"] - 1)
+        return generation_agreement(Seq2SeqSession(reference), Seq2SeqSession(candidate),
+                                    reference.card, AGREEMENT_PROMPT, steps, seed)
+
+    def cost(self, model: nn.Module, card: Card) -> Cost:
+        return seq2seq_cost(model, card)
+
+    def bench(self, context: Context) -> dict[str, dict[str, dict[str, float]]]:
+        return bench_seq2seq(context)
+
+    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
+        return seq2seq_summary(measurements)
+
+    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
+                ) -> dict[str, dict[str, float]]:
+        return forward_profile(runtime, card, threads, folder, "encoder.onnx")

@@ -1,0 +1,124 @@
+"""What a family is to the exporter and the runtimes: one object per family, dispatched by the
+table in export/families/__init__.py.
+
+The graphs a family writes are data (GraphIO: inputs with their axes, outputs, the cache); the
+rest are small methods that hand the family's own pieces (wrappers, parity cases, sessions,
+cost, benchmarks) to the generic code that drives them. A family overrides what differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from torch import nn
+
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
+from registry.catalog import Card
+from registry.errors import ZooError
+
+
+@dataclass(frozen=True)
+class Input:
+    """One graph input. `axes` names each axis's size: dynamic ones (batch, sequence,
+    past_sequence, total_sequence, encoder_sequence) become symbolic dimensions; the others
+    (d_model, heads, head_dim) are the card's. `example` says how to make a tracing value."""
+
+    name: str
+    axes: tuple[str, ...]
+    example: str  # ids | ones | zeros | positions | normal
+    when: str | None = None  # the card field that must be set for the input to exist
+
+
+CACHE_AXES = ("batch", "heads", "past_sequence", "head_dim")
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """One ONNX file: its inputs (the cache last, one key and one value per layer), outputs."""
+
+    inputs: tuple[Input, ...]
+    outputs: tuple[str, ...]
+    cache_infix: str | None = None  # None: no cache; "" or ".decoder": the names' infix
+
+    def input_names(self, card: Card) -> list[str]:
+        names = [i.name for i in self.inputs]
+        if self.cache_infix is not None:
+            names += past_names(card["n_layers"], CACHE_INPUT, self.cache_infix)
+        return names
+
+    def output_names(self, card: Card) -> list[str]:
+        names = list(self.outputs)
+        if self.cache_infix is not None:
+            names += past_names(card["n_layers"], CACHE_OUTPUT, self.cache_infix)
+        return names
+
+
+@dataclass
+class Case:
+    """One parity case: feeds for one graph file."""
+
+    name: str
+    file: str
+    feeds: dict[str, np.ndarray]
+
+
+@dataclass
+class Extras:
+    """What `--optimize` adds for a family: more graphs and manifest entries."""
+
+    graphs: dict[str, onnx.ModelProto] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+
+class Family:
+    name: str = ""
+    generates: bool = False  # decoders and encoder-decoders generate; encoders encode
+    optimizer_model_type: str = "bert"  # onnxruntime.transformers' pattern set
+    attention_fusion_note: str = ""  # why a missing attention fusion does not matter, if so
+
+    def graphs(self, card: Card) -> dict[str, GraphIO]:
+        """{file: GraphIO}, inputs that the card leaves out already dropped."""
+        raise NotImplementedError
+
+    def contract(self, card: Card) -> dict[str, tuple[list[str], list[str]]]:
+        """{file: (input names, output names)}: what manifest.json and the engines use."""
+        return {file: (io.input_names(card), io.output_names(card))
+                for file, io in self.graphs(card).items()}
+
+    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
+        """{file: a module with the file's flat signature}, for tracing and for PyTorch."""
+        raise NotImplementedError
+
+    def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
+        raise NotImplementedError
+
+    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
+        raise ZooError(f"{engine.card.name}: an encoder does not generate; use `zoo run` on it "
+                       "for pooled vectors and masked-token predictions")
+
+    def generated_length(self, prompt_length: int, new_tokens: int) -> int:
+        """Positions the generated sequence occupies (checked against max_positions)."""
+        return prompt_length + new_tokens
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
+        raise NotImplementedError
+
+    def cost(self, model: nn.Module, card: Card) -> Any:
+        raise NotImplementedError
+
+    def bench(self, context: Any) -> dict[str, dict[str, dict[str, float]]]:
+        raise NotImplementedError
+
+    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
+        raise NotImplementedError
+
+    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
+                ) -> dict[str, dict[str, float]]:
+        raise NotImplementedError
+
+    def optimized_extras(self, model: nn.Module, card: Card, opset: int,
+                         metadata: dict[str, str], progress: Any) -> Extras:
+        return Extras()

@@ -1,0 +1,1 @@
+"""Writing ONNX graphs: the contract, trace wrappers, the writer, files, manifest, variants."""

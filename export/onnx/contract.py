@@ -1,0 +1,26 @@
+"""The ONNX contract's shared names (docs/onnx-contract.md): the manifest, and the key/value
+cache every generating graph takes and returns. What each family's graphs take and return is
+declared by the family (export/families/).
+
+Names follow ONNX Runtime GenAI and Hugging Face Optimum. Integer inputs are int64; batch,
+sequence and past length are dynamic axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
+
+
+def past_names(n_layers: int, prefix: str, infix: str = "") -> list[str]:
+    """`past_key_values.{i}.key`, ... or with infix `.decoder` for the encoder-decoder."""
+    return [f"{prefix}.{i}{infix}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+
+
+def cache_shape(card: dict[str, Any] | Any, batch: int, length: int) -> tuple[int, int, int, int]:
+    """One cache tensor: (B, n_heads, length, head_dim)."""
+    heads = card["n_heads"]
+    return batch, heads, length, card["d_model"] // heads

@@ -1,0 +1,91 @@
+"""One torch.onnx (dynamo) export of one graph, with example inputs and dynamic shapes made
+from the family's GraphIO, so names, axes and examples cannot drift apart."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+from torch.export import Dim
+
+from export.family import CACHE_AXES, GraphIO
+from export.logs import quiet_loggers
+from registry.catalog import Card
+from registry.errors import ZooError, first_line
+
+DEFAULT_OPSET = MIN_OPSET = 18
+MAX_OPSET = 25
+# torch.export specialises any dimension whose example size is 0 or 1: trace with >= 2 everywhere.
+TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5}
+TRACE_SIZES["total_sequence"] = TRACE_SIZES["past_sequence"] + TRACE_SIZES["sequence"]
+
+
+class ExportError(ZooError):
+    """The exporter or onnx.checker refused the model."""
+
+
+def check_opset(opset: int) -> None:
+    """torch.onnx's exporter emits opset 18 and newer. 25 is the newest that it converted and
+    ONNX Runtime 1.31 ran here (26 and later fail inside the exporter's version converter)."""
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ExportError(f"--opset {opset}: supported opsets are {MIN_OPSET} to {MAX_OPSET}")
+
+
+def _sizes(card: Card) -> dict[str, int]:
+    heads = card["n_heads"]
+    return {**TRACE_SIZES, "heads": heads, "head_dim": card["d_model"] // heads,
+            "d_model": card["d_model"]}
+
+
+def _example(kind: str, shape: tuple[int, ...], card: Card) -> torch.Tensor:
+    if kind == "ids":
+        return torch.randint(3, card["vocab_size"], shape)
+    if kind == "ones":
+        return torch.ones(shape, dtype=torch.long)
+    if kind == "zeros":
+        return torch.zeros(shape, dtype=torch.long)
+    if kind == "positions":  # the new tokens follow the traced past
+        start = TRACE_SIZES["past_sequence"]
+        return torch.arange(start, start + shape[-1]).expand(shape).contiguous()
+    return torch.randn(shape)
+
+
+def trace_inputs(io: GraphIO, card: Card) -> tuple[tuple, tuple]:
+    """(example args, dynamic shapes), the cache as one tuple, mirrored in the shapes."""
+    sizes = _sizes(card)
+    dims = {name: Dim(name) for name in TRACE_SIZES}
+
+    def shape_of(axes: tuple[str, ...]) -> tuple[tuple[int, ...], dict[int, Dim]]:
+        return (tuple(sizes[a] for a in axes),
+                {index: dims[a] for index, a in enumerate(axes) if a in dims})
+
+    args, shapes = [], []
+    for spec in io.inputs:
+        shape, dynamic = shape_of(spec.axes)
+        args.append(_example(spec.example, shape, card))
+        shapes.append(dynamic)
+    if io.cache_infix is not None:
+        shape, dynamic = shape_of(CACHE_AXES)
+        count = 2 * card["n_layers"]
+        args.append(tuple(torch.randn(shape) for _ in range(count)))
+        shapes.append(tuple(dynamic for _ in range(count)))
+    return tuple(args), tuple(shapes)
+
+
+def export_graph(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list, list],
+                 opset: int, path: Path) -> onnx.ModelProto:
+    """The ONNX proto of `graph` traced on `args`; a failure is one ExportError line."""
+    with warnings.catch_warnings(), quiet_loggers("torch.onnx", "onnxscript", "torch.export"), \
+            torch.no_grad():
+        warnings.simplefilter("ignore")  # the exporter's own chatter; failures still raise
+        try:
+            program = torch.onnx.export(
+                graph, args, dynamic_shapes=shapes, input_names=names[0],
+                output_names=names[1], opset_version=opset, dynamo=True, verbose=False,
+            )
+        except Exception as exc:  # the exporter raises many types; report one line
+            raise ExportError(f"{path.name}: torch.onnx.export failed: {first_line(exc)}") from exc
+    return program.model_proto

@@ -1,0 +1,1 @@
+"""Running exports: ONNX Runtime sessions, the PyTorch engine, generation and encoding."""

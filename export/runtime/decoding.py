@@ -1,0 +1,82 @@
+"""The plain generation sessions over the contract graphs, for any engine (PyTorch or ONNX
+Runtime): they hold the cache and masks between steps.
+
+`prefill` runs the prompt (or, for the encoder-decoder, encodes the source and feeds the start
+token) and returns the next-token logits; `step` feeds one token per row; `reorder` keeps or
+duplicates rows (beam search). Prompts in a batch are left-padded: position ids count real
+tokens only, so a padded row computes exactly what it would alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, cache_shape, past_names
+from export.runtime.engine import Engine
+
+
+def empty_past(engine: Engine, batch: int) -> list[np.ndarray]:
+    card = engine.card
+    return [np.zeros(cache_shape(card, batch, 0), np.float32) for _ in range(2 * card["n_layers"])]
+
+
+class DecoderSession:
+    file = "model.onnx"
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        n_layers = engine.card["n_layers"]
+        self.past_inputs = past_names(n_layers, CACHE_INPUT)
+        self.past_outputs = past_names(n_layers, CACHE_OUTPUT)
+
+    def _run(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": self.mask, "position_ids": positions,
+                 **dict(zip(self.past_inputs, self.past, strict=True))}
+        outputs = self.engine.run(self.file, feeds)
+        self.past = [outputs[name] for name in self.past_outputs]
+        return outputs["logits"][:, -1]
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        self.mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
+        self.past = empty_past(self.engine, ids.shape[0])
+        positions = np.clip(np.cumsum(self.mask, axis=1) - 1, 0, None)
+        self.last_position = positions[:, -1]
+        return self._run(ids.astype(np.int64), positions)
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), np.int64)], axis=1)
+        self.last_position = self.last_position + 1
+        return self._run(tokens[:, None].astype(np.int64), self.last_position[:, None])
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.past = [p[rows] for p in self.past]
+        self.mask, self.last_position = self.mask[rows], self.last_position[rows]
+
+
+class Seq2SeqSession:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        n_layers = engine.card["n_layers"]
+        self.past_inputs = past_names(n_layers, CACHE_INPUT, ".decoder")
+        self.past_outputs = past_names(n_layers, CACHE_OUTPUT, ".decoder")
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """Encode the source once, then feed the decoder's start token."""
+        self.source_mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask}
+        self.memory = self.engine.run("encoder.onnx", feeds)["last_hidden_state"]
+        self.past = empty_past(self.engine, ids.shape[0])
+        return self.step(np.full(len(ids), self.engine.card["bos_token_id"], np.int64))
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": tokens[:, None].astype(np.int64),
+                 "encoder_hidden_states": self.memory,
+                 "encoder_attention_mask": self.source_mask,
+                 **dict(zip(self.past_inputs, self.past, strict=True))}
+        outputs = self.engine.run("decoder.onnx", feeds)
+        self.past = [outputs[name] for name in self.past_outputs]
+        return outputs["logits"][:, -1]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.past = [p[rows] for p in self.past]
+        self.memory, self.source_mask = self.memory[rows], self.source_mask[rows]

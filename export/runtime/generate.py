@@ -1,0 +1,53 @@
+"""Generation with an explicit key/value cache over any engine (PyTorch or ONNX Runtime): the
+family opens the session (export/families/), runtime/sampling.py picks the tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from export.families import family_of
+from export.runtime.engine import Engine
+from export.runtime.sampling import Sampling, decode
+from registry.errors import ZooError
+
+
+def open_session(engine: Engine, capacity: int | None = None, shared_cache: bool = True) -> Any:
+    """The family's session: for an `--optimize` decoder export on CPU the loop over its
+    shared-cache graph (same tokens, no per-step copies); `capacity`: prompt + new tokens."""
+    return family_of(engine.card).open_session(engine, capacity, shared_cache)
+
+
+def _check_length(engine: Engine, prompt_length: int, new_tokens: int) -> None:
+    limit = engine.card["max_positions"]
+    total = family_of(engine.card).generated_length(prompt_length, new_tokens)
+    if prompt_length > limit or total > limit:
+        raise ZooError(f"{engine.card.name}: prompt of {prompt_length} plus {new_tokens} new "
+                       f"tokens exceeds max_positions={limit}")
+
+
+def generate(
+    engine: Engine,
+    ids: np.ndarray,
+    mask: np.ndarray | None = None,
+    new_tokens: int = 32,
+    sampling: Sampling | None = None,
+    eos: int | None = None,
+    shared_cache: bool = True,
+) -> np.ndarray:
+    """New tokens (B, new_tokens) for left-padded prompts `ids` (B, T); rows that reach `eos`
+    are padded with it afterwards. `shared_cache=False` forces the plain loop."""
+    sampling = sampling or Sampling()
+    sampling.check()
+    if new_tokens < 1:
+        raise ZooError(f"--max-new-tokens {new_tokens}: should be >= 1")
+    ids = np.asarray(ids, np.int64)
+    mask = np.ones_like(ids) if mask is None else np.asarray(mask, np.int64)
+    _check_length(engine, ids.shape[1], new_tokens)
+    vocab = engine.card["vocab_size"]
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ZooError(f"token ids should be in 0..{vocab - 1}, got {ids.min()}..{ids.max()}")
+    empty_row = bool(ids.size) and int(mask.sum(axis=1).min()) == 0  # only the plain loop
+    session = open_session(engine, ids.shape[1] + new_tokens, shared_cache and not empty_row)
+    return decode(session, ids, mask, new_tokens, sampling, eos)

@@ -1,0 +1,113 @@
+"""Picking tokens: greedy, sampling (temperature, top-k, top-p) and beam search, over any
+session with `prefill`, `step` and `reorder` (runtime/decoding.py, runtime/shared_cache.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from registry.errors import ZooError
+
+
+@dataclass
+class Sampling:
+    """How to pick the next token: greedy (default), sampling, or beam search."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    seed: int = 0
+    beams: int = 1
+
+    def check(self) -> None:
+        if self.temperature < 0:
+            raise ZooError(f"--temperature {self.temperature}: should be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ZooError(f"--top-p {self.top_p}: should be in (0, 1]")
+        if self.top_k < 0 or self.beams < 1:
+            raise ZooError("--top-k should be >= 0 and --beams >= 1")
+        if self.beams > 1 and self.temperature > 0:
+            raise ZooError("--beams and --temperature cannot be combined")
+
+
+def _pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
+    if sampling.temperature == 0:
+        return logits.argmax(axis=-1)
+    scaled = logits.astype(np.float64) / sampling.temperature
+    if sampling.top_k:
+        kth = np.sort(scaled, axis=-1)[:, -min(sampling.top_k, scaled.shape[-1])][:, None]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if sampling.top_p < 1:
+        order = np.argsort(-probs, axis=-1)
+        sorted_probs = np.take_along_axis(probs, order, axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
+        outside = np.cumsum(sorted_probs, axis=-1) - sorted_probs >= sampling.top_p
+        np.put_along_axis(probs, order, np.where(outside, 0.0, sorted_probs), axis=-1)
+        probs /= probs.sum(axis=-1, keepdims=True)
+    return np.array([rng.choice(len(row), p=row) for row in probs])
+
+
+def decode(session: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
+           sampling: Sampling, eos: int | None) -> np.ndarray:
+    """New tokens (B, new_tokens) from an open session; rows that reach `eos` are padded with
+    it afterwards."""
+    if sampling.beams > 1:
+        return _beam_search(session, ids, mask, new_tokens, sampling.beams, eos)
+    rng = np.random.default_rng(sampling.seed)
+    logits = session.prefill(ids, mask)
+    done = np.zeros(len(ids), bool)
+    tokens = []
+    for index in range(new_tokens):
+        token = np.where(done, eos if eos is not None else 0, _pick(logits, sampling, rng))
+        tokens.append(token)
+        if eos is not None:
+            done |= token == eos
+            if done.all():
+                break
+        if index + 1 < new_tokens:
+            logits = session.step(token)
+    result = np.stack(tokens, axis=1)
+    if result.shape[1] < new_tokens:  # every row ended early
+        fill = np.full((len(ids), new_tokens - result.shape[1]), eos, np.int64)
+        result = np.concatenate([result, fill], axis=1)
+    return result
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _beam_search(session: Any, ids: np.ndarray, mask: np.ndarray,
+                 new_tokens: int, beams: int, eos: int | None) -> np.ndarray:
+    """Highest total log-probability sequence per row; finished beams keep emitting `eos`."""
+    batch = len(ids)
+    logits = session.prefill(ids, mask)
+    session.reorder(np.repeat(np.arange(batch), beams))
+    logits = np.repeat(logits, beams, axis=0)
+    scores = np.full((batch, beams), -np.inf)
+    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    sequences = np.zeros((batch * beams, 0), np.int64)
+    finished = np.zeros(batch * beams, bool)
+    for index in range(new_tokens):
+        log_probs = _log_softmax(logits)
+        if eos is not None:  # a finished beam can only continue with eos, at no cost
+            log_probs[finished] = -np.inf
+            log_probs[finished, eos] = 0.0
+        vocab = log_probs.shape[-1]
+        total = (scores.reshape(-1, 1) + log_probs).reshape(batch, beams * vocab)
+        best = np.argsort(-total, axis=-1, kind="stable")[:, :beams]
+        scores = np.take_along_axis(total, best, axis=-1)
+        rows = (np.arange(batch)[:, None] * beams + best // vocab).reshape(-1)
+        token = (best % vocab).reshape(-1)
+        sequences = np.concatenate([sequences[rows], token[:, None]], axis=1)
+        finished = finished[rows] | (token == eos if eos is not None else False)
+        if index + 1 < new_tokens:
+            session.reorder(rows)
+            logits = session.step(token)
+    winner = scores.argmax(axis=-1)
+    return sequences.reshape(batch, beams, -1)[np.arange(batch), winner]

@@ -8,6 +8,7 @@ cost, benchmarks) to the generic code that drives them. A family overrides what 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,13 @@ class Family:
     generates: bool = False  # decoders and encoder-decoders generate; encoders encode
     optimizer_model_type: str = "bert"  # onnxruntime.transformers' pattern set
     attention_fusion_note: str = ""  # why a missing attention fusion does not matter, if so
+    # The family's own pieces, handed out as they are (staticmethod(...) in each family):
+    # cost(model, card) -> bench.cost.Cost; bench(context) -> measurements;
+    # bench_summary(measurements) -> ratios; profile(runtime, card, threads, folder) -> times.
+    cost: Callable[[nn.Module, Card], Any]
+    bench: Callable[[Any], dict[str, dict[str, dict[str, float]]]]
+    bench_summary: Callable[[dict[str, Any]], dict[str, float]]
+    profile: Callable[[Any, Card, int | None, Any], dict[str, dict[str, float]]]
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         """{file: GraphIO}, inputs that the card leaves out already dropped."""
@@ -104,19 +112,6 @@ class Family:
         return prompt_length + new_tokens
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
-        raise NotImplementedError
-
-    def cost(self, model: nn.Module, card: Card) -> Any:
-        raise NotImplementedError
-
-    def bench(self, context: Any) -> dict[str, dict[str, dict[str, float]]]:
-        raise NotImplementedError
-
-    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
-        raise NotImplementedError
-
-    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
-                ) -> dict[str, dict[str, float]]:
         raise NotImplementedError
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,

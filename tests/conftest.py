@@ -27,3 +27,7 @@ def random_ids(card: Card, batch: int, length: int, seed: int = 0) -> torch.Tens
 @pytest.fixture(params=TINY_CARDS)
 def tiny_card(request: pytest.FixtureRequest) -> Card:
     return card(request.param)
+
+
+def count_module_parameters(model: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())

@@ -5,7 +5,9 @@ the shared-cache decode loop (the plain loop's tokens)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -13,7 +15,6 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main
-from export.bench.run import finite_numbers
 from export.checks.parity import check_parity
 from export.checks.verify import check_agreement
 from export.families import FAMILIES, family_of
@@ -49,6 +50,19 @@ def exports(tmp_path_factory: pytest.TempPathFactory):
 
     return get
 
+
+
+def finite_numbers(value: Any) -> bool:
+    """True when every number in a nested result is finite."""
+    if isinstance(value, dict):
+        return all(finite_numbers(v) for v in value.values())
+    if isinstance(value, list):
+        return all(finite_numbers(v) for v in value)
+    if isinstance(value, bool | str):
+        return True
+    if isinstance(value, int | float):
+        return math.isfinite(value)
+    return False
 
 def grid_outputs(fields: dict) -> set[str]:
     """The parity rows a full grid has: every output of every file, all layers' cache as one."""

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from registry import count_parameters
-from tests.conftest import ALL_CARDS, TINY_CARDS, card, random_ids
+from tests.conftest import ALL_CARDS, TINY_CARDS, card, count_module_parameters, random_ids
 from zoo.blocks.positions import sinusoid_table
-from zoo.build import build_model, count_module_parameters
+from zoo.build import build_model
 
 
 def forward(model: torch.nn.Module, family: str, ids: torch.Tensor,

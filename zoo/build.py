@@ -136,7 +136,3 @@ def build_model(card: Card | dict[str, Any], seed: int | None = 0, meta: bool = 
         if seed is not None and not meta:
             _initialise(model, fields)
     return model.eval()
-
-
-def count_module_parameters(model: nn.Module) -> int:
-    return sum(parameter.numel() for parameter in model.parameters())

@@ -10,7 +10,6 @@ reference weights it carries for the PyTorch side.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -209,16 +208,3 @@ def render(result: dict[str, Any]) -> str:
         top = ", ".join(f"{op} {ms:.2f}" for op, ms in list(times.items())[:8])
         lines.append(f"profile {graph}: {total:.2f} ms in kernels; {top}")
     return "\n".join(lines)
-
-
-def finite_numbers(value: Any) -> bool:
-    """True when every number in a nested result is finite (used by the tests)."""
-    if isinstance(value, dict):
-        return all(finite_numbers(v) for v in value.values())
-    if isinstance(value, list):
-        return all(finite_numbers(v) for v in value)
-    if isinstance(value, bool | str):
-        return True
-    if isinstance(value, int | float):
-        return math.isfinite(value)
-    return False

@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from export.bench.context import Context
-from export.bench.cost import Cost, decoder_cost
+from export.bench.cost import decoder_cost
 from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
 from export.checks.agreement import Agreement, generation_agreement
 from export.checks.cases import decoder_cases
@@ -33,6 +32,10 @@ class DecoderFamily(Family):
     generates = True
     optimizer_model_type = "gpt2"
     attention_fusion_note = f"generation uses {KV_FILE} (GroupQueryAttention) instead"
+    cost = staticmethod(decoder_cost)
+    bench = staticmethod(bench_decoder)
+    bench_summary = staticmethod(decoder_summary)
+    profile = staticmethod(decoder_profile)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = (Input("input_ids", ("batch", "sequence"), "ids"),
@@ -58,19 +61,6 @@ class DecoderFamily(Family):
         return generation_agreement(self.open_session(reference, capacity, True),
                                     self.open_session(candidate, capacity, True),
                                     reference.card, AGREEMENT_PROMPT, steps, seed)
-
-    def cost(self, model: nn.Module, card: Card) -> Cost:
-        return decoder_cost(model, card)
-
-    def bench(self, context: Context) -> dict[str, dict[str, dict[str, float]]]:
-        return bench_decoder(context)
-
-    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
-        return decoder_summary(measurements)
-
-    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
-                ) -> dict[str, dict[str, float]]:
-        return decoder_profile(runtime, card, threads, folder)
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,
                          metadata: dict[str, str], progress: Any) -> Extras:

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from export.bench.context import Context
-from export.bench.cost import Cost, encoder_cost
+from export.bench.cost import encoder_cost
 from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
 from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
@@ -25,6 +24,10 @@ class EncoderFamily(Family):
     name = "encoder"
     generates = False
     optimizer_model_type = "bert"
+    cost = staticmethod(encoder_cost)
+    bench = staticmethod(bench_encoder)
+    bench_summary = staticmethod(encoder_summary)
+    profile = staticmethod(forward_profile)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = [Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"),
@@ -42,16 +45,3 @@ class EncoderFamily(Family):
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         return masked_lm_agreement(reference, candidate, seed)
-
-    def cost(self, model: nn.Module, card: Card) -> Cost:
-        return encoder_cost(model, card)
-
-    def bench(self, context: Context) -> dict[str, dict[str, dict[str, float]]]:
-        return bench_encoder(context)
-
-    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
-        return encoder_summary(measurements)
-
-    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
-                ) -> dict[str, dict[str, float]]:
-        return forward_profile(runtime, card, threads, folder)

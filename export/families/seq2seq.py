@@ -3,13 +3,13 @@ decoder.onnx once per step with its self-attention cache; both share weights.onn
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 from torch import nn
 
-from export.bench.context import Context
-from export.bench.cost import Cost, seq2seq_cost
+from export.bench.cost import seq2seq_cost
 from export.bench.encoder import forward_profile
 from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
 from export.checks.agreement import Agreement, generation_agreement
@@ -28,6 +28,10 @@ class Seq2SeqFamily(Family):
     name = "encoder-decoder"
     generates = True
     optimizer_model_type = "bert"
+    cost = staticmethod(seq2seq_cost)
+    bench = staticmethod(bench_seq2seq)
+    bench_summary = staticmethod(seq2seq_summary)
+    profile = staticmethod(partial(forward_profile, file="encoder.onnx"))
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         encoder = GraphIO((Input("input_ids", SOURCE, "ids"),
@@ -56,16 +60,3 @@ class Seq2SeqFamily(Family):
         steps = min(steps, reference.card["max_positions"] - 1)
         return generation_agreement(Seq2SeqSession(reference), Seq2SeqSession(candidate),
                                     reference.card, AGREEMENT_PROMPT, steps, seed)
-
-    def cost(self, model: nn.Module, card: Card) -> Cost:
-        return seq2seq_cost(model, card)
-
-    def bench(self, context: Context) -> dict[str, dict[str, dict[str, float]]]:
-        return bench_seq2seq(context)
-
-    def bench_summary(self, measurements: dict[str, Any]) -> dict[str, float]:
-        return seq2seq_summary(measurements)
-
-    def profile(self, runtime: Any, card: Card, threads: int | None, folder: Any
-                ) -> dict[str, dict[str, float]]:
-        return forward_profile(runtime, card, threads, folder, "encoder.onnx")

@@ -36,7 +36,8 @@ from zoo.blocks.positions import Rotary, apply_rotary
 
 KV_FILE = "model_kv.onnx"
 KV_INPUTS = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
-TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY = 2, 3, 8  # >= 2 everywhere (DESIGN.md traps)
+# >= 2 everywhere: torch.export specialises sizes 0 and 1 (docs/architecture.md, traps)
+TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY = 2, 3, 8
 
 
 def kv_names(n_layers: int) -> tuple[list[str], list[str]]:

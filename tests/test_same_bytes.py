@@ -22,11 +22,13 @@ from pathlib import Path
 
 import onnx
 import pytest
+from google.protobuf import text_format
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE_REDESIGN = "3a1a58fca642e281aca7fcaa4c0edf5f99be2fd9"
 CARDS = ("gpt-tiny", "bert-tiny", "transformer-tiny")
 OLD_NAME, NEW_NAME = ".self_attention.attention.", ".self_attention."
+RENAMES = ((OLD_NAME, NEW_NAME), (OLD_NAME.replace(".", "_"), NEW_NAME.replace(".", "_")))
 
 
 def _checkout(commit: str, where: Path) -> None:
@@ -54,25 +56,13 @@ def _graph_files(folder: Path) -> dict[str, str]:
 
 
 def _renamed(path: Path) -> bytes:
-    """The old model_kv.onnx with its attention weights under the module's own names (in the
-    tensor names and in the exporter's own notes: `p_model_layers_0_self_attention_...`)."""
-    renames = [(OLD_NAME, NEW_NAME), (OLD_NAME.replace(".", "_"), NEW_NAME.replace(".", "_"))]
-
-    def rename(text: str) -> str:
-        for old, new in renames:
-            text = text.replace(old, new)
-        return text
-
-    model = onnx.load(str(path), load_external_data=False)
-    for tensor in model.graph.initializer:
-        tensor.name = rename(tensor.name)
-    for node in model.graph.node:
-        node.input[:] = [rename(name) for name in node.input]
-        for entry in node.metadata_props:
-            entry.value = rename(entry.value)
-    for entry in model.metadata_props:
-        entry.value = rename(entry.value)
-    return model.SerializeToString()
+    """The old model_kv.onnx with its attention weights under the module's own names, wherever
+    the proto mentions them (tensor names, node inputs, the exporter's own notes such as
+    `p_model_layers_0_self_attention_attention_query_bias`)."""
+    text = text_format.MessageToString(onnx.load(str(path), load_external_data=False))
+    for old, new in RENAMES:
+        text = text.replace(old, new)
+    return text_format.Parse(text, onnx.ModelProto()).SerializeToString()
 
 
 @pytest.mark.slow

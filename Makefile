@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/zoo build gpt-tiny -o $(DEMO)/gpt-tiny --seed 0 --force
 	$(BIN)/zoo train $(DEMO)/gpt-tiny --task lm --steps 800 --lr 3e-3 \
 		-o $(DEMO)/gpt-tiny-trained --force
+	$(BIN)/zoo plot training $(DEMO)/gpt-tiny-trained -o $(DEMO)/training-curves.png --force
 	$(BIN)/zoo export $(DEMO)/gpt-tiny-trained --onnx -o $(DEMO)/gpt-tiny-onnx --force
 	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --text "ROMEO:" --max-new-tokens 120 \
 		--temperature 0.8 --top-k 40 --seed 1

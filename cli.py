@@ -418,5 +418,81 @@ def bench(source: str, provider: str, threads: int | None, json_path: str | None
         click.echo(f"wrote {json_path}")
 
 
+png_out = click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+                       help="The PNG file to write.")
+force_png = click.option("--force", is_flag=True, help="Overwrite an existing PNG.")
+
+
+def parse_count(option: str, text: str | None) -> int | None:
+    """A whole number from the command line; parsed here so a bad one is one line, exit 2."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ZooError(f"{option} {text!r}: expected a whole number") from None
+
+
+@main.group()
+def plot() -> None:
+    """Draw the pictures that explain a Transformer into PNG files."""
+
+
+@plot.command("positions")
+@click.argument("source", metavar="NAME|DIR")
+@png_out
+@click.option("--positions", help="Draw the first N positions [all: max_positions].")
+@force_png
+@registry_option
+def plot_positions_command(source: str, out: str, positions: str | None, force: bool,
+                           registries: tuple[str, ...]) -> None:
+    """The position table as a heatmap, position x dimension: sinusoids, a learned table, or
+    rotary angles. NAME is built with seed 0; DIR is a built or trained model folder."""
+    from zoo.plots.positions import plot_positions
+
+    drawn = plot_positions(source, Path(out), force, registries,
+                           parse_count("--positions", positions))
+    click.echo(f"wrote {drawn.path}")
+
+
+@plot.command("schedule")
+@click.argument("name")
+@png_out
+@click.option("--warmup", "warmups", multiple=True,
+              help="Warm-up steps, one curve each (repeatable) [zoo train's default].")
+@click.option("--d-model", "d_models", multiple=True,
+              help="noam only: d_model, one curve each (repeatable) [the card's].")
+@click.option("--steps", help="Steps drawn (cosine: the run's length) [5 x the largest warm-up].")
+@click.option("--schedule", type=click.Choice(["noam", "cosine"]),
+              help="[as zoo train: noam for encoder-decoder, cosine otherwise]")
+@click.option("--lr", type=float, help="cosine: peak rate [1e-3]; noam: factor [1.0].")
+@force_png
+@registry_option
+def plot_schedule_command(name: str, out: str, warmups: tuple[str, ...],
+                          d_models: tuple[str, ...], steps: str | None, schedule: str | None,
+                          lr: float | None, force: bool, registries: tuple[str, ...]) -> None:
+    """The learning rate against the step for card NAME, one curve per --warmup/--d-model."""
+    card = resolve_card(name, registries, {})
+    from zoo.plots.schedule import plot_schedule
+
+    drawn = plot_schedule(card, Path(out), force, schedule,
+                          [parse_count("--warmup", w) for w in warmups],
+                          [parse_count("--d-model", d) for d in d_models],
+                          parse_count("--steps", steps), lr)
+    click.echo(f"wrote {drawn.path}")
+
+
+@plot.command("training")
+@click.argument("folder", metavar="OUT", type=click.Path())
+@png_out
+@force_png
+def plot_training_command(folder: str, out: str, force: bool) -> None:
+    """Loss and learning rate against the step, from OUT/metrics.jsonl (written by zoo train)."""
+    from zoo.plots.training import plot_training
+
+    drawn = plot_training(Path(folder), Path(out), force)
+    click.echo(f"wrote {drawn.path}")
+
+
 if __name__ == "__main__":
     sys.exit(main())

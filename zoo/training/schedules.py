@@ -37,12 +37,18 @@ def warmup_cosine(warmup: int, total: int, floor: float = 0.1) -> Callable[[int]
     return multiplier
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, name: str, d_model: int, warmup: int,
-                   total: int) -> LambdaLR:
+def multiplier(name: str, d_model: int, warmup: int, total: int) -> Callable[[int], float]:
+    """The schedule `name` as a function of LambdaLR's index (step - 1); `zoo plot schedule`
+    draws the same function that training runs."""
     if warmup < 1:
         raise ZooError(f"--warmup {warmup}: should be >= 1")
     if name == "noam":
-        return LambdaLR(optimizer, noam(d_model, warmup))
+        return noam(d_model, warmup)
     if name == "cosine":
-        return LambdaLR(optimizer, warmup_cosine(warmup, total))
+        return warmup_cosine(warmup, total)
     raise ZooError(f"--schedule {name}: expected one of {', '.join(SCHEDULES)}")
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, name: str, d_model: int, warmup: int,
+                   total: int) -> LambdaLR:
+    return LambdaLR(optimizer, multiplier(name, d_model, warmup, total))

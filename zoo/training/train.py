@@ -30,6 +30,7 @@ from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from zoo.files.weights import CONFIG, card_yaml
 from zoo.training import data
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
+from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
 
 
@@ -208,6 +209,7 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
             scheduler.step()
     if writer:
         options.out.mkdir(parents=True, exist_ok=True)
+        truncate_metrics(options.out, start)  # a resumed run logs its steps once
         atomic_write_bytes(options.out / CONFIG, card_yaml(card).encode())
         if options.task in ("lm", "mlm"):
             atomic_write_bytes(options.out / BYTE_TOKENIZER, ByteTokenizer().to_json().encode())
@@ -239,8 +241,10 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
         tokens += batch.tokens * world
         done = step + 1
         if writer and (done % log_every == 0 or done == options.steps):
-            progress(done, options.steps, loss.item(), lr,
-                     tokens / max(time.perf_counter() - started, 1e-9))
+            rate = tokens / max(time.perf_counter() - started, 1e-9)
+            append_metrics(options.out, {"step": done, "loss": loss.item(), "lr": lr,
+                                         "tokens_per_s": rate})
+            progress(done, options.steps, loss.item(), lr, rate)
         if done % options.checkpoint_every == 0 or done == options.steps:
             spread = _parameter_spread(model) if world > 1 else 0.0
             if writer:

@@ -166,11 +166,15 @@ PROVIDER = click.Choice(["cpu", "cuda"])
 @click.option("--quantize", type=click.Choice(["int8", "int4"]),
               help="Weight-only MatMul quantization; checked by top-1 agreement with fp32 "
                    "instead of the parity grid.")
+@click.option("--triton", "triton_repo", type=click.Path(file_okay=False), metavar="REPO",
+              help="Also write a Triton model repository for the export (instances on "
+                   "--provider's device; `zoo triton` has the other settings).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output folder.")
 @registry_option
 def export_command(source: str, to_onnx: bool, out: str | None, opset: int, provider: str,
                    atol: float, rtol: float, seed: int, sets: tuple[str, ...], optimize: bool,
-                   quantize: str | None, force: bool, registries: tuple[str, ...]) -> None:
+                   quantize: str | None, triton_repo: str | None, force: bool,
+                   registries: tuple[str, ...]) -> None:
     """Export a card or a built folder to ONNX, then prove parity with PyTorch.
 
     Files land in OUT only when onnx.checker and the parity grid (for --quantize: the agreement
@@ -182,6 +186,8 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     from zoo.files.atomic import refuse_existing
 
     refuse_existing(target, force)
+    if triton_repo:
+        refuse_existing(Path(triton_repo), force)
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
     from export.checks.agreement import AgreementError
     from export.checks.parity import ParityError
@@ -202,6 +208,42 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     click.echo(report.table())
     files = ", ".join(sorted(p.name for p in target.iterdir()))
     click.echo(f"wrote {target}/ ({files})")
+    if triton_repo:
+        from export.serving.triton import TritonOptions
+
+        kind = "gpu" if provider == "cuda" else "cpu"
+        write_triton(target, Path(triton_repo), TritonOptions(kind=kind), force)
+
+
+def write_triton(export: Path, repository: Path, options: Any, force: bool) -> None:
+    from export.serving.triton import write_repository
+
+    for name, folder in write_repository(export, repository, options, force).items():
+        click.echo(f"wrote {folder}/ (Triton model {name}: config.pbtxt, 1/model.onnx)")
+    click.echo(f"serve: tritonserver --model-repository={repository.resolve()}")
+
+
+@main.command("triton")
+@click.argument("folder", metavar="OUT", type=click.Path())
+@click.option("-o", "--out", "repository", required=True, type=click.Path(file_okay=False),
+              help="The model repository to write.")
+@click.option("--kind", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
+              help="Where Triton runs the instances (KIND_CPU / KIND_GPU).")
+@click.option("--instances", default=1, show_default=True, help="Instances per model.")
+@click.option("--max-batch-size", default=8, show_default=True)
+@click.option("--queue-delay-us", default=100, show_default=True,
+              help="Dynamic batching: how long a request may wait for others (encoders).")
+@click.option("--force", is_flag=True, help="Overwrite an existing repository.")
+def triton_command(folder: str, repository: str, kind: str, instances: int,
+                   max_batch_size: int, queue_delay_us: int, force: bool) -> None:
+    """Write a Triton Inference Server model repository for an exported OUT folder: one model
+    per graph, config.pbtxt generated from the graph's own inputs and outputs
+    (docs/serving.md)."""
+    from export.serving.triton import TritonOptions
+
+    preferred = tuple(size for size in (max_batch_size // 2, max_batch_size) if size > 0)
+    options = TritonOptions(max_batch_size, preferred, queue_delay_us, kind, instances)
+    write_triton(Path(folder), Path(repository), options, force)
 
 
 @main.command()

@@ -117,3 +117,9 @@ class Family:
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,
                          metadata: dict[str, str], progress: Any) -> Extras:
         return Extras()
+
+    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto]) -> Any:
+        """What ONNX Runtime GenAI needs to run this export (export/serving/genai.py's
+        GenAIFiles: extra graphs and genai_config.json), or None: GenAI has no model type that
+        takes this family's graphs."""
+        return None

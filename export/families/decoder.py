@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 from torch import nn
 
 from export.bench.cost import decoder_cost
@@ -20,6 +21,7 @@ from export.onnx.trace import export_graph
 from export.onnx.wrappers import DecoderGraph
 from export.runtime.decoding import DecoderSession
 from export.runtime.shared_cache import SharedCacheSession
+from export.serving.genai import GenAIFiles, decoder_genai
 from registry.catalog import Card
 from zoo.blocks.heads import LMHead
 
@@ -79,3 +81,6 @@ class DecoderFamily(Family):
             "cache": "(batch, n_heads, capacity, head_dim) buffers; bind each present.* "
                      "output to its past_key_values.* input",
         }})
+
+    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto]) -> GenAIFiles:
+        return decoder_genai(card, graphs, KV_FILE)

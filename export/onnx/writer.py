@@ -80,9 +80,14 @@ def export_onnx(
             set_metadata(protos[file_name], metadata)
         if not variant.plain:
             apply_variant(protos, model, card, opset, variant, metadata, progress)
+        genai = family.genai(card, protos)  # ONNX Runtime GenAI's files (decoders)
+        if genai is not None:
+            protos.update(genai.graphs)
         save_models(protos, staging)
         for file_name in protos:
             _check(staging / file_name)
+        if genai is not None:  # before the manifest, so their sha256 are recorded
+            genai.write(staging, card)
         write_manifest(staging, card, opset, versions, contract)
         if variant.manifest:
             add_to_manifest(staging, variant.manifest)

@@ -64,12 +64,14 @@ class HuggingFaceTokenizer:
 
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:
-    """The tokenizer saved in `folder`, or None where there is none."""
+    """The tokenizer saved in `folder`, or None where there is none. The byte tokenizer wins
+    when both files are there: a decoder export's tokenizer.json is then its translation for
+    ONNX Runtime GenAI (export/serving/genai_tokenizer.py)."""
     folder = Path(folder)
-    if (folder / HF_TOKENIZER).is_file():
-        return HuggingFaceTokenizer(folder / HF_TOKENIZER)
     path = folder / BYTE_TOKENIZER
     if not path.is_file():
+        if (folder / HF_TOKENIZER).is_file():
+            return HuggingFaceTokenizer(folder / HF_TOKENIZER)
         return None
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))

@@ -14,14 +14,17 @@ $(STAMP): pyproject.toml constraints.txt
 DEMO := out/demo
 
 # The main job: list the cards, build gpt-tiny, train it on the shipped Shakespeare (loss
-# falling), export it to ONNX (parity table), and generate text with ONNX Runtime.
+# falling; its curves drawn), export it to ONNX with attention outputs (parity table), draw
+# its attention map from the ONNX graph, and generate text with ONNX Runtime.
 demo: $(STAMP)
 	$(BIN)/zoo list
 	$(BIN)/zoo build gpt-tiny -o $(DEMO)/gpt-tiny --seed 0 --force
 	$(BIN)/zoo train $(DEMO)/gpt-tiny --task lm --steps 800 --lr 3e-3 \
 		-o $(DEMO)/gpt-tiny-trained --force
 	$(BIN)/zoo plot training $(DEMO)/gpt-tiny-trained -o $(DEMO)/training-curves.png --force
-	$(BIN)/zoo export $(DEMO)/gpt-tiny-trained --onnx -o $(DEMO)/gpt-tiny-onnx --force
+	$(BIN)/zoo export $(DEMO)/gpt-tiny-trained --onnx --attentions -o $(DEMO)/gpt-tiny-onnx --force
+	$(BIN)/zoo attention $(DEMO)/gpt-tiny-onnx --text "ROMEO: What" --layer 1 \
+		-o $(DEMO)/attention.png --json $(DEMO)/attention.json --force
 	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --text "ROMEO:" --max-new-tokens 120 \
 		--temperature 0.8 --top-k 40 --seed 1
 

@@ -166,6 +166,9 @@ PROVIDER = click.Choice(["cpu", "cuda"])
 @click.option("--quantize", type=click.Choice(["int8", "int4"]),
               help="Weight-only MatMul quantization; checked by top-1 agreement with fp32 "
                    "instead of the parity grid.")
+@click.option("--attentions", is_flag=True,
+              help="Also output every layer's attention maps (attentions.{i}, Hugging Face's "
+                   "names); checked by the parity grid like every output.")
 @click.option("--triton", "triton_repo", type=click.Path(file_okay=False), metavar="REPO",
               help="Also write a Triton model repository for the export (instances on "
                    "--provider's device; `zoo triton` has the other settings).")
@@ -173,7 +176,7 @@ PROVIDER = click.Choice(["cpu", "cuda"])
 @registry_option
 def export_command(source: str, to_onnx: bool, out: str | None, opset: int, provider: str,
                    atol: float, rtol: float, seed: int, sets: tuple[str, ...], optimize: bool,
-                   quantize: str | None, triton_repo: str | None, force: bool,
+                   quantize: str | None, attentions: bool, triton_repo: str | None, force: bool,
                    registries: tuple[str, ...]) -> None:
     """Export a card or a built folder to ONNX, then prove parity with PyTorch.
 
@@ -201,7 +204,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     try:
         folder = Path(source) if Path(source).is_dir() else None
         report = export_and_verify(model, card, target, opset, provider, atol, rtol, force,
-                                   progress, folder, optimize, quantize)
+                                   progress, folder, optimize, quantize, attentions)
     except (ParityError, AgreementError) as exc:
         click.echo(exc.report.table())
         raise
@@ -463,6 +466,40 @@ def bench(source: str, provider: str, threads: int | None, json_path: str | None
 png_out = click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
                        help="The PNG file to write.")
 force_png = click.option("--force", is_flag=True, help="Overwrite an existing PNG.")
+
+
+@main.command()
+@click.argument("source", metavar="NAME|DIR|OUT")
+@click.option("--text", help="Text prompt (a folder with a tokenizer).")
+@click.option("--ids", "id_list", help="Comma-separated token ids.")
+@click.option("--layer", default="all", show_default=True, help="A layer index, or all.")
+@click.option("--head", default="all", show_default=True, help="A head index, or all.")
+@click.option("--engine", type=click.Choice(["torch", "onnx"]),
+              help="[onnx for an export folder (made with --attentions), else torch]")
+@click.option("--kind", help="encoder-decoder: encoder, decoder or cross [cross].")
+@click.option("--generate", "new_tokens", type=int,
+              help="Generate this many tokens first and show them too [0; 16 for the "
+                   "encoder-decoder, whose target is generated].")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+              help="The PNG to write.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Also write the numbers drawn to this JSON file.")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@registry_option
+def attention(source: str, text: str | None, id_list: str | None, layer: str, head: str,
+              engine: str | None, kind: str | None, new_tokens: int | None, out: str,
+              json_path: str | None, force: bool, registries: tuple[str, ...]) -> None:
+    """Draw the attention maps of one prompt: heads of a layer, or layers x heads, tokens on
+    both axes (source tokens on the cross-attention's key axis)."""
+    from export.inspect.attention import Request, draw_attention
+
+    request = Request(source, text, parse_ids(id_list) if id_list is not None else None,
+                      engine, layer, head, kind, new_tokens, registries)
+    looked, drawn = draw_attention(request, Path(out), Path(json_path) if json_path else None,
+                                   force)
+    width, height = drawn.size
+    click.echo(f"wrote {out} ({looked.group.name}, {drawn.panels} panels, {width}x{height}, "
+               f"{looked.engine})" + (f" and {json_path}" if json_path else ""))
 
 
 def parse_count(option: str, text: str | None) -> int | None:

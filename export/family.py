@@ -17,6 +17,7 @@ import onnx
 from torch import nn
 
 from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
+from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
 from registry.errors import ZooError
 
@@ -38,11 +39,15 @@ CACHE_AXES = ("batch", "heads", "past_sequence", "head_dim")
 
 @dataclass(frozen=True)
 class GraphIO:
-    """One ONNX file: its inputs (the cache last, one key and one value per layer), outputs."""
+    """One ONNX file: its inputs (the cache last, one key and one value per layer), outputs,
+    the wrapper that gives the model this flat signature, and the attention groups whose maps
+    `--attentions` adds as outputs (`{group}.{layer}`, after every other output)."""
 
     inputs: tuple[Input, ...]
     outputs: tuple[str, ...]
+    wrapper: type[Wrapper]
     cache_infix: str | None = None  # None: no cache; "" or ".decoder": the names' infix
+    attention_groups: tuple[str, ...] = ()
 
     def input_names(self, card: Card) -> list[str]:
         names = [i.name for i in self.inputs]
@@ -50,11 +55,18 @@ class GraphIO:
             names += past_names(card["n_layers"], CACHE_INPUT, self.cache_infix)
         return names
 
-    def output_names(self, card: Card) -> list[str]:
+    def output_names(self, card: Card, attentions: bool = False) -> list[str]:
         names = list(self.outputs)
         if self.cache_infix is not None:
             names += past_names(card["n_layers"], CACHE_OUTPUT, self.cache_infix)
+        if attentions:
+            names += attention_names(self.attention_groups, card["n_layers"])
         return names
+
+
+def attention_names(groups: tuple[str, ...], n_layers: int) -> list[str]:
+    """`attentions.0`, `attentions.1`, ... per group (Hugging Face's output names)."""
+    return [f"{group}.{layer}" for group in groups for layer in range(n_layers)]
 
 
 @dataclass
@@ -86,19 +98,26 @@ class Family:
     bench: Callable[[Any], dict[str, dict[str, dict[str, float]]]]
     bench_summary: Callable[[dict[str, Any]], dict[str, float]]
     profile: Callable[[Any, Card, int | None, Any], dict[str, dict[str, float]]]
+    # attention_maps(engine, prompt ids, generated ids) -> [inspect.maps.AttentionGroup]
+    attention_maps: Callable[[Any, list[int], list[int]], list[Any]]
+    # how many tokens `zoo attention` generates when not told: the encoder-decoder needs a target
+    default_generate: int = 0
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         """{file: GraphIO}, inputs that the card leaves out already dropped."""
         raise NotImplementedError
 
-    def contract(self, card: Card) -> dict[str, tuple[list[str], list[str]]]:
+    def contract(self, card: Card, attentions: bool = False
+                 ) -> dict[str, tuple[list[str], list[str]]]:
         """{file: (input names, output names)}: what manifest.json and the engines use."""
-        return {file: (io.input_names(card), io.output_names(card))
+        return {file: (io.input_names(card), io.output_names(card, attentions))
                 for file, io in self.graphs(card).items()}
 
-    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
+    def wrappers(self, model: nn.Module, card: Card, attentions: bool = False
+                 ) -> dict[str, nn.Module]:
         """{file: a module with the file's flat signature}, for tracing and for PyTorch."""
-        raise NotImplementedError
+        return {file: io.wrapper(model, io.attention_groups if attentions else ())
+                for file, io in self.graphs(card).items()}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         raise NotImplementedError

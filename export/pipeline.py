@@ -50,6 +50,7 @@ def export_and_verify(
     source_folder: Path | None = None,
     optimize: bool = False,
     quantize: str | None = None,
+    attentions: bool = False,
 ) -> Report | VariantReport:
     """Export, then check parity on the staged files; the folder lands only if it passed.
 
@@ -58,7 +59,7 @@ def export_and_verify(
     """
     if quantize:
         check_choice(quantize)  # before minutes of exporting
-    variant = Variant(optimize, quantize)
+    variant = Variant(optimize, quantize, attentions)
 
     def verify_staged(staging: Path) -> Report | VariantReport:
         check = verify(model, card, Runtime(staging, provider), atol, rtol, progress)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from pathlib import Path
 
 import pytest
 
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_folder
+from zoo.files.atomic import atomic_folder, atomic_write_bytes
 
 
 def race(target: Path) -> tuple[list[str], list[str]]:
@@ -82,3 +83,17 @@ def test_force_replaces_and_a_forced_failure_keeps_the_old_folder(tmp_path: Path
         (staging / "new.txt").write_text("new", encoding="utf-8")
     assert [p.name for p in target.iterdir()] == ["new.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_an_atomically_written_file_gets_the_usual_permissions(tmp_path: Path) -> None:
+    """The temporary file is private (0600); the file it becomes follows the umask, as any
+    file the user writes would (0644 under the usual 022)."""
+    previous = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "out.png", b"data")
+        with atomic_folder(tmp_path / "folder", force=False) as staging:
+            (staging / "inside").write_bytes(b"data")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "out.png").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "folder").stat().st_mode & 0o777 == 0o755

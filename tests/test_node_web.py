@@ -182,13 +182,21 @@ class QuietHandler(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def server(browser_ready: None, exported: dict[str, Path],
+def attention_export(browser_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("attention-export") / "gpt-att"
+    export_and_verify(build_model(card("gpt-tiny")), card("gpt-tiny"), folder, attentions=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(browser_ready: None, exported: dict[str, Path], attention_export: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """http://127.0.0.1:PORT/ serving a folder laid out as examples/web/README.md says: the page
     (with its node_modules) under web/, and the exports beside it."""
     root = tmp_path_factory.mktemp("web-root")
     (root / "web").symlink_to(WEB_DIR)
     (root / "gpt").symlink_to(exported["gpt-tiny"])
+    (root / "gpt-att").symlink_to(attention_export)
     (root / "empty").mkdir()
     broken = Path(shutil.copytree(exported["gpt-tiny"], root / "broken"))
     (broken / "model.onnx").unlink()
@@ -233,6 +241,33 @@ def test_page_generates_the_same_tokens_as_python(server: str, exported: dict[st
     assert shown["tokens"] == python_tokens(runtime, ids, 64)
     assert shown["tokens"] == python_tokens(torch_engine, ids, 64)
     assert "ms per token" in shown["status"]
+
+
+def test_page_draws_the_attention_python_computes(server: str, attention_export: Path,
+                                                  tmp_path: Path) -> None:
+    """An --attentions export: the page draws its prompt's last-layer maps, and the numbers
+    behind the drawing equal Python ONNX Runtime's on the same graph; a plain export draws
+    nothing."""
+    ids = PROMPTS[0]
+    shown = open_page(server, tmp_path, "gpt-att", ids, 4)
+    assert shown["state"] == "done", shown
+    tiny = card("gpt-tiny")
+    layer = tiny["n_layers"] - 1
+    drawn = shown["attention"]
+    assert drawn["layer"] == layer and drawn["tokens"] == ids
+    source = np.array([ids], np.int64)
+    heads = tiny["n_heads"]
+    empty = np.zeros((1, heads, 0, tiny["d_model"] // heads), np.float32)
+    outputs = Runtime(attention_export).run("model.onnx", {
+        "input_ids": source, "attention_mask": np.ones_like(source),
+        "position_ids": np.arange(len(ids))[None],
+        **{f"past_key_values.{i}.{kv}": empty for i in range(tiny["n_layers"])
+           for kv in ("key", "value")}})
+    np.testing.assert_allclose(np.asarray(drawn["heads"]), outputs[f"attentions.{layer}"][0],
+                               atol=1e-5)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert open_page(server, plain, "gpt", ids, 4)["attention"] is None
 
 
 @pytest.mark.parametrize("model, ids, message", [

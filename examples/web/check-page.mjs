@@ -1,5 +1,6 @@
 // Open the page in headless Chromium and print what it shows, as one line of JSON:
-//   {"state":"done"|"error","tokens":[...],"error":"...","status":"..."}
+//   {"state":"done"|"error","tokens":[...],"error":"...","status":"...","attention":...}
+// where attention is the map the page drew ({layer, tokens, heads}) or null.
 //
 //   node check-page.mjs URL [--user-data-dir DIR] [--timeout-ms 60000]
 //
@@ -57,6 +58,7 @@ async function main() {
       tokens: [...document.querySelectorAll('#tokens .token')].map((e) => Number(e.dataset.id)),
       error: document.getElementById('error').textContent,
       status: document.getElementById('status').textContent,
+      attention: window.zooAttention ?? null,
     }));
     console.log(JSON.stringify(result));
   } finally {

@@ -159,6 +159,7 @@ async function generate(folder, idsText, steps) {
     const outputs = await session.run(feeds);
     times.push(performance.now() - start);
     past = Object.fromEntries(cache.map(([input, output]) => [input, outputs[output]]));
+    if (step === 0) showAttention(graph, outputs, ids, card);
     const token = argmaxLast(outputs.logits);
     showToken(token, times.at(-1));
     if (token === card.eos_token_id) break;
@@ -172,6 +173,46 @@ async function generate(folder, idsText, steps) {
                    `${times[0].toFixed(1)} ms, then ${perToken.toFixed(2)} ms per token`);
 }
 
+// An export made with --attentions also outputs attentions.{i} (1, H, T, T) for the prompt:
+// draw the last layer's heads as heatmaps (rows: queries, columns: keys; darker = more weight)
+// and keep the numbers drawn in window.zooAttention, so a test can compare them with Python's.
+function showAttention(graph, outputs, ids, card) {
+  const layer = card.n_layers - 1;
+  const name = `attentions.${layer}`;
+  if (!graph.outputs.includes(name)) return;
+  const tensor = outputs[name];
+  const [, heads, queries, keys] = tensor.dims;
+  const maps = [];
+  const box = $('attention');
+  box.replaceChildren();
+  const cell = Math.max(4, Math.min(24, Math.floor(240 / keys)));
+  for (let head = 0; head < heads; head++) {
+    const rows = [];
+    for (let q = 0; q < queries; q++) {
+      const start = (head * queries + q) * keys;
+      rows.push(Array.from(tensor.data.subarray(start, start + keys)));
+    }
+    maps.push(rows);
+    const figure = document.createElement('figure');
+    const canvas = document.createElement('canvas');
+    canvas.width = keys * cell;
+    canvas.height = queries * cell;
+    const context = canvas.getContext('2d');
+    rows.forEach((row, q) => row.forEach((weight, k) => {
+      const shade = Math.round(255 * (1 - weight));
+      context.fillStyle = `rgb(${shade}, ${shade}, 255)`;
+      context.fillRect(k * cell, q * cell, cell, cell);
+    }));
+    const caption = document.createElement('figcaption');
+    caption.textContent = `layer ${layer} head ${head}`;
+    figure.append(canvas, caption);
+    box.append(figure);
+  }
+  $('attention-title').textContent = `attention of the prompt (${ids.join(', ')}), ` +
+    `layer ${layer}: rows are queries, columns keys`;
+  window.zooAttention = { layer, tokens: ids, heads: maps };
+}
+
 function showError(error) {
   const text = String(error?.message ?? error).trim().split('\n')[0];
   $('error').textContent = `error: ${text}`;
@@ -180,6 +221,9 @@ function showError(error) {
 
 async function start() {
   $('tokens').replaceChildren();
+  $('attention').replaceChildren();
+  $('attention-title').textContent = '';
+  window.zooAttention = null;
   $('error').textContent = '';
   $('generate').disabled = true;
   try {

@@ -17,7 +17,9 @@ from export.runtime.generate import generate
 from registry.errors import ZooError
 
 DEFAULT_ATOL, DEFAULT_RTOL = 1e-4, 1e-3
-CACHE_OUTPUT = re.compile(r"^(present)\.\d+\..*$")
+# One row for all layers' cache, and one per group for all layers' attention maps.
+PER_LAYER_OUTPUT = re.compile(
+    r"^(present|attentions|encoder_attentions|decoder_attentions|cross_attentions)\.\d+.*$")
 GENERATION_STEPS = 32
 
 
@@ -84,7 +86,7 @@ def check_parity(reference: Engine, candidate: Engine, atol: float = DEFAULT_ATO
         grouped: dict[str, Row] = {}
         for output, value in expected.items():
             max_abs, max_rel, passed = compare(value, actual[output], atol, rtol)
-            label = CACHE_OUTPUT.sub(r"\1.*", output)  # one row for all layers' cache
+            label = PER_LAYER_OUTPUT.sub(r"\1.*", output)
             if case.file != "model.onnx":
                 label = f"{case.file[:-5]}:{label}"
             row = grouped.setdefault(label, Row(label, case.name, 0.0, 0.0, True))

@@ -51,7 +51,7 @@ def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT
            ) -> Report | AgreementReport:
     """The report of the check `runtime`'s export needs; raises ParityError or AgreementError
     (each carrying its report) when it fails."""
-    reference = TorchEngine(model, card)
+    reference = TorchEngine(model, card, attentions="attentions" in runtime.manifest)
     quantization = runtime.manifest.get("quantization")
     if quantization:
         weights = quantization["weights"]

@@ -15,6 +15,7 @@ from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
 from export.checks.agreement import Agreement, generation_agreement
 from export.checks.cases import decoder_cases
 from export.family import Case, Extras, Family, GraphIO, Input
+from export.inspect.maps import decoder_maps
 from export.onnx.files import set_metadata, strip_debug
 from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
 from export.onnx.trace import export_graph
@@ -38,15 +39,14 @@ class DecoderFamily(Family):
     bench = staticmethod(bench_decoder)
     bench_summary = staticmethod(decoder_summary)
     profile = staticmethod(decoder_profile)
+    attention_maps = staticmethod(decoder_maps)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = (Input("input_ids", ("batch", "sequence"), "ids"),
                   Input("attention_mask", ("batch", "total_sequence"), "ones"),
                   Input("position_ids", ("batch", "sequence"), "positions"))
-        return {"model.onnx": GraphIO(inputs, (LMHead.graph_output,), cache_infix="")}
-
-    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
-        return {"model.onnx": DecoderGraph(model)}
+        return {"model.onnx": GraphIO(inputs, (LMHead.graph_output,), DecoderGraph,
+                                      cache_infix="", attention_groups=("attentions",))}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return decoder_cases(reference, rng)

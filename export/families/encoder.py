@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from export.bench.cost import encoder_cost
 from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
 from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
 from export.family import Case, Family, GraphIO, Input
+from export.inspect.maps import encoder_maps
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
 from zoo.blocks.heads import encoder_heads
@@ -28,6 +28,7 @@ class EncoderFamily(Family):
     bench = staticmethod(bench_encoder)
     bench_summary = staticmethod(encoder_summary)
     profile = staticmethod(forward_profile)
+    attention_maps = staticmethod(encoder_maps)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = [Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"),
@@ -35,10 +36,8 @@ class EncoderFamily(Family):
         outputs = ("last_hidden_state",
                    *(spec.head.graph_output for spec in encoder_heads(card)))
         kept = tuple(i for i in inputs if i.when is None or card[i.when])
-        return {"model.onnx": GraphIO(kept, outputs)}
-
-    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
-        return {"model.onnx": EncoderGraph(model)}
+        return {"model.onnx": GraphIO(kept, outputs, EncoderGraph,
+                                      attention_groups=("attentions",))}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return encoder_cases(reference, rng, "model.onnx", with_token_types=True)

@@ -7,7 +7,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from torch import nn
 
 from export.bench.cost import seq2seq_cost
 from export.bench.encoder import forward_profile
@@ -15,6 +14,7 @@ from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
 from export.checks.agreement import Agreement, generation_agreement
 from export.checks.cases import encoder_cases, seq2seq_decoder_cases
 from export.family import Case, Family, GraphIO, Input
+from export.inspect.maps import seq2seq_maps
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
 from export.runtime.decoding import Seq2SeqSession
 from registry.catalog import Card
@@ -32,19 +32,19 @@ class Seq2SeqFamily(Family):
     bench = staticmethod(bench_seq2seq)
     bench_summary = staticmethod(seq2seq_summary)
     profile = staticmethod(partial(forward_profile, file="encoder.onnx"))
+    attention_maps = staticmethod(seq2seq_maps)
+    default_generate = 16
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         encoder = GraphIO((Input("input_ids", SOURCE, "ids"),
-                           Input("attention_mask", SOURCE, "ones")), ("last_hidden_state",))
+                           Input("attention_mask", SOURCE, "ones")), ("last_hidden_state",),
+                          SourceEncoderGraph, attention_groups=("encoder_attentions",))
         decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "ids"),
                            Input("encoder_hidden_states", (*SOURCE, "d_model"), "normal"),
                            Input("encoder_attention_mask", SOURCE, "ones")),
-                          (LMHead.graph_output,), cache_infix=".decoder")
+                          (LMHead.graph_output,), TargetDecoderGraph, cache_infix=".decoder",
+                          attention_groups=("decoder_attentions", "cross_attentions"))
         return {"encoder.onnx": encoder, "decoder.onnx": decoder}
-
-    def wrappers(self, model: nn.Module, card: Card) -> dict[str, nn.Module]:
-        return {"encoder.onnx": SourceEncoderGraph(model),
-                "decoder.onnx": TargetDecoderGraph(model)}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return (encoder_cases(reference, rng, "encoder.onnx", with_token_types=False)

@@ -31,6 +31,7 @@ class Variant:
 
     optimize: bool = False
     quantize: str | None = None  # "int8" | "int4"
+    attentions: bool = False  # the contract graphs also output every layer's attention maps
     notes: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
 

@@ -1,12 +1,21 @@
 """Flat-signature wrappers around each family, in the exact input/output order of the contract,
-so torch.onnx sees plain tensors in and plain tensors out."""
+so torch.onnx sees plain tensors in and plain tensors out.
+
+Asked for attention groups (`--attentions`), a wrapper runs its model with those attentions
+recording their probabilities and appends them to its outputs, one (B, H, T, S) map per layer
+and group, in the order of `attention_groups`. Without them it computes exactly what it did.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from zoo.blocks.attention import KeyValue
+from zoo.blocks.attention import KeyValue, recorded_attentions
+
+Outputs = tuple[torch.Tensor, ...]
 
 
 def pair_up(flat: tuple[torch.Tensor, ...]) -> tuple[KeyValue, ...]:
@@ -17,46 +26,54 @@ def flatten(pairs: tuple[KeyValue, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(tensor for pair in pairs for tensor in pair)
 
 
-class DecoderGraph(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
+class Wrapper(nn.Module):
+    def __init__(self, model: nn.Module, attention_groups: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.model = model
+        self.attention_groups = attention_groups
 
+    def outputs(self, compute: Callable[[], Outputs]) -> Outputs:
+        if not self.attention_groups:
+            return compute()
+        groups = self.model.attention_groups()
+        with recorded_attentions({name: groups[name] for name in self.attention_groups}) as maps:
+            outputs = compute()
+        # each module ran once in this forward: its one map per layer
+        return (*outputs, *(calls[-1] for name in self.attention_groups for calls in maps[name]))
+
+
+class DecoderGraph(Wrapper):
     def forward(self, input_ids, attention_mask, position_ids, past):  # noqa: ANN001
-        logits, presents = self.model(input_ids, attention_mask, position_ids, pair_up(past))
-        return (logits, *flatten(presents))
+        def compute() -> Outputs:
+            logits, presents = self.model(input_ids, attention_mask, position_ids,
+                                          pair_up(past))
+            return (logits, *flatten(presents))
+
+        return self.outputs(compute)
 
 
-class EncoderGraph(nn.Module):
+class EncoderGraph(Wrapper):
     """last_hidden_state, then each head's output in the order the heads declare them."""
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
     def forward(self, input_ids, attention_mask, token_type_ids=None):  # noqa: ANN001
-        return tuple(self.model(input_ids, attention_mask, token_type_ids).values())
+        return self.outputs(lambda: tuple(
+            self.model(input_ids, attention_mask, token_type_ids).values()))
 
 
-class SourceEncoderGraph(nn.Module):
+class SourceEncoderGraph(Wrapper):
     """The encoder half of the encoder-decoder."""
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
     def forward(self, input_ids, attention_mask):  # noqa: ANN001
-        return self.model.encode(input_ids, attention_mask)
+        return self.outputs(lambda: (self.model.encode(input_ids, attention_mask),))
 
 
-class TargetDecoderGraph(nn.Module):
+class TargetDecoderGraph(Wrapper):
     """The decoder half of the encoder-decoder, with its self-attention cache."""
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
     def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past):  # noqa: ANN001
-        logits, presents = self.model.decode(input_ids, encoder_hidden_states,
-                                             encoder_attention_mask, pair_up(past))
-        return (logits, *flatten(presents))
+        def compute() -> Outputs:
+            logits, presents = self.model.decode(input_ids, encoder_hidden_states,
+                                                 encoder_attention_mask, pair_up(past))
+            return (logits, *flatten(presents))
+
+        return self.outputs(compute)

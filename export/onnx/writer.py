@@ -35,6 +35,16 @@ def _check(path: Path) -> None:
         raise ExportError(f"{path.name}: onnx.checker: {first_line(exc)}") from exc
 
 
+def attentions_entry(graphs: dict[str, Any], contract: dict[str, tuple[list, list]]
+                     ) -> dict[str, Any]:
+    """What manifest.json says of an --attentions export (docs/onnx-contract.md)."""
+    outputs = {file: [name for name in contract[file][1]
+                      if name.rpartition(".")[0] in io.attention_groups]
+               for file, io in graphs.items()}
+    return {"outputs": outputs, "shape": "(batch, n_heads, query_length, key_length)",
+            "values": "softmax probabilities over the keys, one map per layer"}
+
+
 def export_onnx(
     model: nn.Module,
     card: Card,
@@ -68,8 +78,10 @@ def export_onnx(
         for extra in extra_files:  # e.g. the tokenizer, so the export is self-contained
             shutil.copyfile(extra, staging / Path(extra).name)
         family = family_of(card)
-        contract = family.contract(card)
-        wrappers = family.wrappers(model, card)
+        contract = family.contract(card, variant.attentions)
+        wrappers = family.wrappers(model, card, variant.attentions)
+        if variant.attentions:
+            variant.manifest["attentions"] = attentions_entry(family.graphs(card), contract)
         protos = {}
         for file_name, io in family.graphs(card).items():
             progress(f"exporting {file_name} (opset {opset})...")

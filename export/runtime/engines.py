@@ -12,13 +12,14 @@ from registry.catalog import Card
 
 
 class TorchEngine:
-    def __init__(self, model: nn.Module, card: Card, device: str = "cpu") -> None:
+    def __init__(self, model: nn.Module, card: Card, device: str = "cpu",
+                 attentions: bool = False) -> None:
         self.card = card
         self.device = torch.device(device)
         model = model.eval().to(self.device)
         family = family_of(card)
-        self.graphs = family.wrappers(model, card)
-        self.contract = family.contract(card)
+        self.graphs = family.wrappers(model, card, attentions)
+        self.contract = family.contract(card, attentions)
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs, outputs = self.contract[file]

@@ -63,7 +63,11 @@ class AttentionCore(Protocol):
 
 
 class DotProductCore:
-    """softmax(Q K^T / sqrt(head_dim)) V, with the cache appended by concatenation."""
+    """softmax(Q K^T / sqrt(head_dim)) V, with the cache appended by concatenation. Given a
+    `record` list, it also appends each call's probabilities (B, nh, T, S) to it."""
+
+    def __init__(self, record: list[torch.Tensor] | None = None) -> None:
+        self.record = record
 
     def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
@@ -82,7 +86,10 @@ class DotProductCore:
             # A large finite value, not -inf: a row with every key masked (a padding query)
             # becomes uniform instead of NaN.
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        weights = a.dropout(scores.softmax(dim=-1))
+        probabilities = scores.softmax(dim=-1)
+        if self.record is not None:
+            self.record.append(probabilities)
+        weights = a.dropout(probabilities)
         batch, _, length, _ = query.shape
         merged = (weights @ value).transpose(1, 2).reshape(batch, length, -1)  # (B, T, d)
         return merged, (key, value)
@@ -140,3 +147,23 @@ def attention_core(attentions: Iterable[Attention], core: AttentionCore) -> Iter
     finally:
         for attention, original in zip(attentions, originals, strict=True):
             attention.core = original
+
+
+@contextlib.contextmanager
+def recorded_attentions(groups: dict[str, list[Attention]]
+                        ) -> Iterator[dict[str, list[list[torch.Tensor]]]]:
+    """Run with every attention in `groups` recording its probabilities: yields
+    {group: [per module, the (B, nh, T, S) maps of each call]}, filled as the model runs.
+    Outside the block the modules compute exactly as before, at no extra cost."""
+    records: dict[str, list[list[torch.Tensor]]] = {
+        name: [[] for _ in modules] for name, modules in groups.items()}
+    modules = [module for group in groups.values() for module in group]
+    originals = [module.core for module in modules]
+    try:
+        for name, group in groups.items():
+            for module, record in zip(group, records[name], strict=True):
+                module.core = DotProductCore(record)
+        yield records
+    finally:
+        for module, original in zip(modules, originals, strict=True):
+            module.core = original

@@ -51,6 +51,7 @@ def atomic_folder(target: Path, force: bool) -> Iterator[Path]:
             claim(target)
             claimed = True
         yield staging
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 is for the staging name only
         if force and target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
             os.replace(target, old / target.name)
@@ -80,6 +81,7 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
     target = Path(target)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
@@ -88,3 +90,9 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    current = os.umask(0)  # the only way to read it is to set it
+    os.umask(current)
+    return current

@@ -25,6 +25,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def label(self, token: int) -> str: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; the special tokens follow."""
@@ -41,6 +43,19 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def label(self, token: int) -> str:
+        """A readable label for one id: the character, a visible stand-in for whitespace, the
+        byte in hex where it is part of a multi-byte character, the special token's name."""
+        specials = {self.pad: "<pad>", self.bos: "<bos>", self.eos: "<eos>", self.mask: "<mask>"}
+        if token in specials:
+            return specials[token]
+        if token >= 256:
+            return f"<{token}>"
+        visible = {32: "\u2423", 10: "\u21b5", 9: "\u21e5"}  # space, newline, tab
+        if token in visible:
+            return visible[token]
+        return chr(token) if 33 <= token < 127 else f"\\x{token:02x}"
 
     def to_json(self) -> str:
         return json.dumps({"kind": "bytes", "pad": self.pad, "bos": self.bos, "eos": self.eos,
@@ -61,6 +76,9 @@ class HuggingFaceTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=True)
+
+    def label(self, token: int) -> str:
+        return self.backend.id_to_token(token) or f"<{token}>"
 
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:

@@ -25,6 +25,10 @@ class Decoder(nn.Module):
         self.final_norm = final_norm
         self.head = head
 
+    def attention_groups(self) -> dict[str, list[nn.Module]]:
+        """The attention modules by the name their maps go under (Hugging Face's)."""
+        return {"attentions": [layer.self_attention for layer in self.layers]}
+
     def forward(
         self,
         input_ids: torch.Tensor,

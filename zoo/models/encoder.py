@@ -28,6 +28,10 @@ class Encoder(nn.Module):
             self.add_module(name, head)
         self.head_names = list(heads)
 
+    def attention_groups(self) -> dict[str, list[nn.Module]]:
+        """The attention modules by the name their maps go under (Hugging Face's)."""
+        return {"attentions": [layer.self_attention for layer in self.layers]}
+
     def forward(
         self,
         input_ids: torch.Tensor,

@@ -79,6 +79,12 @@ class EncoderDecoder(nn.Module):
             x = self.decoder_norm(x)
         return self.head(x, embeddings.token.weight), tuple(presents)
 
+    def attention_groups(self) -> dict[str, list[nn.Module]]:
+        """The attention modules by the name their maps go under (Hugging Face's)."""
+        return {"encoder_attentions": [layer.self_attention for layer in self.encoder_layers],
+                "decoder_attentions": [layer.self_attention for layer in self.decoder_layers],
+                "cross_attentions": [layer.cross_attention for layer in self.decoder_layers]}
+
     def forward(
         self,
         input_ids: torch.Tensor,

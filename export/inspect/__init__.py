@@ -1,0 +1,1 @@
+"""Looking inside: attention maps from PyTorch or an `--attentions` export, and drawing them."""

@@ -1,0 +1,186 @@
+"""`zoo attention`: the attention maps of one prompt, from PyTorch or from an `--attentions`
+export, drawn as a grid of heatmaps (heads of a layer, or layers x heads) with the tokens on
+both axes, and written as JSON with the numbers drawn.
+
+SOURCE is a card (built with seed 0), a model folder, or an export folder. PyTorch runs the
+model with its attentions recording (zoo/blocks/attention.py); ONNX Runtime needs an export made
+with `--attentions`. Everything is checked before anything is computed or written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from export.families import family_of
+from export.inspect.maps import AttentionGroup
+from export.onnx.contract import MANIFEST
+from export.runtime.engines import TorchEngine
+from export.runtime.generate import generate
+from export.runtime.sessions import Runtime
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.paths import display_path
+from zoo.files.atomic import atomic_write_bytes, refuse_existing
+from zoo.files.sources import load_source
+from zoo.files.tokenizer import load_tokenizer
+from zoo.files.weights import load_built
+from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid
+
+ENGINES = ("torch", "onnx")
+
+
+class AttentionError(ZooError):
+    """A request `zoo attention` cannot draw: engine, tokens, layer, head or kind."""
+
+
+@dataclass
+class Request:
+    source: str
+    text: str | None = None
+    ids: list[int] | None = None
+    engine: str | None = None  # default: onnx for an export folder, torch otherwise
+    layer: str = "all"  # a layer index or "all"
+    head: str = "all"
+    kind: str | None = None  # a group: attentions | encoder | decoder | cross (default: last)
+    generate: int | None = None  # new tokens first (default: the family's)
+    registries: tuple[str, ...] = ()
+
+
+@dataclass
+class Looked:
+    card: Card
+    engine: str
+    group: AttentionGroup
+    label: Callable[[int], str]
+    layers: list[int]
+    heads: list[int]
+
+
+def _engine(request: Request) -> tuple[Any, Card, Path | None, str]:
+    folder = Path(request.source)
+    export = (folder / MANIFEST).is_file()
+    engine = request.engine or ("onnx" if export else "torch")
+    if engine not in ENGINES:
+        raise AttentionError(f"--engine {engine}: expected one of {', '.join(ENGINES)}")
+    if engine == "onnx":
+        if not export:
+            raise AttentionError(f"{request.source}: --engine onnx needs an export folder "
+                                 "(zoo export NAME --onnx --attentions)")
+        runtime = Runtime(folder)
+        if "attentions" not in runtime.manifest:
+            raise AttentionError(f"{display_path(folder)}: this export has no attention "
+                                 "outputs; export it again with --attentions")
+        return runtime, runtime.card, folder, engine
+    if export:
+        model, card = load_built(folder)  # the reference weights an export carries
+    else:
+        model, card = load_source(request.source, request.registries)
+    return TorchEngine(model, card, attentions=True), card, folder if folder.is_dir() else None, \
+        engine
+
+
+def _prompt(request: Request, card: Card, folder: Path | None) -> tuple[list[int], Any]:
+    tokenizer = load_tokenizer(folder) if folder is not None else None
+    if (request.text is None) == (request.ids is None):
+        raise AttentionError("give the prompt with --text or with --ids (one of them)")
+    if request.text is not None:
+        if tokenizer is None:
+            raise AttentionError(f"{request.source}: no tokenizer here; pass token ids with "
+                                 "--ids")
+        ids = tokenizer.encode(request.text)
+    else:
+        ids = list(request.ids or [])
+    vocab = card["vocab_size"]
+    unknown = [token for token in ids if not 0 <= token < vocab]
+    if unknown:
+        raise AttentionError(f"token id {unknown[0]} is not in the vocabulary (0..{vocab - 1})")
+    if not ids:
+        raise AttentionError("the prompt is empty")
+    return ids, tokenizer
+
+
+def _pick(value: str, count: int, what: str) -> list[int]:
+    if value == "all":
+        return list(range(count))
+    try:
+        index = int(value)
+    except ValueError:
+        raise AttentionError(f"--{what} {value}: expected a number or 'all'") from None
+    if not 0 <= index < count:
+        raise AttentionError(f"--{what} {index}: the model has {what}s 0..{count - 1}")
+    return [index]
+
+
+def _group_name(kind: str | None, names: list[str]) -> str:
+    if kind is None:
+        return names[-1]  # the one a reader wants first: the decoder's cross-attention
+    matches = [name for name in names if name in (kind, f"{kind}_attentions")]
+    if not matches:
+        short = ", ".join(name.removesuffix("_attentions") for name in names)
+        raise AttentionError(f"--kind {kind}: this model has {short}")
+    return matches[0]
+
+
+def look(request: Request) -> Looked:
+    """Check the request, run the engine once over the sequence, and pick the maps."""
+    engine, card, folder, engine_name = _engine(request)
+    family = family_of(card)
+    prompt, tokenizer = _prompt(request, card, folder)
+    layers = _pick(request.layer, card["n_layers"], "layer")
+    heads = _pick(request.head, card["n_heads"], "head")
+    new = family.default_generate if request.generate is None else request.generate
+    if new < 0 or (new and not family.generates):
+        raise AttentionError(f"--generate {new}: should be >= 0, and 0 for an encoder")
+    generated: list[int] = []
+    if new:
+        eos = card["eos_token_id"]
+        tokens = generate(engine, np.array([prompt]), None, new, eos=eos)[0].tolist()
+        generated = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+    groups = family.attention_maps(engine, prompt, generated)
+    name = _group_name(request.kind, [group.name for group in groups])
+    group = next(group for group in groups if group.name == name)
+    label = tokenizer.label if tokenizer is not None else str
+    return Looked(card, engine_name, group, label, layers, heads)
+
+
+def panels(looked: Looked) -> list[Panel]:
+    group = looked.group
+    queries = [looked.label(token) for token in group.queries]
+    keys = [looked.label(token) for token in group.keys]
+    return [Panel(group.maps[layer, head], f"layer {layer} head {head}", keys, queries,
+                  "key", "query") for layer in looked.layers for head in looked.heads]
+
+
+def as_json(looked: Looked) -> dict[str, Any]:
+    group = looked.group
+    return {"model": looked.card.name, "family": looked.card.family, "engine": looked.engine,
+            "attention": group.name, "query_ids": group.queries, "key_ids": group.keys,
+            "queries": [looked.label(t) for t in group.queries],
+            "keys": [looked.label(t) for t in group.keys],
+            "panels": [{"layer": layer, "head": head,
+                        "weights": group.maps[layer, head].tolist()}
+                       for layer in looked.layers for head in looked.heads]}
+
+
+def draw_attention(request: Request, target: Path, json_path: Path | None = None,
+                   force: bool = False) -> tuple[Looked, Drawn]:
+    """Draw the maps into the PNG `target` (and the numbers into `json_path`)."""
+    check_target(target, force)
+    if json_path is not None:
+        refuse_existing(json_path, force)
+        if not json_path.parent.is_dir():
+            raise AttentionError(f"{display_path(json_path)}: no such folder")
+    looked = look(request)
+    title = (f"{looked.card.name}: {looked.group.name} "
+             f"({'ONNX Runtime' if looked.engine == 'onnx' else 'PyTorch'})")
+    drawn = heatmap_grid(panels(looked), target, force=force, title=title,
+                         columns=len(looked.heads))
+    if json_path is not None:
+        atomic_write_bytes(json_path, (json.dumps(as_json(looked)) + "\n").encode("utf-8"))
+    return looked, drawn

@@ -1,0 +1,192 @@
+"""Attention maps (issue #10): the probabilities PyTorch records, the `--attentions` outputs of
+every family's ONNX graphs, and `zoo attention`'s pictures and errors.
+
+References are the maps' defining properties (rows sum to 1; causal maps are zero above the
+diagonal; padded keys get no weight) and, across engines, PyTorch against ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from matplotlib.image import imread
+
+from cli import main
+from export.families import family_of
+from export.pipeline import export_and_verify
+from export.runtime.sessions import Runtime
+from tests.conftest import TINY_CARDS, card, random_ids
+from zoo.blocks.attention import recorded_attentions
+from zoo.build import build_model
+
+GROUPS = {"gpt-tiny": ("attentions",), "bert-tiny": ("attentions",),
+          "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
+
+
+def run_recorded(name: str, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, list]:
+    model = build_model(card(name), seed=0)
+    with torch.no_grad(), recorded_attentions(model.attention_groups()) as maps:
+        if name == "transformer-tiny":
+            model(ids, ids[:, :5], mask)
+        else:
+            model(ids, mask)
+    return {group: [calls[0] for calls in layers] for group, layers in maps.items()}
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_recorded_maps_are_probabilities_that_respect_masks(name: str) -> None:
+    ids = random_ids(card(name), 2, 9)
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0  # row 1: its last three keys are padding
+    maps = run_recorded(name, ids, mask)
+    assert set(maps) == set(GROUPS[name])
+    heads = card(name)["n_heads"]
+    for group, layers in maps.items():
+        assert len(layers) == card(name)["n_layers"]
+        for weights in layers:
+            assert weights.shape[:2] == (2, heads)
+            torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+            if group in ("attentions", "encoder_attentions", "cross_attentions"):
+                real_queries = slice(None) if group == "cross_attentions" else slice(0, 6)
+                padded = weights[1, :, real_queries, 6:]
+                assert padded.abs().max() < 1e-6, f"{group}: padded keys got weight"
+            if group in ("decoder_attentions",) or card(name).family == "decoder":
+                above = torch.triu(torch.ones(weights.shape[-2:], dtype=torch.bool), 1)
+                assert weights[..., above].abs().max() == 0, f"{group}: sees the future"
+
+
+@pytest.fixture(scope="module")
+def attention_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folders = {}
+    for name in TINY_CARDS:
+        folder = tmp_path_factory.mktemp("att") / name
+        report = export_and_verify(build_model(card(name), seed=0), card(name), folder,
+                                   attentions=True)
+        labels = {row.output for row in report.rows}
+        for group in GROUPS[name]:  # the grid compared every group (with and without a past)
+            assert any(label.endswith(f"{group}.*") for label in labels), labels
+        folders[name] = folder
+    return folders
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_attention_outputs_are_in_the_contract_and_the_manifest(name: str,
+                                                               attention_exports: dict) -> None:
+    tiny = card(name)
+    manifest = Runtime(attention_exports[name]).manifest
+    n = tiny["n_layers"]
+    declared = [output for file in manifest["attentions"]["outputs"].values()
+                for output in file]
+    assert declared == [f"{group}.{i}" for group in GROUPS[name] for i in range(n)]
+    plain = family_of(tiny).contract(tiny)
+    for file, graph in manifest["graphs"].items():
+        extra = graph["outputs"][len(plain[file][1]):]
+        assert graph["outputs"][:len(plain[file][1])] == plain[file][1]  # appended at the end
+        assert extra == manifest["attentions"]["outputs"][file]
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exports: dict,
+                                                        tmp_path: Path) -> None:
+    tiny = card(name)
+    ids = [5, 9, 17, 33, 41, 12]
+    png, numbers = tmp_path / "map.png", tmp_path / "map.json"
+    result = CliRunner().invoke(main, ["attention", str(attention_exports[name]), "--ids",
+                                       ",".join(map(str, ids)), "-o", str(png), "--json",
+                                       str(numbers), "--generate", "0"])
+    assert result.exit_code == 0, result.output
+    layers, heads = tiny["n_layers"], tiny["n_heads"]
+    image = imread(png)
+    assert image.shape[:2] == (round(3.5 * 100 * layers), round(4.0 * 100 * heads))
+    drawn = json.loads(numbers.read_text())
+    assert len(drawn["panels"]) == layers * heads
+    # The numbers drawn against ONNX Runtime run here directly on the same graph.
+    runtime = Runtime(attention_exports[name])
+    source = np.array([ids], np.int64)
+    ones = np.ones_like(source)
+    shape = (1, heads, 0, tiny["d_model"] // heads)
+    if name == "transformer-tiny":  # the start token's cross-attention onto the source
+        memory = runtime.run("encoder.onnx", {"input_ids": source, "attention_mask": ones})
+        feeds = {"input_ids": np.array([[tiny["bos_token_id"]]]), "attention_mask": ones,
+                 "encoder_hidden_states": memory["last_hidden_state"],
+                 "encoder_attention_mask": ones}
+        del feeds["attention_mask"]
+        feeds |= {f"past_key_values.{i}.decoder.{kv}": np.zeros(shape, np.float32)
+                  for i in range(layers) for kv in ("key", "value")}
+        outputs, group = runtime.run("decoder.onnx", feeds), "cross_attentions"
+        assert drawn["query_ids"] == [tiny["bos_token_id"]] and drawn["key_ids"] == ids
+    else:
+        feeds = {"input_ids": source, "attention_mask": ones}
+        if name == "gpt-tiny":
+            feeds["position_ids"] = np.arange(len(ids))[None]
+            feeds |= {f"past_key_values.{i}.{kv}": np.zeros(shape, np.float32)
+                      for i in range(layers) for kv in ("key", "value")}
+        elif tiny["type_vocab_size"]:
+            feeds["token_type_ids"] = np.zeros_like(source)
+        outputs, group = runtime.run("model.onnx", feeds), "attentions"
+    assert drawn["attention"] == group
+    for panel in drawn["panels"]:
+        expected = outputs[f"{group}.{panel['layer']}"][0, panel["head"]]
+        np.testing.assert_allclose(panel["weights"], expected, atol=1e-6)
+
+
+def test_torch_and_onnx_engines_draw_the_same_cross_attention(attention_exports: dict,
+                                                              tmp_path: Path) -> None:
+    folder = attention_exports["transformer-tiny"]
+    drawn = {}
+    for engine in ("torch", "onnx"):
+        out = tmp_path / f"{engine}.json"
+        result = CliRunner().invoke(main, ["attention", str(folder), "--ids", "5,6,7,8",
+                                           "--engine", engine, "--generate", "4", "--layer",
+                                           "1", "-o", str(tmp_path / f"{engine}.png"),
+                                           "--json", str(out)])
+        assert result.exit_code == 0, result.output
+        drawn[engine] = json.loads(out.read_text())
+    assert drawn["torch"]["query_ids"] == drawn["onnx"]["query_ids"]
+    assert len(drawn["onnx"]["query_ids"]) == 5  # start token + 4 generated
+    for a, b in zip(drawn["torch"]["panels"], drawn["onnx"]["panels"], strict=True):
+        np.testing.assert_allclose(a["weights"], b["weights"], atol=1e-5)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layer", "7"], "--layer 7: the model has layers 0..1"),
+    (["--head", "-1"], "--head -1: the model has heads 0..3"),
+    (["--ids", "99999"], "token id 99999 is not in the vocabulary"),
+    (["--kind", "cross"], "--kind cross: this model has attentions"),
+])
+def test_bad_requests_are_one_line_and_write_nothing(args: list[str], message: str,
+                                                     attention_exports: dict,
+                                                     tmp_path: Path) -> None:
+    png = tmp_path / "map.png"
+    base = ["attention", str(attention_exports["gpt-tiny"]), "-o", str(png)]
+    if "--ids" not in args:
+        base += ["--ids", "5,6,7"]
+    result = CliRunner().invoke(main, base + args)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [f"error: {message}"] or \
+        result.output.startswith(f"error: {message}"), result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not png.exists()
+
+
+def test_an_export_without_attentions_and_an_unwritable_path_are_refused(tmp_path: Path
+                                                                         ) -> None:
+    tiny = card("bert-tiny")
+    export_and_verify(build_model(tiny, seed=0), tiny, tmp_path / "plain")
+    result = CliRunner().invoke(main, ["attention", str(tmp_path / "plain"), "--ids", "5,6",
+                                       "-o", str(tmp_path / "a.png")])
+    assert result.exit_code == 2
+    assert "export it again with --attentions" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    result = CliRunner().invoke(main, ["attention", "bert-tiny", "--ids", "5,6", "-o",
+                                       str(blocked / "a.png")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, \
+        result.output
+    assert not (tmp_path / "a.png").exists()

@@ -18,6 +18,7 @@ from matplotlib.image import imread
 
 from cli import main
 from export.families import family_of
+from export.inspect.attention import Request, draw_attention
 from export.pipeline import export_and_verify
 from export.runtime.sessions import Runtime
 from tests.conftest import TINY_CARDS, card, random_ids
@@ -133,6 +134,30 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
     for panel in drawn["panels"]:
         expected = outputs[f"{group}.{panel['layer']}"][0, panel["head"]]
         np.testing.assert_allclose(panel["weights"], expected, atol=1e-6)
+
+
+def test_the_pictures_hold_the_maps_in_grid_order(attention_exports: dict,
+                                                   tmp_path: Path) -> None:
+    """What matplotlib holds, panel by panel (layers x heads, row by row), is the map of that
+    layer and head as ONNX Runtime computes it."""
+    folder = attention_exports["gpt-tiny"]
+    request = Request(str(folder), ids=[5, 9, 17, 33], generate=2)
+    looked, drawn = draw_attention(request, tmp_path / "map.png")
+    tiny = card("gpt-tiny")
+    assert drawn.panels == tiny["n_layers"] * tiny["n_heads"] == len(drawn.images)
+    ids = looked.group.queries
+    assert ids[:4] == [5, 9, 17, 33] and len(ids) == 6  # the prompt and 2 generated tokens
+    source = np.array([ids], np.int64)
+    heads = tiny["n_heads"]
+    empty = np.zeros((1, heads, 0, tiny["d_model"] // heads), np.float32)
+    outputs = Runtime(folder).run("model.onnx", {
+        "input_ids": source, "attention_mask": np.ones_like(source),
+        "position_ids": np.arange(len(ids))[None],
+        **{f"past_key_values.{i}.{kv}": empty for i in range(tiny["n_layers"])
+           for kv in ("key", "value")}})
+    for index, image in enumerate(drawn.images):
+        layer, head = divmod(index, heads)
+        np.testing.assert_allclose(image, outputs[f"attentions.{layer}"][0, head], atol=1e-6)
 
 
 def test_torch_and_onnx_engines_draw_the_same_cross_attention(attention_exports: dict,

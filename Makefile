@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint clean
+.PHONY: demo test test-slow lint clean node-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,19 @@ demo: $(STAMP)
 	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --text "ROMEO:" --max-new-tokens 120 \
 		--temperature 0.8 --top-k 40 --seed 1
 
-test: $(STAMP)
+# The Node.js and browser tests need the examples' npm packages: where npm exists they are
+# installed here (--ignore-scripts: no CUDA download, no browser; Chromium is the system's),
+# so `make test` runs those tests; without npm they skip and say why.
+node-deps:
+	@if command -v npm >/dev/null 2>&1; then \
+		for dir in examples/node examples/web; do \
+			test $$dir/node_modules/.zoo-installed -nt $$dir/package-lock.json || { \
+				(cd $$dir && npm ci --ignore-scripts --no-audit --no-fund) && \
+				touch $$dir/node_modules/.zoo-installed; } || exit 1; \
+		done; \
+	else echo "npm not found: the Node.js and browser tests will be skipped"; fi
+
+test: $(STAMP) node-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -301,8 +301,9 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
     the pooled vector and the top predictions at masked positions.
     """
-    if max_new_tokens < 1:  # before the folder is opened: bad options need no export
-        raise ZooError(f"--max-new-tokens {max_new_tokens}: should be >= 1")
+    from export.runtime.sampling import check_new_tokens
+
+    check_new_tokens(max_new_tokens)  # before the folder is opened: bad options need no export
     import numpy as np
 
     from export.families import family_of

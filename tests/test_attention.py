@@ -21,7 +21,7 @@ from export.families import family_of
 from export.inspect.attention import Request, draw_attention
 from export.pipeline import export_and_verify
 from export.runtime.sessions import Runtime
-from tests.conftest import TINY_CARDS, card, random_ids
+from tests.conftest import TINY_CARDS, card, prompt_feeds, random_ids
 from zoo.blocks.attention import recorded_attentions
 from zoo.build import build_model
 
@@ -124,9 +124,7 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
     else:
         feeds = {"input_ids": source, "attention_mask": ones}
         if name == "gpt-tiny":
-            feeds["position_ids"] = np.arange(len(ids))[None]
-            feeds |= {f"past_key_values.{i}.{kv}": np.zeros(shape, np.float32)
-                      for i in range(layers) for kv in ("key", "value")}
+            feeds = prompt_feeds(tiny, ids)
         elif tiny["type_vocab_size"]:
             feeds["token_type_ids"] = np.zeros_like(source)
         outputs, group = runtime.run("model.onnx", feeds), "attentions"
@@ -147,14 +145,8 @@ def test_the_pictures_hold_the_maps_in_grid_order(attention_exports: dict,
     assert drawn.panels == tiny["n_layers"] * tiny["n_heads"] == len(drawn.images)
     ids = looked.group.queries
     assert ids[:4] == [5, 9, 17, 33] and len(ids) == 6  # the prompt and 2 generated tokens
-    source = np.array([ids], np.int64)
     heads = tiny["n_heads"]
-    empty = np.zeros((1, heads, 0, tiny["d_model"] // heads), np.float32)
-    outputs = Runtime(folder).run("model.onnx", {
-        "input_ids": source, "attention_mask": np.ones_like(source),
-        "position_ids": np.arange(len(ids))[None],
-        **{f"past_key_values.{i}.{kv}": empty for i in range(tiny["n_layers"])
-           for kv in ("key", "value")}})
+    outputs = Runtime(folder).run("model.onnx", prompt_feeds(tiny, ids))
     for index, image in enumerate(drawn.images):
         layer, head = divmod(index, heads)
         np.testing.assert_allclose(image, outputs[f"attentions.{layer}"][0, head], atol=1e-6)

@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 
 import cli
 from registry.errors import ZooError
+from tests.conftest import modules_loaded
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small",
@@ -383,20 +384,7 @@ def test_show_origins_and_count() -> None:
 @pytest.mark.parametrize("args", [["list"], ["show", "gpt-tiny"], ["list", "--help"],
                                   ["show", "bert-base", "--set", "mlm_head=false"]])
 def test_list_and_show_do_not_import_torch(args: list[str]) -> None:
-    script = (
-        "import sys\n"
-        "from cli import main\n"
-        f"main({args!r}, standalone_mode=False)\n"
-        "loaded = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
-        "assert not loaded, loaded\n"
-        "print('ok')\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("ZOO_PATH", None)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "ok"
+    assert modules_loaded([args], ("torch",)) == []
 
 
 def test_build_is_deterministic(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from export.runtime.encode import encode
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sessions import Runtime
-from tests.conftest import card
+from tests.conftest import card, prompt_feeds
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
@@ -255,14 +255,7 @@ def test_page_draws_the_attention_python_computes(server: str, attention_export:
     layer = tiny["n_layers"] - 1
     drawn = shown["attention"]
     assert drawn["layer"] == layer and drawn["tokens"] == ids
-    source = np.array([ids], np.int64)
-    heads = tiny["n_heads"]
-    empty = np.zeros((1, heads, 0, tiny["d_model"] // heads), np.float32)
-    outputs = Runtime(attention_export).run("model.onnx", {
-        "input_ids": source, "attention_mask": np.ones_like(source),
-        "position_ids": np.arange(len(ids))[None],
-        **{f"past_key_values.{i}.{kv}": empty for i in range(tiny["n_layers"])
-           for kv in ("key", "value")}})
+    outputs = Runtime(attention_export).run("model.onnx", prompt_feeds(tiny, ids))
     np.testing.assert_allclose(np.asarray(drawn["heads"]), outputs[f"attentions.{layer}"][0],
                                atol=1e-5)
     plain = tmp_path / "plain"

@@ -9,7 +9,7 @@ import numpy as np
 
 from export.families import family_of
 from export.runtime.engine import Engine
-from export.runtime.sampling import Sampling, decode
+from export.runtime.sampling import Sampling, check_new_tokens, decode
 from registry.errors import ZooError
 
 
@@ -40,8 +40,7 @@ def generate(
     are padded with it afterwards. `shared_cache=False` forces the plain loop."""
     sampling = sampling or Sampling()
     sampling.check()
-    if new_tokens < 1:
-        raise ZooError(f"--max-new-tokens {new_tokens}: should be >= 1")
+    check_new_tokens(new_tokens)
     ids = np.asarray(ids, np.int64)
     mask = np.ones_like(ids) if mask is None else np.asarray(mask, np.int64)
     _check_length(engine, ids.shape[1], new_tokens)

@@ -32,6 +32,11 @@ class Sampling:
             raise ZooError("--beams and --temperature cannot be combined")
 
 
+def check_new_tokens(new_tokens: int) -> None:
+    if new_tokens < 1:
+        raise ZooError(f"--max-new-tokens {new_tokens}: should be >= 1")
+
+
 def _pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
     if sampling.temperature == 0:
         return logits.argmax(axis=-1)

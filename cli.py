@@ -336,9 +336,10 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
     tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
+    shown = text if text is not None and family_of(runtime.card).continues_prompt else ""
     for row in tokens:
         if text is not None:
-            click.echo(text + tokenizer.decode(row.tolist()))
+            click.echo(shown + tokenizer.decode(row.tolist()))
         else:
             click.echo(",".join(str(token) for token in row))
 

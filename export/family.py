@@ -30,7 +30,7 @@ class Input:
 
     name: str
     axes: tuple[str, ...]
-    example: str  # ids | ones | zeros | positions | normal
+    example: str  # ids | target_ids | ones | zeros | positions | normal
     when: str | None = None  # the card field that must be set for the input to exist
 
 
@@ -105,6 +105,7 @@ class Extras:
 class Family:
     name: str = ""
     generates: bool = False  # decoders and encoder-decoders generate; encoders encode
+    continues_prompt: bool = True  # generated text follows the prompt (not a translation)
     optimizer_model_type: str = "bert"  # onnxruntime.transformers' pattern set
     attention_fusion_note: str = ""  # why a missing attention fusion does not matter, if so
     # The family's own pieces, handed out as they are (staticmethod(...) in each family):

@@ -13,6 +13,7 @@ from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, DECODER, ENCODER, pa
 from export.runtime.decoding import empty_past
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
+from registry.schema import target_vocab_size
 
 
 def lengths(limit: int) -> tuple[int, int]:
@@ -20,8 +21,9 @@ def lengths(limit: int) -> tuple[int, int]:
     return max(2, limit // 2), max(1, limit // 3)
 
 
-def random_ids(engine: Engine, rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
-    return rng.integers(3, engine.card["vocab_size"], (batch, length), dtype=np.int64)
+def random_ids(engine: Engine, rng: np.random.Generator, batch: int, length: int,
+               vocab: int | None = None) -> np.ndarray:
+    return rng.integers(3, vocab or engine.card["vocab_size"], (batch, length), dtype=np.int64)
 
 
 def left_padding(batch: int, length: int) -> np.ndarray:
@@ -95,6 +97,7 @@ def seq2seq_decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case
     outputs = past_names(card["n_layers"], CACHE_OUTPUT, DECODER)
     cross_in = past_names(card["n_layers"], CACHE_INPUT, ENCODER)
     cross_out = past_names(card["n_layers"], CACHE_OUTPUT, ENCODER)
+    target = target_vocab_size(card)
     cases = []
     for batch, length, past_length, padded in (
         (1, 1, 0, False), (3, middle, 0, True), (1, limit, 0, False), (3, 1, past, True),
@@ -109,11 +112,11 @@ def seq2seq_decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case
         cache = empty_past(engine, batch)
         if past_length:
             prefix = engine.run("decoder.onnx", {
-                "input_ids": random_ids(engine, rng, batch, past_length), **shared,
+                "input_ids": random_ids(engine, rng, batch, past_length, target), **shared,
                 **dict(zip(inputs, cache, strict=True))})
             cache = [prefix[name] for name in outputs]
         name = f"b{batch} s{length} past{past_length}" + (" src-padded" if padded else "")
         cases.append(Case(name, "decoder.onnx", {
-            "input_ids": random_ids(engine, rng, batch, length), **shared,
+            "input_ids": random_ids(engine, rng, batch, length, target), **shared,
             **dict(zip(inputs, cache, strict=True))}))
     return cases

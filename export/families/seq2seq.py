@@ -29,6 +29,7 @@ AGREEMENT_PROMPT = 12
 class Seq2SeqFamily(Family):
     name = "encoder-decoder"
     generates = True
+    continues_prompt = False  # the target is new text: `zoo run --text` prints it alone
     optimizer_model_type = "bert"
     cost = staticmethod(seq2seq_cost)
     bench = staticmethod(bench_seq2seq)
@@ -42,7 +43,7 @@ class Seq2SeqFamily(Family):
                            Input("attention_mask", SOURCE, "ones")), ("last_hidden_state",),
                           SourceEncoderGraph, attention_groups=("encoder_attentions",),
                           cross_cache="out")
-        decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "ids"),
+        decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "target_ids"),
                            Input("encoder_attention_mask", SOURCE, "ones")),
                           (LMHead.graph_output,), TargetDecoderGraph, cache_infix=DECODER,
                           attention_groups=("decoder_attentions", "cross_attentions"),

@@ -15,6 +15,7 @@ from export.family import GraphIO
 from export.logs import quiet_loggers
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
+from registry.schema import target_vocab_size
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
@@ -43,6 +44,8 @@ def _sizes(card: Card) -> dict[str, int]:
 def _example(kind: str, shape: tuple[int, ...], card: Card) -> torch.Tensor:
     if kind == "ids":
         return torch.randint(3, card["vocab_size"], shape)
+    if kind == "target_ids":  # the encoder-decoder's target side
+        return torch.randint(3, target_vocab_size(card), shape)
     if kind == "ones":
         return torch.ones(shape, dtype=torch.long)
     if kind == "zeros":

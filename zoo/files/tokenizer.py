@@ -1,9 +1,11 @@
-"""Text in and out: a byte-level tokenizer for models trained here (no files needed), and a
-Hugging Face `tokenizer.json` (through the `tokenizers` library) for imported checkpoints.
+"""Text in and out: a byte-level tokenizer for models trained here (no files needed), a
+Hugging Face `tokenizer.json` (through the `tokenizers` library) for imported checkpoints, and
+MarianMT's sentencepiece files (zoo/files/spm_tokenizer.py).
 
 A model folder (built, trained, imported or exported) holds at most one of:
 - `byte-tokenizer.json`: {"kind": "bytes", "pad": 256, "bos": 257, "eos": 258, "mask": 259}
 - `tokenizer.json`: a Hugging Face tokenizer.
+- `source.spm`, `target.spm`, `vocab.json` (and `target_vocab.json`): MarianMT's.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Protocol
 
 from registry.errors import ZooError
 from registry.paths import display_path
+from zoo.files.spm_tokenizer import SPM_FILES, TARGET_VOCAB, SentencePieceTokenizer
 
 BYTE_TOKENIZER = "byte-tokenizer.json"
 HF_TOKENIZER = "tokenizer.json"
-TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER)
+TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER, *SPM_FILES, TARGET_VOCAB)
 
 
 class Tokenizer(Protocol):
@@ -90,6 +93,8 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
     if not path.is_file():
         if (folder / HF_TOKENIZER).is_file():
             return HuggingFaceTokenizer(folder / HF_TOKENIZER)
+        if (folder / SPM_FILES[0]).is_file():
+            return SentencePieceTokenizer(folder)
         return None
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))

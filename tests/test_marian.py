@@ -25,7 +25,7 @@ from zoo.files.weights import load_built
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-SHIPPED = Path(__file__).resolve().parents[1] / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
+SHIPPED = Path(__file__).resolve().parents[1] / "zoo/training/datasets/tinyshakespeare.txt"
 TEXTS = ["First Citizen: we are accounted poor citizens.",
          "What authority surfeits on would relieve us.",
          "Speak, speak."]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 import pytest
 import torch
+from onnx import numpy_helper
 
 from export.pipeline import export_and_verify
 from export.runtime.engines import TorchEngine

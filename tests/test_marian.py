@@ -182,3 +182,49 @@ def test_a_source_longer_than_max_positions_is_one_line(marian: dict) -> None:
     assert result.exit_code == 2
     assert result.output.count("\n") == 1
     assert "source of 65 tokens exceeds max_positions=64" in result.output
+
+
+def test_separate_vocabularies_import_as_target_vocab_size(tmp_path: Path) -> None:
+    """share_encoder_decoder_embeddings=false: a source and a target vocabulary of their own
+    (target_vocab.json); the head is tied to the target embedding."""
+    piece = train_spm(tmp_path, 120)
+    vocab = marian_vocabulary(piece)
+    inner = [p for p in vocab if p not in ("</s>", "<unk>", "<pad>")][::-1][:80]
+    target_vocab = {p: i for i, p in enumerate(["</s>", "<unk>", *inner, "<pad>"])}
+    pad = target_vocab["<pad>"]
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), decoder_vocab_size=len(target_vocab), d_model=32,
+        encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=64, activation_function="swish", scale_embedding=True,
+        pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=False, dropout=0.0, init_std=0.1)
+    torch.manual_seed(1)
+    model = transformers.MarianMTModel(config).eval()
+    source = tmp_path / "opus-mt-separate"
+    model.save_pretrained(source)
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(piece, source / name)
+    (source / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (source / "target_vocab.json").write_text(json.dumps(target_vocab), encoding="utf-8")
+    result = CliRunner().invoke(main, ["import", str(source), "-o", str(tmp_path / "built")])
+    assert result.exit_code == 0, result.output
+    zoo_model, card = load_built(tmp_path / "built")
+    assert (card["vocab_size"], card["target_vocab_size"]) == (len(vocab), len(target_vocab))
+    ids = torch.randint(2, len(vocab) - 1, (2, 9))
+    target = torch.randint(1, pad, (2, 5))
+    target[:, 0] = pad
+    with torch.no_grad():
+        expected = model(input_ids=ids, decoder_input_ids=target).logits.numpy()
+        np.testing.assert_allclose(zoo_model(ids, target).numpy(), expected, atol=1e-4, rtol=0)
+        hf = model.generate(input_ids=ids, do_sample=False, max_new_tokens=STEPS)
+    got = generate(TorchEngine(zoo_model, card), ids.numpy(), None, STEPS, eos=0)
+    assert [until_eos(r, 0) for r in got.tolist()] == [until_eos(r[1:], 0) for r in hf.tolist()]
+    from zoo.files.tokenizer import load_tokenizer
+
+    theirs = transformers.MarianTokenizer(*(str(source / name) for name in (
+        "source.spm", "target.spm", "vocab.json")), target_vocab_file=str(
+        source / "target_vocab.json"), separate_vocabs=True)
+    sample = list(range(2, 40)) + [0]
+    assert load_tokenizer(tmp_path / "built").decode(sample) == theirs.decode(
+        sample, skip_special_tokens=True)

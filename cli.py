@@ -356,8 +356,9 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
 
 @main.command()
 @click.argument("source", metavar="NAME|DIR")
-@click.option("--task", type=click.Choice(["lm", "mlm", "copy"]), required=True,
-              help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic.")
+@click.option("--task", type=click.Choice(["lm", "mlm", "copy", "reverse"]), required=True,
+              help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic; "
+                   "reverse: encoder-decoder, the shipped text's words in reverse order.")
 @click.option("--data", type=click.Path(dir_okay=False),
               help="UTF-8 text file for lm/mlm [the shipped Shakespeare].")
 @click.option("--steps", default=300, show_default=True, help="Total optimizer steps.")
@@ -399,6 +400,39 @@ def train(source: str, task: str, data: str | None, steps: int, batch_size: int,
         losses = result["losses"]
         click.echo(f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
                    f"{losses[-1]:.4f}; wrote {target}/")
+
+
+@main.command()
+@click.argument("folder", type=click.Path())
+@click.option("--task", type=click.Choice(["reverse"]), required=True,
+              help="reverse: held-out runs of the shipped text's words, to be reversed.")
+@click.option("--count", default=200, show_default=True, help="Held-out inputs.")
+@click.option("--beams", default=1, show_default=True, help="Beam search width.")
+def evaluate(folder: str, task: str, count: int, beams: int) -> None:
+    """Exact-match accuracy of an exported encoder-decoder FOLDER on held-out inputs."""
+    from export.checks.exact_match import exact_match
+    from export.runtime.sessions import Runtime
+    from zoo.files.tokenizer import load_tokenizer
+    from zoo.training import reverse
+
+    if count < 1:
+        raise ZooError(f"--count {count}: should be >= 1")
+    runtime = Runtime(Path(folder))
+    if runtime.card.family != "encoder-decoder":
+        raise ZooError(f"{folder}: a {runtime.card.family} export; --task {task} evaluates "
+                       "an encoder-decoder")
+    try:
+        pairs = reverse.held_out(runtime.card["vocab_size"], count)
+    except ValueError as exc:
+        raise ZooError(f"--count {count}: {exc}") from exc
+    result = exact_match(runtime, pairs, beams)
+    tokenizer = load_tokenizer(Path(folder))
+    show = tokenizer.decode if tokenizer is not None else (lambda ids: ",".join(map(str, ids)))
+    for source, target, output in result.examples:
+        mark = "ok" if output == target else "wrong"
+        click.echo(f"{show(source)!r} -> {show(output)!r} ({mark})")
+    click.echo(f"exact match: {result.correct}/{result.total} = {result.accuracy:.1%} "
+               "(held-out inputs)")
 
 
 @main.command("import")

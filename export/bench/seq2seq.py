@@ -5,6 +5,7 @@ cache computed once, by the encoder)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +15,13 @@ from export.bench.context import Context, Figure, figure, median, random_cache, 
 from export.bench.cost import Cost, seq2seq_cost
 from export.bench.profile import temporary_folder
 from export.bench.recompute import recomputing_graph
+from export.bench.timing import measure_interleaved
 from export.onnx.contract import CACHE_INPUT, DECODER, ENCODER, past_names
+from export.runtime.sessions import Graph
 
 SOURCES = (16, 128, 512)
+# (PyTorch's run, ONNX Runtime's run, bytes one step reads)
+Case = tuple[Callable[[], object], Callable[[], object], float]
 STEP_PAST = 16
 
 
@@ -41,15 +46,48 @@ def bench_seq2seq(ctx: Context) -> dict[str, dict[str, Figure]]:
     results[f"encoder_b1_s{source}"] = entry
 
     for past in sorted({min(p, limit - 1) for p in (16, 256)}):
-        results[f"decode_past_{past}"] = _step(ctx, cost, past, source)
+        torch_run, ort_run, bytes_read = _after(ctx, cost, past, source)
+        bound = ctx.bound()
+        label = f"decode at past {past}, source {source}"
+        entry = {"torch": figure(ctx.time(f"{label} (torch)", torch_run, torch_side=True), bound,
+                                 bytes_read=bytes_read)}
+        entry["ort"] = entry["ort_plain"] = figure(ctx.time(f"{label} (ort)", ort_run), bound,
+                                                   bytes_read=bytes_read)
+        results[f"decode_past_{past}"] = entry
     with temporary_folder() as folder:
-        before = recomputing_graph(model, card, Path(folder),
-                                   "optimization" in runtime.manifest, runtime.provider,
-                                   runtime.threads)
-        for length in sorted({min(s, limit) for s in SOURCES}):
-            results[f"decode_source_{length}"] = _step(ctx, cost, STEP_PAST, length)
-            results[f"decode_source_{length}_before"] = _step_before(ctx, cost, before, length)
+        before = recomputing_graph(model, card, Path(folder), "optimization" in runtime.manifest,
+                                   runtime.provider, runtime.threads)
+        results.update(_by_source(ctx, cost, before))
     return results
+
+
+def _by_source(ctx: Context, cost: Cost, before: Graph) -> dict[str, dict[str, Figure]]:
+    """A step at each source length, after and before the cross cache, every case timed in the
+    same interleaved rounds (bench/timing.measure_interleaved): the load of a shared machine
+    drifts within the minute this takes, and the targets are ratios between these cases."""
+    lengths = sorted({min(s, ctx.card["max_positions"]) for s in SOURCES})
+    runs, work = {}, {}
+    for length in lengths:
+        for key, case in ((f"decode_source_{length}", _after(ctx, cost, STEP_PAST, length)),
+                          (f"decode_source_{length}_before", _before(ctx, cost, before, length))):
+            torch_run, ort_run, work[key] = case
+            runs[key, "torch"], runs[key, "ort"] = _synced(ctx, torch_run), ort_run
+    ctx.progress(f"bench {ctx.card.name}: a step at source {', '.join(map(str, lengths))}, "
+                 f"before and after the cross cache ({ctx.repeats} interleaved rounds)")
+    timings = measure_interleaved(runs, ctx.repeats)
+    bound = ctx.bound()
+    results: dict[str, dict[str, Figure]] = {}
+    for (key, engine), timing in timings.items():
+        results.setdefault(key, {})[engine] = figure(timing, bound, bytes_read=work[key])
+        if engine == "ort":
+            results[key]["ort_plain"] = results[key]["ort"]
+    return results
+
+
+def _synced(ctx: Context, run: Callable[[], object]) -> Callable[[], object]:
+    if ctx.sync is None:
+        return run
+    return lambda: (run(), ctx.sync())
 
 
 def _source(ctx: Context, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -58,9 +96,10 @@ def _source(ctx: Context, length: int) -> tuple[np.ndarray, np.ndarray]:
     return memory, np.ones((1, length), np.int64)
 
 
-def _step(ctx: Context, cost: Cost, past: int, source: int) -> dict[str, Figure]:
-    """One step of decoder.onnx: the cross keys/values come in, projected once per source."""
-    card, model = ctx.card, ctx.model
+def _after(ctx: Context, cost: Cost, past: int, source: int) -> Case:
+    """One step of decoder.onnx (and of PyTorch's decode): the cross keys/values come in,
+    projected once per source."""
+    model, n = ctx.model, ctx.card["n_layers"]
     memory, mask = _source(ctx, source)
     token = np.array([[5]], np.int64)
     token_t, mask_t = tensor(ctx, token), tensor(ctx, mask)
@@ -71,24 +110,20 @@ def _step(ctx: Context, cost: Cost, past: int, source: int) -> dict[str, Figure]
     # Per step: every decoder weight once (cross keys/values excluded), both caches.
     bytes_read = (4.0 * (cost.layer_params + cost.head_params) + cost.cache_bytes(1, past + 1)
                   + cost.cache_bytes(1, source))
-    bound = ctx.bound()
-    label = f"decode at past {past}, source {source}"
-    with torch.no_grad():
-        t = ctx.time(f"{label} (torch)", lambda: model.decode(token_t, cross, mask_t, pairs),
-                     torch_side=True)
-    entry = {"torch": figure(t, bound, bytes_read=bytes_read)}
-    n = card["n_layers"]
     cross_feeds = dict(zip(past_names(n, CACHE_INPUT, ENCODER),
                            [a.cpu().numpy() for pair in cross for a in pair], strict=True))
     feeds = {"input_ids": token, "encoder_attention_mask": mask, **cross_feeds,
              **dict(zip(past_names(n, CACHE_INPUT, DECODER),
                         random_cache(ctx, 1, past, numpy=True), strict=True))}
-    t = ctx.time(f"{label} (ort)", lambda: ctx.runtime.run("decoder.onnx", feeds))
-    entry["ort"] = entry["ort_plain"] = figure(t, bound, bytes_read=bytes_read)
-    return entry
+
+    def torch_run() -> object:
+        with torch.no_grad():
+            return model.decode(token_t, cross, mask_t, pairs)
+
+    return torch_run, lambda: ctx.runtime.run("decoder.onnx", feeds), bytes_read
 
 
-def _step_before(ctx: Context, cost: Cost, graph: object, source: int) -> dict[str, Figure]:
+def _before(ctx: Context, cost: Cost, graph: Graph, source: int) -> Case:
     """The same step as the decoder graph computed it before: re-projecting the memory."""
     model = ctx.model
     memory, mask = _source(ctx, source)
@@ -98,18 +133,15 @@ def _step_before(ctx: Context, cost: Cost, graph: object, source: int) -> dict[s
     pairs = tuple((cache[i], cache[i + 1]) for i in range(0, len(cache), 2))
     bytes_read = (4.0 * (cost.layer_params + cost.cross_kv_params + cost.head_params)
                   + cost.cache_bytes(1, STEP_PAST + 1) + memory.nbytes)
-    bound = ctx.bound()
-    label = f"decode at past {STEP_PAST}, source {source}, before the cross cache"
-    with torch.no_grad():
-        t = ctx.time(f"{label} (torch)", lambda: model.decode(
-            token_t, model.cross_cache(memory_t), mask_t, pairs), torch_side=True)
-    entry = {"torch": figure(t, bound, bytes_read=bytes_read)}
     feeds = {"input_ids": token, "encoder_hidden_states": memory, "encoder_attention_mask": mask,
              **dict(zip(past_names(ctx.card["n_layers"], CACHE_INPUT, DECODER),
                         random_cache(ctx, 1, STEP_PAST, numpy=True), strict=True))}
-    t = ctx.time(f"{label} (ort)", lambda: graph.run(feeds))
-    entry["ort"] = entry["ort_plain"] = figure(t, bound, bytes_read=bytes_read)
-    return entry
+
+    def torch_run() -> object:
+        with torch.no_grad():
+            return model.decode(token_t, model.cross_cache(memory_t), mask_t, pairs)
+
+    return torch_run, lambda: graph.run(feeds), bytes_read
 
 
 def seq2seq_summary(measurements: dict[str, dict[str, Figure]]) -> dict[str, float]:

@@ -411,6 +411,7 @@ def train(source: str, task: str, data: str | None, steps: int, batch_size: int,
 def evaluate(folder: str, task: str, count: int, beams: int) -> None:
     """Exact-match accuracy of an exported encoder-decoder FOLDER on held-out inputs."""
     from export.checks.exact_match import exact_match
+    from export.families import family_of
     from export.runtime.sessions import Runtime
     from zoo.files.tokenizer import load_tokenizer
     from zoo.training import reverse
@@ -418,7 +419,8 @@ def evaluate(folder: str, task: str, count: int, beams: int) -> None:
     if count < 1:
         raise ZooError(f"--count {count}: should be >= 1")
     runtime = Runtime(Path(folder))
-    if runtime.card.family != "encoder-decoder":
+    family = family_of(runtime.card)
+    if not family.generates or family.continues_prompt:  # it needs source -> new target
         raise ZooError(f"{folder}: a {runtime.card.family} export; --task {task} evaluates "
                        "an encoder-decoder")
     try:

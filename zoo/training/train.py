@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.atomic import atomic_write_bytes, refuse_existing
+from zoo.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from zoo.files.weights import CONFIG, card_yaml
 from zoo.training import data
@@ -181,18 +180,31 @@ def _prepare_out(card: Card, options: TrainOptions, writer: bool):
                            f"'{card.name}' in {', '.join(changed) or 'its fields'}")
         return checkpoint
     if writer:
-        refuse_existing(out, options.force)
-        if out.exists():
-            shutil.rmtree(out)
+        refuse_existing(out, options.force)  # an existing OUT under --force is staged
     return None
 
 
 def train(model: nn.Module, card: Card, options: TrainOptions,
           progress: Progress = lambda *args: None, log_every: int = 10) -> dict[str, Any]:
-    """Train `model` in place; returns the final trainer state (step, losses, ...)."""
+    """Train `model` in place; returns the final trainer state (step, losses, ...).
+
+    `--force` over an existing OUT trains into a staged folder that replaces OUT only once
+    training is done: a failed or interrupted run leaves the old OUT as it was.
+    """
     _check_fit(card, options)  # first: the defaults depend on a known task
     options = options.resolved(card)
     rank, world = _distributed()
+    if rank == 0 and options.force and not options.resume and options.out.exists():
+        with atomic_folder(options.out, force=True) as staging:
+            return _train(model, card, replace(options, out=staging), rank, world, progress,
+                          log_every, shown=options.out)
+    return _train(model, card, options, rank, world, progress, log_every, shown=options.out)
+
+
+def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,
+           progress: Progress, log_every: int, shown: Path) -> dict[str, Any]:
+    """The loop, writing into `options.out` (OUT, or its staged replacement); messages name
+    `shown`, the OUT the user asked for."""
     writer = rank == 0
     task = Task(card, options)
     checkpoint = _prepare_out(card, options, writer)
@@ -228,9 +240,13 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
         loss = task.loss(trained, batch)
         if not math.isfinite(loss.item()):
             last = latest_checkpoint(options.out)
-            kept = f"last good checkpoint: step {last.step}" if last else "no checkpoint yet"
-            raise TrainingError(f"step {step + 1}: loss is {loss.item()}; stopped ({kept} "
-                                f"in {display_path(options.out)})")
+            if options.out != shown:  # staged under --force: the old OUT stays
+                kept = f"{display_path(shown)} left as it was"
+            elif last:
+                kept = f"last good checkpoint: step {last.step} in {display_path(shown)}"
+            else:
+                kept = f"no checkpoint yet in {display_path(shown)}"
+            raise TrainingError(f"step {step + 1}: loss is {loss.item()}; stopped ({kept})")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), options.clip)

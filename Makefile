@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint clean node-deps
+.PHONY: demo test test-slow mutants lint clean node-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ test: $(STAMP) node-deps
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# Plants small realistic bugs one at a time (tests/mutants.py lists them) and fails if the
+# tests meant to catch one pass with it in place. Not part of `make test`: several minutes.
+mutants: $(STAMP)
+	$(BIN)/python -m tests.mutants
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

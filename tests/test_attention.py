@@ -25,6 +25,10 @@ from tests.conftest import TINY_CARDS, SharedExport, card, prompt_feeds, random_
 from zoo.blocks.attention import recorded_attentions
 from zoo.build import build_model
 
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
 GROUPS = {"gpt-tiny": ("attentions",), "bert-tiny": ("attentions",),
           "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
 

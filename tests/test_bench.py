@@ -37,6 +37,10 @@ from tests.conftest import (
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
 VARIANTS = ["optimize", "int8", "int4"]
 
 

@@ -34,6 +34,10 @@ from zoo.build import build_model
 from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
 
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
 CUDA = cuda_active()
 GPT_TINY = card("gpt-tiny").fields
 needs_cuda = pytest.mark.skipif(not CUDA, reason="ONNX Runtime's CUDA provider is not active")

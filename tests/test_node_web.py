@@ -32,6 +32,10 @@ from tests.conftest import SharedExport, card, prompt_feeds
 from zoo.files.weights import load_built
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
 NODE_DIR = ROOT / "examples" / "node"
 WEB_DIR = ROOT / "examples" / "web"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

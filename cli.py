@@ -285,7 +285,10 @@ def parse_ids(text: str) -> list[int]:
 @click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
 @click.option("--ids", "id_lists", multiple=True,
               help="Comma-separated token ids; repeat for a (left-padded) batch.")
-@click.option("--text", help="Text prompt (needs an export with a tokenizer).")
+@click.option("--text", "texts", multiple=True,
+              help="Text prompt (needs an export with a tokenizer); repeat for a batch.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Classifiers and embedding models: print the raw numbers as JSON.")
 @click.option("--max-new-tokens", default=32, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, help="0 = no limit.")
@@ -293,13 +296,15 @@ def parse_ids(text: str) -> list[int]:
 @click.option("--beams", default=1, show_default=True, help="Beam search width.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
 @click.option("--threads", type=int, help="ONNX Runtime CPU threads [all cores].")
-def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
-        max_new_tokens: int, temperature: float, top_k: int, top_p: float, beams: int,
-        seed: int, threads: int | None) -> None:
+def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str, ...],
+        as_json: bool, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+        beams: int, seed: int, threads: int | None) -> None:
     """Run an exported FOLDER with ONNX Runtime.
 
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
-    the pooled vector and the top predictions at masked positions.
+    the pooled vector and the top predictions at masked positions. A model with a sentence
+    vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
+    size and norm, and the texts' cosine similarities.
     """
     from export.runtime.sampling import check_new_tokens
 
@@ -313,13 +318,21 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     from export.runtime.sessions import Runtime
     from zoo.files.tokenizer import load_tokenizer
 
-    if text is None and not id_lists:
+    if not texts and not id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")
     runtime = Runtime(Path(folder), provider, threads)
     tokenizer = load_tokenizer(Path(folder))
-    if text is not None and tokenizer is None:
+    if texts and tokenizer is None:
         raise ZooError(f"{folder}: this export has no tokenizer; pass token ids with --ids")
-    prompts = [tokenizer.encode(text)] if text is not None else [parse_ids(i) for i in id_lists]
+    prompts = ([tokenizer.encode(text) for text in texts] if texts
+               else [parse_ids(i) for i in id_lists])
+    if any(not prompt for prompt in prompts):
+        raise ZooError("an empty prompt: every --text or --ids needs at least one token")
+    if runtime.card["pooling"] is not None:
+        show_sequences(runtime, prompts, list(texts) or list(id_lists), as_json)
+        return
+    if as_json:
+        raise ZooError("--json is for classifiers and embedding models (cards with pooling)")
     if not family_of(runtime.card).generates:
         for prompt in prompts:
             pooled, predictions = encode(runtime, np.array(prompt))
@@ -336,11 +349,36 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
     tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
-    for row in tokens:
-        if text is not None:
-            click.echo(text + tokenizer.decode(row.tolist()))
+    for index, row in enumerate(tokens):
+        if texts:
+            click.echo(texts[index] + tokenizer.decode(row.tolist()))
         else:
             click.echo(",".join(str(token) for token in row))
+
+
+def show_sequences(runtime: Any, prompts: list[list[int]], inputs: list[str],
+                   as_json: bool) -> None:
+    """A classifier's top labels per text, or the vectors' size and norm; then, for two or
+    more texts, the cosine-similarity matrix."""
+    import json
+
+    from export.runtime.classify import run_sequences
+
+    result = run_sequences(runtime, prompts)
+    if as_json:
+        click.echo(json.dumps({"inputs": inputs, **result.to_json()}))
+        return
+    norms = result.norms()
+    for row, shown in enumerate(inputs):
+        click.echo(f"[{row}] {shown!r}")
+        if result.probabilities is not None:
+            click.echo("    " + ", ".join(f"{label} {p:.3f}" for label, p in result.top(row)))
+        else:
+            click.echo(f"    vector: {result.embeddings.shape[1]} dims, norm {norms[row]:.5f}")
+    if len(prompts) > 1:
+        click.echo("cosine similarity:")
+        for row, values in enumerate(result.cosine()):
+            click.echo(f"  [{row}] " + " ".join(f"{value:+.4f}" for value in values))
 
 
 def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_second: float) -> None:

@@ -393,10 +393,16 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
 
 @main.command()
 @click.argument("source", metavar="NAME|DIR")
-@click.option("--task", type=click.Choice(["lm", "mlm", "copy"]), required=True,
-              help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic.")
+@click.option("--task", type=click.Choice(["lm", "mlm", "copy", "classify"]), required=True,
+              help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic; "
+                   "classify: a classifier (encoder or decoder) on labelled text.")
 @click.option("--data", type=click.Path(dir_okay=False),
-              help="UTF-8 text file for lm/mlm [the shipped Shakespeare].")
+              help="lm/mlm: UTF-8 text [the shipped Shakespeare]; classify: JSONL "
+                   '({"text": ..., "label": ...} a line) or CSV with a text,label header.')
+@click.option("--eval", "eval_file", type=click.Path(dir_okay=False),
+              help="classify: held-out rows (same format), scored at each checkpoint.")
+@click.option("--eval-fraction", type=float,
+              help="classify: hold out this share of --data instead (split with --seed).")
 @click.option("--steps", default=300, show_default=True, help="Total optimizer steps.")
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--block-size", default=128, show_default=True, help="Tokens per sequence.")
@@ -411,31 +417,63 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
 @click.option("--seed", default=0, show_default=True, help="Initialisation and data seed.")
 @click.option("--force", is_flag=True, help="Replace an existing OUT (starting afresh).")
 @registry_option
-def train(source: str, task: str, data: str | None, steps: int, batch_size: int, block_size: int,
+def train(source: str, task: str, data: str | None, eval_file: str | None,
+          eval_fraction: float | None, steps: int, batch_size: int, block_size: int,
           lr: float | None, schedule: str | None, warmup: int | None,
           label_smoothing: float | None,
           checkpoint_every: int, out: str | None, resume: bool, seed: int, force: bool,
           registries: tuple[str, ...]) -> None:
     """Train a card or a built folder; checkpoints land in OUT (safetensors + JSON).
 
-    Under `torchrun --nproc_per_node N` the same command trains data-parallel.
+    --task classify makes SOURCE a classifier for the labels in --data: the body's weights are
+    kept, the new head initialised (OUT/init.json lists which), and OUT/eval.json holds the
+    held-out scores. Under `torchrun --nproc_per_node N` the same command trains data-parallel.
     """
     from zoo.files.sources import load_source
     from zoo.training.train import TrainOptions
     from zoo.training.train import train as run_training
 
     target = Path(out or f"{Path(source).name}-trained")
+    if task == "classify" and data is None:
+        raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
+    if task != "classify" and (eval_file or eval_fraction is not None):
+        raise ZooError("--eval and --eval-fraction are for --task classify")
     model, card = load_source(source, registries, seed)
+    files: dict[str, bytes] = {}
+    if task == "classify":
+        import json
+
+        from zoo.training.classify import INIT_RECORD, prepare_classifier
+
+        model, card, record = prepare_classifier(model, card, Path(data), seed, source)
+        files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()
+        click.echo(f"classifier: {card['num_labels']} labels, pooling {card['pooling']}; kept "
+                   f"{len(record['kept'])} tensors of {source}, initialised "
+                   f"{len(record['initialised'])}, dropped {len(record['dropped'])}", err=True)
+    source_folder = Path(source) if Path(source).is_dir() else None
     options = TrainOptions(
         task=task, out=target, data=Path(data) if data else None, steps=steps,
         batch_size=batch_size, block_size=block_size, lr=lr, schedule=schedule, warmup=warmup,
         label_smoothing=label_smoothing, checkpoint_every=checkpoint_every, seed=seed,
-        resume=resume, force=force)
-    result = run_training(model, card, options, progress_bar)
+        resume=resume, force=force, eval=Path(eval_file) if eval_file else None,
+        eval_fraction=eval_fraction, tokenizer_folder=source_folder)
+    result = run_training(model, card, options, progress_bar, evaluated=show_scores,
+                          files=files)
     if result.get("rank", 0) == 0:
         losses = result["losses"]
         click.echo(f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
                    f"{losses[-1]:.4f}; wrote {target}/")
+        if "eval" in result:
+            scores, baseline = result["eval"], result["eval"]["majority_baseline"]
+            click.echo(f"held-out: accuracy {scores['accuracy']:.3f}, macro-F1 "
+                       f"{scores['macro_f1']:.3f} on {scores['examples']} rows (majority "
+                       f"baseline '{baseline['label']}': accuracy {baseline['accuracy']:.3f}, "
+                       f"macro-F1 {baseline['macro_f1']:.3f}); wrote {target / 'eval.json'}")
+
+
+def show_scores(step: int, scores: dict[str, Any]) -> None:
+    click.echo(f"eval at step {step}: accuracy {scores['accuracy']:.3f}  macro-F1 "
+               f"{scores['macro_f1']:.3f}", err=True)
 
 
 @main.command("import")

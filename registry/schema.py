@@ -213,3 +213,12 @@ def _check_sequence_heads(card: dict[str, Any], where: str) -> None:
     if len(set(labels)) != len(labels):
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise CardError(f"{where}: labels names {', '.join(twice)} more than once")
+
+
+def default_pooling(card: dict[str, Any]) -> str:
+    """The sentence vector a classifier reads when its card names none: BERT's pooler where
+    the card has one (as BertForSequenceClassification), else the first real token for an
+    encoder and the last for a decoder (as GPT2ForSequenceClassification)."""
+    if card["pooler"]:
+        return "pooler"
+    return {"encoder": "cls", "decoder": "last"}.get(card["family"], "cls")

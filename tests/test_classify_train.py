@@ -200,3 +200,18 @@ def test_a_short_run_learns_and_eval_json_agrees_with_the_model(tmp_path: Path) 
     record = json.loads((tmp_path / "out" / "init.json").read_text())
     assert record["source_is"].startswith("a card")
     assert (tmp_path / "out" / "byte-tokenizer.json").is_file()
+
+
+def test_evaluation_predicts_each_row_as_if_alone() -> None:
+    """Batched, right-padded predictions equal each text's argmax computed unpadded."""
+    from zoo.training.classify import predict
+
+    classifier = card("bert-tiny", pooling="mean", num_labels=5, mlm_head=False)
+    model = build_model(classifier, seed=5)
+    rng = random.Random(0)
+    texts = [[rng.randrange(3, 256) for _ in range(rng.randint(1, 40))] for _ in range(40)]
+    with torch.no_grad():
+        alone = [int(model(torch.tensor([t]), torch.ones(1, len(t), dtype=torch.long))[
+            "logits"].argmax()) for t in texts]
+    assert predict(model, texts, classifier["pad_token_id"]) == alone
+    assert len(set(alone)) > 1  # a constant answer would prove nothing

@@ -381,6 +381,43 @@ def show_sequences(runtime: Any, prompts: list[list[int]], inputs: list[str],
             click.echo(f"  [{row}] " + " ".join(f"{value:+.4f}" for value in values))
 
 
+@main.command("evaluate")
+@click.argument("folder", metavar="OUT", type=click.Path())
+@click.option("--data", required=True, type=click.Path(dir_okay=False),
+              help="Labelled rows: JSONL or CSV of text, label (as for zoo train --task classify).")
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
+def evaluate_command(folder: str, data: str, provider: str) -> None:
+    """Score an exported classifier OUT on labelled rows with ONNX Runtime, and count the rows
+    where its prediction equals PyTorch's (the reference weights in OUT)."""
+    from export.runtime.classify import predictions
+    from export.runtime.engines import TorchEngine
+    from export.runtime.sessions import Runtime
+    from zoo.files.tokenizer import load_tokenizer
+    from zoo.files.weights import load_built
+    from zoo.training.labelled import label_ids, read_rows
+    from zoo.training.scores import scores
+
+    runtime = Runtime(Path(folder), provider)
+    card = runtime.card
+    if not card["num_labels"]:
+        raise ZooError(f"{folder}: not a classifier export (num_labels is 0)")
+    tokenizer = load_tokenizer(Path(folder))
+    if tokenizer is None:
+        raise ZooError(f"{folder}: this export has no tokenizer to read the texts with")
+    rows = read_rows(Path(data))
+    truth = label_ids(rows, card["labels"], card["num_labels"])
+    limit = card["max_positions"]
+    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
+    onnx_says = predictions(runtime, prompts)
+    torch_says = predictions(TorchEngine(*load_built(Path(folder))), prompts)
+    names = card["labels"] or [str(i) for i in range(card["num_labels"])]
+    result = scores(truth, onnx_says, names)
+    same = sum(a == b for a, b in zip(onnx_says, torch_says, strict=True))
+    click.echo(f"{len(truth)} rows: accuracy {result['accuracy']:.3f}, macro-F1 "
+               f"{result['macro_f1']:.3f} (ONNX Runtime); the same prediction as PyTorch on "
+               f"{same} of {len(truth)}")
+
+
 def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_second: float) -> None:
     filled = int(20 * step / total)
     line = (f"step {step:>{len(str(total))}}/{total} [{'#' * filled}{'.' * (20 - filled)}] "

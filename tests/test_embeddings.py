@@ -117,3 +117,26 @@ def test_decoder_embedder_export_and_run(tmp_path: Path) -> None:
     vectors, _ = reference("gpt-tiny", overrides, seed=2)
     np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
     assert "probabilities" not in data
+
+
+def test_evaluate_scores_the_export_and_compares_with_pytorch(bert_classifier: Path,
+                                                              tmp_path: Path) -> None:
+    """Rows labelled with the reference's answer twice and a wrong one once: accuracy 2/3."""
+    import shutil
+
+    from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+
+    folder = tmp_path / "export"
+    shutil.copytree(bert_classifier, folder)
+    (folder / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
+    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    best = probabilities.argmax(1)
+    names = CLASSIFIER["labels"]
+    labels = [names[best[0]], names[best[1]], names[(best[2] + 1) % 3]]
+    rows = [{"text": bytes(prompt).decode(), "label": label}
+            for prompt, label in zip(PROMPTS, labels, strict=True)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = zoo("evaluate", str(folder), "--data", str(data))
+    assert "3 rows: accuracy 0.667" in out
+    assert "the same prediction as PyTorch on 3 of 3" in out

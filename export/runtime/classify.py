@@ -10,6 +10,7 @@ import numpy as np
 
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
+from registry.errors import ZooError
 
 
 @dataclass
@@ -66,3 +67,14 @@ def run_sequences(engine: Engine, prompts: list[list[int]]) -> SequenceOutputs:
     outputs = engine.run("model.onnx", encoder_feeds(card, ids, mask))
     probabilities = softmax(outputs["logits"]) if card["num_labels"] else None
     return SequenceOutputs(outputs["sentence_embedding"], probabilities, label_names(card))
+
+
+def predictions(engine: Engine, prompts: list[list[int]], batch: int = 64) -> list[int]:
+    """Each prompt's most likely class (first maximum on ties), in right-padded batches."""
+    found: list[int] = []
+    for start in range(0, len(prompts), batch):
+        result = run_sequences(engine, prompts[start:start + batch])
+        if result.probabilities is None:
+            raise ZooError(f"{engine.card.name}: not a classifier (num_labels is 0)")
+        found += result.probabilities.argmax(axis=1).tolist()
+    return found

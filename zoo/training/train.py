@@ -103,9 +103,9 @@ def _check_fit(card: Card, options: TrainOptions) -> None:
     if defaults is None:
         raise ZooError(f"--task {options.task}: expected one of {', '.join(TASKS)}")
     if card.family not in defaults.trains:
-        raise ZooError(f"--task {options.task} trains {' or '.join(defaults.trains)}, but "
+        raise ZooError(f"--task {options.task} trains a {' or '.join(defaults.trains)}, but "
                        f"{card.name} is a {card.family} (use " + ", ".join(
-                           f"--task {t} for {' or '.join(d.trains)}" for t, d in TASKS.items())
+                           f"--task {t} for a {' or '.join(d.trains)}" for t, d in TASKS.items())
                        + ")")
     if options.steps < 1 or options.batch_size < 1:
         raise ZooError("--steps and --batch-size should be >= 1")

@@ -116,10 +116,11 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
     if name == "transformer-tiny":  # the start token's cross-attention onto the source
         memory = runtime.run("encoder.onnx", {"input_ids": source, "attention_mask": ones})
         feeds = {"input_ids": np.array([[tiny["bos_token_id"]]]), "attention_mask": ones,
-                 "encoder_hidden_states": memory["last_hidden_state"],
                  "encoder_attention_mask": ones}
         del feeds["attention_mask"]
         feeds |= {f"past_key_values.{i}.decoder.{kv}": np.zeros(shape, np.float32)
+                  for i in range(layers) for kv in ("key", "value")}
+        feeds |= {f"past_key_values.{i}.encoder.{kv}": memory[f"present.{i}.encoder.{kv}"]
                   for i in range(layers) for kv in ("key", "value")}
         outputs, group = runtime.run("decoder.onnx", feeds), "cross_attentions"
         assert drawn["query_ids"] == [tiny["bos_token_id"]] and drawn["key_ids"] == ids

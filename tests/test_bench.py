@@ -272,10 +272,12 @@ def test_zoo_bench_encoder_decoder_writes_every_figure(exports, tmp_path: Path) 
     folder, _ = exports("transformer-tiny", "optimize")
     result = bench_json(tmp_path, str(folder))
     check_result(result, "encoder-decoder")
-    assert {"encoder_b1_s128", "decode_past_16", "decode_past_127"} == set(
-        result["measurements"])
-    assert {"encoder_ort_over_torch_latency", "decode_speedup_ort_over_torch"} <= set(
-        result["summary"])
+    steps = {f"decode_source_{s}{when}" for s in (16, 128) for when in ("", "_before")}
+    assert {"encoder_b1_s128", "decode_past_16", "decode_past_127"} | steps == set(
+        result["measurements"])  # max_positions 128: source 512 is capped at 128
+    assert {"encoder_ort_over_torch_latency", "decode_speedup_ort_over_torch",
+            "decode_longest_over_shortest_source_ort",
+            "decode_source_128_speedup_over_before_ort"} <= set(result["summary"])
 
 
 def test_shared_cache_graph_follows_other_blocks(tmp_path: Path) -> None:

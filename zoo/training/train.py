@@ -27,9 +27,9 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer, tokenizer_files
+from zoo.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.files.weights import CONFIG, card_yaml
-from zoo.training import classify, data
+from zoo.training import classify, data, reverse
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
 from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
@@ -48,6 +48,7 @@ TASKS = {
     "lm": TaskDefaults(("decoder",), "cosine", 0.0),
     "mlm": TaskDefaults(("encoder",), "cosine", 0.0),
     "copy": TaskDefaults(("encoder-decoder",), "noam", 0.1),  # Vaswani et al. 2017
+    "reverse": TaskDefaults(("encoder-decoder",), "noam", 0.1),  # zoo/training/reverse.py
     "classify": TaskDefaults(("encoder", "decoder"), "cosine", 0.0),  # zoo/training/classify.py
 }
 
@@ -116,6 +117,10 @@ def _check_fit(card: Card, options: TrainOptions) -> None:
                        "card (zoo.training.classify.prepare_classifier makes one)")
     if options.task == "mlm" and card["mask_token_id"] is None:
         raise ZooError(f"{card.name}: --task mlm needs mask_token_id in the card")
+    if options.task == "reverse":
+        if reverse.LONGEST + 1 > card["max_positions"] or card["vocab_size"] < 16:
+            raise ZooError(f"{card.name}: --task reverse needs max_positions >= "
+                           f"{reverse.LONGEST + 1} and vocab_size >= 16")
     if options.task == "copy":
         if options.copy_length + 1 > card["max_positions"]:
             raise ZooError(f"copy length {options.copy_length} exceeds max_positions")
@@ -157,6 +162,12 @@ class Task:
         if o.task == "mlm":
             return data.mlm_batch(self.ids, o.batch_size, o.block_size, generator,
                                   c["mask_token_id"], c["vocab_size"])
+        if o.task == "reverse":
+            inputs, labels = reverse.reverse_batch(
+                c["vocab_size"], o.batch_size, c["bos_token_id"],
+                c["eos_token_id"] if c["eos_token_id"] is not None else 2, c["pad_token_id"],
+                generator)
+            return data.Batch(inputs, labels, int(inputs["attention_mask"].sum()) * 2)
         return data.copy_batch(o.batch_size, o.copy_length, o.copy_symbols, c["bos_token_id"],
                                c["eos_token_id"] if c["eos_token_id"] is not None else 2,
                                generator)
@@ -170,6 +181,9 @@ class Task:
                 return {path.name: path.read_bytes() for path in copied}
         if self.options.task in ("lm", "mlm", "classify"):
             return {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
+        if self.options.task == "reverse":  # so `zoo run OUT --text "..."` reverses words
+            vocabulary = reverse.vocabulary(self.card["vocab_size"])
+            return {WORD_TOKENIZER: vocabulary.to_json().encode()}
         return {}
 
     def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
@@ -188,7 +202,8 @@ class Task:
         elif self.options.task == "mlm":
             logits = model(batch.inputs["input_ids"])["logits"]
         else:
-            logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"])
+            logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"],
+                           batch.inputs.get("attention_mask"))
         return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),
                                ignore_index=data.IGNORE,
                                label_smoothing=self.options.label_smoothing)

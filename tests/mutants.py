@@ -71,7 +71,9 @@ MUTANTS = [
            "inputs[chosen & (roll < 0.8)]", "inputs[chosen & (roll < 0.7)]",
            ("tests/test_references.py",)),
     Mutant("label-smoothing-dropped", "zoo/training/train.py",
-           "label_smoothing=self.options.label_smoothing)", "label_smoothing=0.0)",
+           "ignore_index=data.IGNORE,\n                               label_smoothing=self.options"
+           ".label_smoothing)",
+           "ignore_index=data.IGNORE,\n                               label_smoothing=0.0)",
            ("tests/test_references.py",)),
     Mutant("positions-count-padding", "zoo/blocks/attention.py",
            "(attention_mask.long().cumsum(dim=1) - 1)", "(attention_mask.long().cumsum(dim=1))",

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-classify test test-slow lint clean node-deps
+.PHONY: demo demo-classify demo-reverse test test-slow mutants lint clean node-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,8 +33,8 @@ CLS_STEPS ?= 300
 
 # Speaker identification on the shipped Shakespeare (README: "Demo: who is speaking?"): the
 # set (seed 0; held-out speeches left out of pretrain.txt), mlm pre-training of a mean-pooled
-# bert-tiny (dropout 0.3), fine-tuning (held-out accuracy and macro-F1 against the majority baseline at each
-# checkpoint; eval.json), export, the held-out speeches scored by ONNX Runtime beside PyTorch,
+# bert-tiny (dropout 0.3), fine-tuning (held-out accuracy and macro-F1 against the majority
+# baseline at each checkpoint; eval.json), export, the held-out speeches scored by ONNX Runtime beside PyTorch,
 # and two held-out lines classified. Not part of `make test`.
 demo-classify: $(STAMP)
 	$(BIN)/zoo dataset speakers -o $(CLS)/data --top 3 --eval-fraction 0.2 --seed 0 --force
@@ -51,6 +51,20 @@ demo-classify: $(STAMP)
 	$(BIN)/zoo run $(CLS)/onnx --text "Either you must" \
 		--text "Confess yourselves wondrous malicious," --text "Or be accused of folly."
 
+REVERSE := out/reverse
+
+# Beyond copying (not part of `make test`): transformer-tiny learns to reverse runs of 3-8
+# words of the shipped text (about a minute of training on 2 cores), is exported to ONNX, and
+# is scored by exact match on runs from the last tenth of the text, which training never sees.
+demo-reverse: $(STAMP)
+	$(BIN)/zoo build transformer-tiny -o $(REVERSE)/built --seed 0 --force
+	$(BIN)/zoo train $(REVERSE)/built --task reverse --steps 600 --batch-size 64 \
+		-o $(REVERSE)/trained --force
+	$(BIN)/zoo export $(REVERSE)/trained --onnx -o $(REVERSE)/onnx --force
+	$(BIN)/zoo evaluate $(REVERSE)/onnx --task reverse --count 400
+	$(BIN)/zoo evaluate $(REVERSE)/onnx --task reverse --count 400 --beams 4
+	$(BIN)/zoo run $(REVERSE)/onnx --text "the king is not my lord"
+
 # The Node.js and browser tests need the examples' npm packages: where npm exists they are
 # installed here (--ignore-scripts: no CUDA download, no browser; Chromium is the system's),
 # so `make test` runs those tests; without npm they skip and say why.
@@ -65,10 +79,15 @@ node-deps:
 
 test: $(STAMP) node-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# Plants small realistic bugs one at a time (tests/mutants.py lists them) and fails if the
+# tests meant to catch one pass with it in place. Not part of `make test`: several minutes.
+mutants: $(STAMP)
+	$(BIN)/python -m tests.mutants
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

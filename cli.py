@@ -349,9 +349,10 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
     tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
+    continues = family_of(runtime.card).continues_prompt  # a translation does not
     for index, row in enumerate(tokens):
         if texts:
-            click.echo(texts[index] + tokenizer.decode(row.tolist()))
+            click.echo((texts[index] if continues else "") + tokenizer.decode(row.tolist()))
         else:
             click.echo(",".join(str(token) for token in row))
 
@@ -381,43 +382,6 @@ def show_sequences(runtime: Any, prompts: list[list[int]], inputs: list[str],
             click.echo(f"  [{row}] " + " ".join(f"{value:+.4f}" for value in values))
 
 
-@main.command("evaluate")
-@click.argument("folder", metavar="OUT", type=click.Path())
-@click.option("--data", required=True, type=click.Path(dir_okay=False),
-              help="Labelled rows: JSONL or CSV of text, label (as for zoo train --task classify).")
-@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
-def evaluate_command(folder: str, data: str, provider: str) -> None:
-    """Score an exported classifier OUT on labelled rows with ONNX Runtime, and count the rows
-    where its prediction equals PyTorch's (the reference weights in OUT)."""
-    from export.runtime.classify import predictions
-    from export.runtime.engines import TorchEngine
-    from export.runtime.sessions import Runtime
-    from zoo.files.tokenizer import load_tokenizer
-    from zoo.files.weights import load_built
-    from zoo.training.labelled import label_ids, read_rows
-    from zoo.training.scores import scores
-
-    runtime = Runtime(Path(folder), provider)
-    card = runtime.card
-    if not card["num_labels"]:
-        raise ZooError(f"{folder}: not a classifier export (num_labels is 0)")
-    tokenizer = load_tokenizer(Path(folder))
-    if tokenizer is None:
-        raise ZooError(f"{folder}: this export has no tokenizer to read the texts with")
-    rows = read_rows(Path(data))
-    truth = label_ids(rows, card["labels"], card["num_labels"])
-    limit = card["max_positions"]
-    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
-    onnx_says = predictions(runtime, prompts)
-    torch_says = predictions(TorchEngine(*load_built(Path(folder))), prompts)
-    names = card["labels"] or [str(i) for i in range(card["num_labels"])]
-    result = scores(truth, onnx_says, names)
-    same = sum(a == b for a, b in zip(onnx_says, torch_says, strict=True))
-    click.echo(f"{len(truth)} rows: accuracy {result['accuracy']:.3f}, macro-F1 "
-               f"{result['macro_f1']:.3f} (ONNX Runtime); the same prediction as PyTorch on "
-               f"{same} of {len(truth)}")
-
-
 def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_second: float) -> None:
     filled = int(20 * step / total)
     line = (f"step {step:>{len(str(total))}}/{total} [{'#' * filled}{'.' * (20 - filled)}] "
@@ -430,8 +394,10 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
 
 @main.command()
 @click.argument("source", metavar="NAME|DIR")
-@click.option("--task", type=click.Choice(["lm", "mlm", "copy", "classify"]), required=True,
+@click.option("--task", type=click.Choice(["lm", "mlm", "copy", "reverse", "classify"]),
+              required=True,
               help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic; "
+                   "reverse: encoder-decoder, the shipped text's words in reverse order; "
                    "classify: a classifier (encoder or decoder) on labelled text.")
 @click.option("--data", type=click.Path(dir_okay=False),
               help="lm/mlm: UTF-8 text [the shipped Shakespeare]; classify: JSONL "
@@ -537,6 +503,87 @@ def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force:
     click.echo(f"wrote {out}/ (train.jsonl: {len(made.train)} speeches, eval.jsonl: "
                f"{len(made.eval)}, pretrain.txt); classes: "
                + ", ".join(f"{name} ({count})" for name, count in counts.items()))
+
+
+@main.command("evaluate")
+@click.argument("folder", metavar="OUT", type=click.Path())
+@click.option("--data", type=click.Path(dir_okay=False),
+              help="A classifier: labelled rows, JSONL or CSV of text, label (as for zoo train "
+                   "--task classify).")
+@click.option("--task", type=click.Choice(["reverse"]),
+              help="An encoder-decoder: reverse = held-out runs of the shipped text's words.")
+@click.option("--count", default=200, show_default=True, help="--task: held-out inputs.")
+@click.option("--beams", default=1, show_default=True, help="--task: beam search width.")
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
+def evaluate_command(folder: str, data: str | None, task: str | None, count: int, beams: int,
+                     provider: str) -> None:
+    """Score an export OUT with ONNX Runtime: a classifier on labelled rows (--data), with the
+    rows where its prediction equals PyTorch's; or an encoder-decoder's exact-match accuracy on
+    held-out inputs (--task reverse)."""
+    if (data is None) == (task is None):
+        raise ZooError("give --data FILE (a classifier) or --task reverse (an encoder-decoder)")
+    if data is not None:
+        evaluate_classifier(folder, data, provider)
+    else:
+        evaluate_task(folder, task, count, beams, provider)
+
+
+def evaluate_classifier(folder: str, data: str, provider: str) -> None:
+    from export.runtime.classify import predictions
+    from export.runtime.engines import TorchEngine
+    from export.runtime.sessions import Runtime
+    from zoo.files.tokenizer import load_tokenizer
+    from zoo.files.weights import load_built
+    from zoo.training.labelled import label_ids, read_rows
+    from zoo.training.scores import scores
+
+    runtime = Runtime(Path(folder), provider)
+    card = runtime.card
+    if not card["num_labels"]:
+        raise ZooError(f"{folder}: not a classifier export (num_labels is 0)")
+    tokenizer = load_tokenizer(Path(folder))
+    if tokenizer is None:
+        raise ZooError(f"{folder}: this export has no tokenizer to read the texts with")
+    rows = read_rows(Path(data))
+    truth = label_ids(rows, card["labels"], card["num_labels"])
+    limit = card["max_positions"]
+    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
+    onnx_says = predictions(runtime, prompts)
+    torch_says = predictions(TorchEngine(*load_built(Path(folder))), prompts)
+    names = card["labels"] or [str(i) for i in range(card["num_labels"])]
+    result = scores(truth, onnx_says, names)
+    same = sum(a == b for a, b in zip(onnx_says, torch_says, strict=True))
+    click.echo(f"{len(truth)} rows: accuracy {result['accuracy']:.3f}, macro-F1 "
+               f"{result['macro_f1']:.3f} (ONNX Runtime); the same prediction as PyTorch on "
+               f"{same} of {len(truth)}")
+
+
+
+
+def evaluate_task(folder: str, task: str, count: int, beams: int, provider: str) -> None:
+    from export.checks.exact_match import exact_match
+    from export.runtime.sessions import Runtime
+    from zoo.files.tokenizer import load_tokenizer
+    from zoo.training import reverse
+
+    if count < 1:
+        raise ZooError(f"--count {count}: should be >= 1")
+    runtime = Runtime(Path(folder), provider)
+    if runtime.card.family != "encoder-decoder":
+        raise ZooError(f"{folder}: a {runtime.card.family} export; --task {task} evaluates "
+                       "an encoder-decoder")
+    try:
+        pairs = reverse.held_out(runtime.card["vocab_size"], count)
+    except ValueError as exc:
+        raise ZooError(f"--count {count}: {exc}") from exc
+    result = exact_match(runtime, pairs, beams)
+    tokenizer = load_tokenizer(Path(folder))
+    show = tokenizer.decode if tokenizer is not None else (lambda ids: ",".join(map(str, ids)))
+    for source, target, output in result.examples:
+        mark = "ok" if output == target else "wrong"
+        click.echo(f"{show(source)!r} -> {show(output)!r} ({mark})")
+    click.echo(f"exact match: {result.correct}/{result.total} = {result.accuracy:.1%} "
+               "(held-out inputs)")
 
 
 @main.command("import")

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from torch import nn
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
 from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
 from registry.errors import ZooError
@@ -30,35 +30,51 @@ class Input:
 
     name: str
     axes: tuple[str, ...]
-    example: str  # ids | ones | zeros | positions | normal
+    example: str  # ids | target_ids | ones | zeros | positions | normal
     when: str | None = None  # the card field that must be set for the input to exist
 
 
 CACHE_AXES = ("batch", "heads", "past_sequence", "head_dim")
+CROSS_CACHE_AXES = ("batch", "heads", "encoder_sequence", "head_dim")
 
 
 @dataclass(frozen=True)
 class GraphIO:
     """One ONNX file: its inputs (the cache last, one key and one value per layer), outputs,
     the wrapper that gives the model this flat signature, and the attention groups whose maps
-    `--attentions` adds as outputs (`{group}.{layer}`, after every other output)."""
+    `--attentions` adds as outputs (`{group}.{layer}`, after every other output).
+
+    The encoder-decoder's cross-attention cache (`cross_cache`) is computed once per source:
+    "out": the graph returns it (`present.{i}.encoder.*`, after the other outputs); "in": the
+    graph takes it (`past_key_values.{i}.encoder.*`, after each layer's self cache, in
+    Optimum's order) and does not hand it back."""
 
     inputs: tuple[Input, ...]
     outputs: tuple[str, ...]
     wrapper: type[Wrapper]
     cache_infix: str | None = None  # None: no cache; "" or ".decoder": the names' infix
     attention_groups: tuple[str, ...] = ()
+    cross_cache: str | None = None  # None, "out" or "in"
+
+    def cache_inputs(self) -> list[tuple[str, ...]]:
+        """Per layer, the axes of each cache input in order (key and value alike)."""
+        axes = [] if self.cache_infix is None else [CACHE_AXES]
+        return axes + ([CROSS_CACHE_AXES] if self.cross_cache == "in" else [])
 
     def input_names(self, card: Card) -> list[str]:
         names = [i.name for i in self.inputs]
         if self.cache_infix is not None:
-            names += past_names(card["n_layers"], CACHE_INPUT, self.cache_infix)
+            infixes = (self.cache_infix, ENCODER) if self.cross_cache == "in" else (
+                self.cache_infix,)
+            names += past_names(card["n_layers"], CACHE_INPUT, *infixes)
         return names
 
     def output_names(self, card: Card, attentions: bool = False) -> list[str]:
         names = list(self.outputs)
         if self.cache_infix is not None:
             names += past_names(card["n_layers"], CACHE_OUTPUT, self.cache_infix)
+        if self.cross_cache == "out":
+            names += past_names(card["n_layers"], CACHE_OUTPUT, ENCODER)
         if attentions:
             names += attention_names(self.attention_groups, card["n_layers"])
         return names
@@ -89,6 +105,7 @@ class Extras:
 class Family:
     name: str = ""
     generates: bool = False  # decoders and encoder-decoders generate; encoders encode
+    continues_prompt: bool = True  # generated text follows the prompt (not a translation)
     optimizer_model_type: str = "bert"  # onnxruntime.transformers' pattern set
     attention_fusion_note: str = ""  # why a missing attention fusion does not matter, if so
     # The family's own pieces, handed out as they are (staticmethod(...) in each family):

@@ -31,9 +31,9 @@ def _builtin(*names: str) -> dict[str, BlockEntry]:
 
 
 BLOCKS: dict[str, dict[str, BlockEntry]] = {
-    "activation": _builtin("relu", "gelu", "gelu_tanh", "swiglu"),
+    "activation": _builtin("relu", "gelu", "gelu_tanh", "silu", "swiglu"),
     "norm": _builtin("layernorm", "rmsnorm"),
-    "position": _builtin("sinusoidal", "learned", "rotary"),
+    "position": _builtin("sinusoidal", "sinusoidal_halves", "learned", "rotary"),
 }
 
 

@@ -7,6 +7,7 @@ maps; `zoo/files/importers.py` applies them to tensors.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ UNDO_SHAPES = {
     "none": lambda shapes: shapes,
     "transpose": lambda shapes: [shape[::-1] for shape in shapes],
     "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
+    "row": lambda shapes: [(1, *shape) for shape in shapes],  # (1, n) -> (n,)
 }
 
 
@@ -82,6 +84,18 @@ class LayoutMap:
             raise LayoutError(f"{where}: {entry['source']}: unknown transform "
                               f"{', '.join(unknown)} (known: {', '.join(UNDO_SHAPES)})")
         return Rule(entry["source"], targets, transforms)
+
+    def for_config(self, config: dict[str, Any]) -> LayoutMap:
+        """This map with each `variants` entry whose `if` values config.json has merged over
+        its sections (`config`, `fields`, `tied`, ...): one map, several checkpoint styles."""
+        resolved = copy.copy(self)
+        resolved.data = dict(self.data)
+        for variant in self.data.get("variants", []):
+            if all(config.get(key) == value for key, value in variant["if"].items()):
+                for section, entries in variant.items():
+                    if section != "if":
+                        resolved.data[section] = {**(resolved.data.get(section) or {}), **entries}
+        return resolved
 
     def __getitem__(self, key: str) -> Any:
         return self.data.get(key) or {}

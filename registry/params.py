@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry.blocks import BLOCKS
+from registry.schema import target_vocab_size
 
 
 class UnknownCount(Exception):
@@ -29,7 +30,7 @@ def norm_params(card: dict[str, Any]) -> int:
 
 def ffn_params(card: dict[str, Any]) -> int:
     d, f, bias = card["d_model"], card["d_ff"], card["bias"]
-    if card["activation"] in ("relu", "gelu", "gelu_tanh"):
+    if card["activation"] in ("relu", "gelu", "gelu_tanh", "silu"):
         return 2 * d * f + (f + d if bias else 0)
     if card["activation"] == "swiglu":
         return 3 * d * f + (2 * f + d if bias else 0)
@@ -45,7 +46,7 @@ def position_params(card: dict[str, Any]) -> int:
     name = card["position"]
     if name == "learned":
         return card["max_positions"] * card["d_model"]
-    if name in ("sinusoidal", "rotary"):
+    if name in ("sinusoidal", "sinusoidal_halves", "rotary"):
         return 0
     return _plugin_count("position", card)
 
@@ -61,8 +62,10 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     embeddings = vocab * d + position_params(card) + card["type_vocab_size"] * d
     if card["embedding_norm"]:
         embeddings += norm
-    if family == "encoder-decoder" and not card["tie_embeddings"]:
-        embeddings += vocab * d  # a separate target embedding
+    target = target_vocab_size(card)
+    if family == "encoder-decoder" and (not card["tie_embeddings"]
+                                        or card["target_vocab_size"] is not None):
+        embeddings += target * d  # a separate target embedding
     parts["embeddings"] = embeddings
 
     if family == "encoder":
@@ -85,8 +88,11 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     # A decoder with a pooling is a sequence model: no LM head (zoo/build.py).
     has_output = (family == "encoder-decoder" or card["mlm_head"]
                   or (family == "decoder" and card["pooling"] is None))
+    output_vocab = target if family == "encoder-decoder" else vocab
     if has_output and not card["tie_embeddings"]:
-        heads += vocab * d  # an output matrix of its own
+        heads += output_vocab * d  # an output matrix of its own
+    if has_output and family != "encoder" and card["output_bias"]:
+        heads += output_vocab
     parts["heads"] = heads
     return {name: count for name, count in parts.items() if count}
 

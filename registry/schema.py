@@ -64,6 +64,9 @@ FIELDS: dict[str, Field] = {
     "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
     "final_norm": Field(bool, True, "norm after the last layer (pre-norm stacks)"),
     "bias": Field(bool, True, "biases in linear layers"),
+    "output_bias": Field(bool, False, "a bias on the output logits (MarianMT's final_logits_bias)"),
+    "target_vocab_size": Field(int, None, "encoder-decoder: a target vocabulary of its own "
+                               "(null: the source's, shared)", minimum=1, nullable=True),
     "type_vocab_size": Field(int, 0, "token types (encoder; 0 = none)", minimum=0),
     "pooler": Field(bool, False, "tanh pooler over the first token (encoder)"),
     "mlm_head": Field(bool, False, "masked-LM head tied to the embeddings (encoder)"),
@@ -81,6 +84,11 @@ FIELDS: dict[str, Field] = {
     "labels": Field(list, None, "the classes' names, in id order (optional)", nullable=True),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
+
+
+def target_vocab_size(card: dict[str, Any]) -> int:
+    """The vocabulary the decoder reads and writes: the source's unless the card has its own."""
+    return card["target_vocab_size"] or card["vocab_size"]
 
 
 def _coerce(name: str, value: Any, spec: Field, where: str) -> Any:
@@ -178,6 +186,12 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
                 raise CardError(f"{where}: {name}={card[name]!r} applies only to family encoder, "
                                 f"not {card['family']}")
     _check_sequence_heads(card, where)
+    if card["target_vocab_size"] is not None and card["family"] != "encoder-decoder":
+        raise CardError(f"{where}: target_vocab_size applies only to family encoder-decoder")
+    for token in ("bos_token_id", "eos_token_id"):  # tokens the decoder reads or writes
+        if card[token] is not None and card[token] >= target_vocab_size(card):
+            raise CardError(f"{where}: {token}={card[token]} should be < target_vocab_size="
+                            f"{target_vocab_size(card)}")
     if card["family"] == "encoder-decoder" and card["bos_token_id"] is None:
         raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
                         "(the decoder's start token)")

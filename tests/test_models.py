@@ -77,7 +77,7 @@ def test_a_later_token_never_changes_earlier_outputs(name: str) -> None:
         before, after = forward(model, tiny.family, ids), forward(model, tiny.family, changed)
     if tiny.family == "encoder-decoder":  # the target side is causal; vary only the target
         with torch.no_grad():
-            memory = model.encode(ids)
+            memory = model.cross_cache(model.encode(ids))
             before = model.decode(ids, memory)[0]
             after = model.decode(changed, memory)[0]
     torch.testing.assert_close(before[:, :6], after[:, :6], atol=1e-6, rtol=0)
@@ -112,8 +112,8 @@ def test_source_padding_leaves_encoder_decoder_outputs_unchanged(side: str) -> N
     padded = torch.cat([p[0] for p in parts], dim=1)
     mask = torch.cat([p[1] for p in parts], dim=1)
     with torch.no_grad():
-        plain = model.decode(target, model.encode(source))[0]
-        extra = model.decode(target, model.encode(padded, mask), mask)[0]
+        plain = model.decode(target, model.cross_cache(model.encode(source)))[0]
+        extra = model.decode(target, model.cross_cache(model.encode(padded, mask)), mask)[0]
     torch.testing.assert_close(extra, plain, atol=1e-5, rtol=0)
 
 
@@ -139,7 +139,7 @@ def test_encoder_decoder_cache_steps_equal_one_full_forward(overrides: dict) -> 
     model = build_model(tiny)
     source, target = random_ids(tiny, 2, 7), random_ids(tiny, 2, 8, seed=1)
     with torch.no_grad():
-        memory = model.encode(source)
+        memory = model.cross_cache(model.encode(source))
         full, _ = model.decode(target, memory)
         steps, past = [], None
         for position in range(8):

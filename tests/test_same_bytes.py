@@ -6,7 +6,11 @@ One difference is expected and checked exactly: model_kv.onnx named its attentio
 `...self_attention.attention.query.weight`, because the shared-cache graph wrapped each
 attention module; it now swaps the attention's core instead (zoo/blocks/attention.py), so the
 names are the module's own, as in model.onnx. With that one rename applied to the old file,
-the two protos are identical. Slow (two full exports of three cards, twice): `make test-slow`.
+the two protos are identical. Slow (two full exports of two cards, twice): `make test-slow`.
+
+The encoder-decoder's graphs changed on purpose since (issue #12: encoder.onnx returns the
+cross-attention cache, decoder.onnx takes it), so transformer-tiny is no longer compared here;
+tests/test_seq2seq_cache.py and the parity grid prove those graphs instead.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from export.serving.genai import GENAI_GRAPH
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE_REDESIGN = "3a1a58fca642e281aca7fcaa4c0edf5f99be2fd9"
-CARDS = ("gpt-tiny", "bert-tiny", "transformer-tiny")
+CARDS = ("gpt-tiny", "bert-tiny")  # transformer-tiny's graphs changed in issue #12
 OLD_NAME, NEW_NAME = ".self_attention.attention.", ".self_attention."
 RENAMES = ((OLD_NAME, NEW_NAME), (OLD_NAME.replace(".", "_"), NEW_NAME.replace(".", "_")))
 

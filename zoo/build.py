@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from registry.catalog import Card
+from registry.schema import target_vocab_size
 from zoo.blocks.attention import Attention
 from zoo.blocks.classes import block_class
 from zoo.blocks.embeddings import Embeddings
@@ -55,10 +56,10 @@ class Parts:
     def final_norm(self) -> nn.Module | None:
         return self.norm() if self.card["final_norm"] else None
 
-    def embeddings(self, position: nn.Module) -> Embeddings:
+    def embeddings(self, position: nn.Module, vocab_size: int | None = None) -> Embeddings:
         c = self.card
         return Embeddings(
-            c["vocab_size"], c["d_model"], position, c["dropout"],
+            vocab_size or c["vocab_size"], c["d_model"], position, c["dropout"],
             scale=c["scale_embeddings"],
             type_vocab_size=c["type_vocab_size"],
             norm=self.norm() if c["embedding_norm"] else None,
@@ -69,9 +70,10 @@ class Parts:
         head_dim = c["d_model"] // c["n_heads"]
         return self.position_class(c["d_model"], c["max_positions"], head_dim, c["rope_theta"])
 
-    def lm_head(self) -> LMHead:
+    def lm_head(self, vocab_size: int | None = None) -> LMHead:
         c = self.card
-        return LMHead(c["d_model"], c["vocab_size"], tied=c["tie_embeddings"])
+        return LMHead(c["d_model"], vocab_size or c["vocab_size"], tied=c["tie_embeddings"],
+                      bias=c["output_bias"])
 
 
 def _assemble(card: dict[str, Any]) -> nn.Module:
@@ -87,15 +89,18 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
         heads = {spec.name: spec.build(card, parts) for spec in encoder_heads(card)}
         return Encoder(embeddings, layers, final_norm, heads)
     position = parts.position()  # shared by both stacks: a function of position only
-    tied = card["tie_embeddings"]
+    target = target_vocab_size(card)
+    # One matrix for source, target and output, unless untied or the vocabularies differ
+    # (then the output head, if tied, uses the target embedding).
+    shared = card["tie_embeddings"] and card["target_vocab_size"] is None
     return EncoderDecoder(
         parts.embeddings(position),
-        None if tied else parts.embeddings(position),
+        None if shared else parts.embeddings(position, target),
         parts.layers(),
         parts.layers(cross=True),
         parts.final_norm(),
         parts.final_norm(),
-        parts.lm_head(),
+        parts.lm_head(target),
     )
 
 

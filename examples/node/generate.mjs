@@ -67,10 +67,19 @@ function emptyPast(card, names) {
 }
 
 // [input, output] name pairs of the cache, from the manifest: present.{i}[.decoder].key/.value
-// is fed back as past_key_values.{i}[.decoder].key/.value on the next step.
+// is fed back as past_key_values.{i}[.decoder].key/.value on the next step. The
+// encoder-decoder's cross cache (past_key_values.{i}.encoder.*) is an input the graph does not
+// return: it comes from encoder.onnx's present.{i}.encoder.*, once (crossNames).
+const toPresent = (name) => name.replace(/^past_key_values\./, 'present.');
 function cacheNames(graph) {
   const past = graph.inputs.filter((name) => name.startsWith('past_key_values.'));
-  return past.map((name) => [name, name.replace(/^past_key_values\./, 'present.')]);
+  return past.map((name) => [name, toPresent(name)])
+    .filter(([, output]) => graph.outputs.includes(output));
+}
+function crossNames(graph) {
+  return graph.inputs.filter((name) => name.startsWith('past_key_values.') &&
+                                       !graph.outputs.includes(toPresent(name)))
+    .map((name) => [name, toPresent(name)]);
 }
 
 // Greedy pick from the last position of logits (1, T, vocab); the first maximum wins, as in numpy.
@@ -119,14 +128,17 @@ async function runSeq2Seq(folder, manifest, ids, steps) {
   const encoder = await open(folder, 'encoder.onnx');
   const decoder = await open(folder, 'decoder.onnx');
   const mask = int64(ids.map(() => 1), [1, ids.length]);
-  const { last_hidden_state: memory } = await encoder.run({
+  const encoded = await encoder.run({
     input_ids: int64(ids, [1, ids.length]), attention_mask: mask,
   });
-  // The encoder runs once; its output and mask are fed to every decoder step.
+  // The encoder runs once; the cross-attention keys/values it returns and the source mask
+  // are fed unchanged to every decoder step.
+  const cross = Object.fromEntries(crossNames(manifest.graphs['decoder.onnx'])
+    .map(([input, output]) => [input, encoded[output]]));
   const feedsFor = (tokens) => ({
     input_ids: int64(tokens, [1, tokens.length]),
-    encoder_hidden_states: memory,
     encoder_attention_mask: mask,
+    ...cross,
   });
   const cache = cacheNames(manifest.graphs['decoder.onnx']);
   const start = [manifest.card.bos_token_id];

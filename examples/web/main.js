@@ -1,4 +1,6 @@
-// Greedy generation with a zoo decoder export in the browser (docs/onnx-contract.md).
+// Greedy generation with a zoo decoder or encoder-decoder export in the browser
+// (docs/onnx-contract.md). An encoder-decoder's source is encoded once: its cross-attention
+// keys/values (encoder.onnx's present.*.encoder.*) are fed unchanged to every decoder step.
 //
 // ONNX Runtime Web is served from ./node_modules/onnxruntime-web/dist (npm ci --ignore-scripts
 // in this folder); nothing comes from a CDN. Every failure ends on the page as one line in
@@ -55,14 +57,14 @@ async function readManifest(folder) {
     throw new PageError(`${url}: format_version=${JSON.stringify(manifest.format_version)}, ` +
                         `this page reads ${FORMAT_VERSION}`);
   }
-  if (manifest.family !== 'decoder') {
-    throw new PageError(`${folder}: a ${manifest.family} export; this page runs decoders ` +
-                        '(examples/node runs every family)');
+  if (!['decoder', 'encoder-decoder'].includes(manifest.family)) {
+    throw new PageError(`${folder}: a ${manifest.family} export; this page runs decoders and ` +
+                        'encoder-decoders (examples/node runs every family)');
   }
   return manifest;
 }
 
-function parseIds(text, card, steps) {
+function parseIds(text, card, steps, seq2seq) {
   const clean = text.replace(/\s/g, '');
   if (!/^-?\d+(,-?\d+)*$/.test(clean)) {
     throw new PageError(`ids ${text}: expected comma-separated integers`);
@@ -72,7 +74,9 @@ function parseIds(text, card, steps) {
   if (bad !== undefined) {
     throw new PageError(`token ids should be in 0..${card.vocab_size - 1}, got ${bad}`);
   }
-  if (!(steps >= 1) || ids.length + steps > card.max_positions) {
+  // A decoder attends over prompt + new tokens; the encoder-decoder's target is bos + new tokens.
+  const longest = seq2seq ? Math.max(ids.length, steps + 1) : ids.length + steps;
+  if (!(steps >= 1) || longest > card.max_positions) {
     throw new PageError(`prompt of ${ids.length} plus ${steps} new tokens: should be at least ` +
                         `one new token and at most max_positions=${card.max_positions} in all`);
   }
@@ -120,46 +124,86 @@ function showToken(token, ms) {
   $('tokens').append(span);
 }
 
+// One session per graph; the encoder-decoder's graphs share weights.onnx.data, fetched once.
+async function openSession(folder, manifest, file, externalData) {
+  const url = new URL(file, folder).href;
+  const bytes = await fetchChecked(url, manifest.files[file]);
+  try {
+    return await ort.InferenceSession.create(bytes, { executionProviders: ['wasm'], externalData });
+  } catch (error) {
+    throw new PageError(`${url}: ONNX Runtime cannot load it: ${error.message}`);
+  }
+}
+
+// [input, output] name pairs of the cache the graph returns: present.* fed back as past_key_values.*
+function cacheNames(graph) {
+  return graph.inputs.filter((name) => name.startsWith('past_key_values.'))
+    .map((name) => [name, name.replace(/^past_key_values\./, 'present.')])
+    .filter(([, output]) => graph.outputs.includes(output));
+}
+
+async function decoderSteps(folder, manifest, ids) {
+  const session = await openSession(folder, manifest, 'model.onnx');
+  let length = 0; // past + new: the attention mask covers all of them (no padding here)
+  const feedsFor = (next) => {
+    const positions = next.map((_, i) => length + i); // cumsum(mask) - 1 without padding
+    length += next.length;
+    return {
+      input_ids: int64(next, [1, next.length]),
+      attention_mask: int64(new Array(length).fill(1), [1, length]),
+      position_ids: int64(positions, [1, next.length]),
+    };
+  };
+  return { session, feedsFor, first: ids, graph: manifest.graphs['model.onnx'] };
+}
+
+async function seq2seqSteps(folder, manifest, ids) {
+  const data = 'weights.onnx.data';
+  const externalData = manifest.files[data] ? [{
+    path: data, data: await fetchChecked(new URL(data, folder).href, manifest.files[data]),
+  }] : undefined;
+  const encoder = await openSession(folder, manifest, 'encoder.onnx', externalData);
+  const session = await openSession(folder, manifest, 'decoder.onnx', externalData);
+  const mask = int64(ids.map(() => 1), [1, ids.length]);
+  const encoded = await encoder.run({ input_ids: int64(ids, [1, ids.length]),
+                                      attention_mask: mask });
+  const graph = manifest.graphs['decoder.onnx'];
+  const returned = new Set(cacheNames(graph).map(([input]) => input));
+  const cross = Object.fromEntries(graph.inputs
+    .filter((name) => name.startsWith('past_key_values.') && !returned.has(name))
+    .map((name) => [name, encoded[name.replace(/^past_key_values\./, 'present.')]]));
+  const feedsFor = (next) => ({
+    input_ids: int64(next, [1, next.length]), encoder_attention_mask: mask, ...cross,
+  });
+  return { session, feedsFor, first: [manifest.card.bos_token_id], graph };
+}
+
 async function generate(folder, idsText, steps) {
   setState('loading', 'loading ONNX Runtime Web and the manifest...');
   await loadOrt();
   const manifest = await readManifest(folder);
   const card = manifest.card;
-  const ids = parseIds(idsText, card, steps);
-  const graph = manifest.graphs['model.onnx'];
-  const modelUrl = new URL('model.onnx', folder).href;
-  const bytes = await fetchChecked(modelUrl, manifest.files['model.onnx']);
-  let session;
-  try {
-    session = await ort.InferenceSession.create(bytes, { executionProviders: ['wasm'] });
-  } catch (error) {
-    throw new PageError(`${modelUrl}: ONNX Runtime cannot load it: ${error.message}`);
-  }
+  const seq2seq = manifest.family === 'encoder-decoder';
+  const ids = parseIds(idsText, card, steps, seq2seq);
+  const { session, feedsFor, first, graph } = await (seq2seq ? seq2seqSteps : decoderSteps)(
+    folder, manifest, ids);
 
-  // First step: the whole prompt, past length 0 (cache tensors of shape (1, n_heads, 0, head_dim)).
-  const cache = graph.inputs.filter((name) => name.startsWith('past_key_values.'))
-    .map((name) => [name, name.replace(/^past_key_values\./, 'present.')]);
+  // First step: the whole prompt (or the start token), past length 0: cache tensors of shape
+  // (1, n_heads, 0, head_dim).
+  const cache = cacheNames(graph);
   const headDim = card.d_model / card.n_heads;
   let past = Object.fromEntries(cache.map(([name]) =>
     [name, new ort.Tensor('float32', new Float32Array(0), [1, card.n_heads, 0, headDim])]));
-  let next = ids;
-  let length = 0; // past + new: the attention mask covers all of them (no padding here)
+  let next = first;
   const times = [];
   setState('running', `generating ${steps} tokens (${manifest.name})...`);
   for (let step = 0; step < steps; step++) {
-    const positions = next.map((_, i) => length + i); // cumsum(mask) - 1 without padding
-    length += next.length;
-    const feeds = {
-      input_ids: int64(next, [1, next.length]),
-      attention_mask: int64(new Array(length).fill(1), [1, length]),
-      position_ids: int64(positions, [1, next.length]),
-      ...past,
-    };
+    const feeds = { ...feedsFor(next), ...past };
     const start = performance.now();
     const outputs = await session.run(feeds);
     times.push(performance.now() - start);
     past = Object.fromEntries(cache.map(([input, output]) => [input, outputs[output]]));
-    if (step === 0) showAttention(graph, outputs, ids, card);
+    if (step === 0 && !seq2seq) showAttention(graph, outputs, ids, card);
     const token = argmaxLast(outputs.logits);
     showToken(token, times.at(-1));
     if (token === card.eos_token_id) break;
@@ -169,7 +213,8 @@ async function generate(folder, idsText, steps) {
   }
   const later = times.slice(1);
   const perToken = later.length ? later.reduce((a, b) => a + b, 0) / later.length : times[0];
-  setState('done', `${times.length} tokens; first step (prompt of ${ids.length}) ` +
+  const what = seq2seq ? `source of ${ids.length}` : `prompt of ${ids.length}`;
+  setState('done', `${times.length} tokens; first step (${what}) ` +
                    `${times[0].toFixed(1)} ms, then ${perToken.toFixed(2)} ms per token`);
 }
 

@@ -41,3 +41,18 @@ def measure(run: Callable[[], object], repeats: int, warmup: int = 3,
         if index >= warmup:
             seconds.append(time.perf_counter() - start)
     return Timing(seconds)
+
+
+def measure_interleaved(runs: dict[str, Callable[[], object]], repeats: int, warmup: int = 3
+                        ) -> dict[str, Timing]:
+    """Time several cases in rounds, one run of each per round, so a load that drifts while
+    they run (these machines are shared) weighs on every case alike; ratios between them
+    then mean what they say."""
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for index in range(warmup + repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            if index >= warmup:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: Timing(values) for name, values in seconds.items()}

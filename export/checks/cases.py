@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from export.family import Case
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, DECODER, ENCODER, past_names
 from export.runtime.decoding import empty_past
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
+from registry.schema import target_vocab_size
 
 
 def lengths(limit: int) -> tuple[int, int]:
@@ -20,8 +21,9 @@ def lengths(limit: int) -> tuple[int, int]:
     return max(2, limit // 2), max(1, limit // 3)
 
 
-def random_ids(engine: Engine, rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
-    return rng.integers(3, engine.card["vocab_size"], (batch, length), dtype=np.int64)
+def random_ids(engine: Engine, rng: np.random.Generator, batch: int, length: int,
+               vocab: int | None = None) -> np.ndarray:
+    return rng.integers(3, vocab or engine.card["vocab_size"], (batch, length), dtype=np.int64)
 
 
 def left_padding(batch: int, length: int) -> np.ndarray:
@@ -94,8 +96,11 @@ def seq2seq_decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case
     card = engine.card
     limit = card["max_positions"]
     middle, past = lengths(limit)
-    inputs = past_names(card["n_layers"], CACHE_INPUT, ".decoder")
-    outputs = past_names(card["n_layers"], CACHE_OUTPUT, ".decoder")
+    inputs = past_names(card["n_layers"], CACHE_INPUT, DECODER)
+    outputs = past_names(card["n_layers"], CACHE_OUTPUT, DECODER)
+    cross_in = past_names(card["n_layers"], CACHE_INPUT, ENCODER)
+    cross_out = past_names(card["n_layers"], CACHE_OUTPUT, ENCODER)
+    target = target_vocab_size(card)
     cases = []
     for batch, length, past_length, padded in (
         (1, 1, 0, False), (3, middle, 0, True), (1, limit, 0, False), (3, 1, past, True),
@@ -103,17 +108,18 @@ def seq2seq_decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case
     ):
         source_mask = right_padding(batch, middle) if padded else np.ones((batch, middle),
                                                                            np.int64)
-        memory = engine.run("encoder.onnx", {"input_ids": random_ids(engine, rng, batch, middle),
-                                             "attention_mask": source_mask})["last_hidden_state"]
-        shared = {"encoder_hidden_states": memory, "encoder_attention_mask": source_mask}
+        encoded = engine.run("encoder.onnx", {"input_ids": random_ids(engine, rng, batch, middle),
+                                              "attention_mask": source_mask})
+        shared = {"encoder_attention_mask": source_mask,
+                  **{name: encoded[out] for name, out in zip(cross_in, cross_out, strict=True)}}
         cache = empty_past(engine, batch)
         if past_length:
             prefix = engine.run("decoder.onnx", {
-                "input_ids": random_ids(engine, rng, batch, past_length), **shared,
+                "input_ids": random_ids(engine, rng, batch, past_length, target), **shared,
                 **dict(zip(inputs, cache, strict=True))})
             cache = [prefix[name] for name in outputs]
         name = f"b{batch} s{length} past{past_length}" + (" src-padded" if padded else "")
         cases.append(Case(name, "decoder.onnx", {
-            "input_ids": random_ids(engine, rng, batch, length), **shared,
+            "input_ids": random_ids(engine, rng, batch, length, target), **shared,
             **dict(zip(inputs, cache, strict=True))}))
     return cases

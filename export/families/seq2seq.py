@@ -1,5 +1,6 @@
-"""The encoder-decoder (the original Transformer): encoder.onnx runs once per source,
-decoder.onnx once per step with its self-attention cache; both share weights.onnx.data."""
+"""The encoder-decoder (the original Transformer): encoder.onnx runs once per source and also
+returns the cross-attention keys/values of it; decoder.onnx runs once per step with its
+self-attention cache and those cross keys/values; both share weights.onnx.data."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from export.checks.agreement import Agreement, generation_agreement
 from export.checks.cases import encoder_cases, seq2seq_decoder_cases
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import seq2seq_maps
+from export.onnx.contract import DECODER
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
 from export.runtime.decoding import Seq2SeqSession
 from registry.catalog import Card
@@ -27,6 +29,7 @@ AGREEMENT_PROMPT = 12
 class Seq2SeqFamily(Family):
     name = "encoder-decoder"
     generates = True
+    continues_prompt = False  # the target is new text: `zoo run --text` prints it alone
     optimizer_model_type = "bert"
     cost = staticmethod(seq2seq_cost)
     bench = staticmethod(bench_seq2seq)
@@ -38,12 +41,13 @@ class Seq2SeqFamily(Family):
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         encoder = GraphIO((Input("input_ids", SOURCE, "ids"),
                            Input("attention_mask", SOURCE, "ones")), ("last_hidden_state",),
-                          SourceEncoderGraph, attention_groups=("encoder_attentions",))
-        decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "ids"),
-                           Input("encoder_hidden_states", (*SOURCE, "d_model"), "normal"),
+                          SourceEncoderGraph, attention_groups=("encoder_attentions",),
+                          cross_cache="out")
+        decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "target_ids"),
                            Input("encoder_attention_mask", SOURCE, "ones")),
-                          (LMHead.graph_output,), TargetDecoderGraph, cache_infix=".decoder",
-                          attention_groups=("decoder_attentions", "cross_attentions"))
+                          (LMHead.graph_output,), TargetDecoderGraph, cache_infix=DECODER,
+                          attention_groups=("decoder_attentions", "cross_attentions"),
+                          cross_cache="in")
         return {"encoder.onnx": encoder, "decoder.onnx": decoder}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from export.family import attention_names
-from export.onnx.contract import CACHE_INPUT, past_names
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, DECODER, ENCODER, past_names
 from export.runtime.decoding import empty_past
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
@@ -66,10 +66,11 @@ def seq2seq_maps(engine: Engine, prompt: list[int], generated: list[int]
     source = np.array([prompt], np.int64)
     encoded = engine.run("encoder.onnx", {"input_ids": source, "attention_mask": _ones(prompt)})
     target = [card["bos_token_id"], *generated]
-    feeds = {"input_ids": np.array([target], np.int64),
-             "encoder_hidden_states": encoded["last_hidden_state"],
-             "encoder_attention_mask": _ones(prompt),
-             **dict(zip(past_names(n, CACHE_INPUT, ".decoder"), empty_past(engine, 1),
+    cross = zip(past_names(n, CACHE_INPUT, ENCODER), past_names(n, CACHE_OUTPUT, ENCODER),
+                strict=True)
+    feeds = {"input_ids": np.array([target], np.int64), "encoder_attention_mask": _ones(prompt),
+             **{name: encoded[output] for name, output in cross},
+             **dict(zip(past_names(n, CACHE_INPUT, DECODER), empty_past(engine, 1),
                         strict=True))}
     decoded = engine.run("decoder.onnx", feeds)
     return [_group(encoded, "encoder_attentions", n, prompt, prompt),

@@ -15,9 +15,15 @@ FORMAT_VERSION = 1
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 
 
-def past_names(n_layers: int, prefix: str, infix: str = "") -> list[str]:
-    """`past_key_values.{i}.key`, ... or with infix `.decoder` for the encoder-decoder."""
-    return [f"{prefix}.{i}{infix}.{kind}" for i in range(n_layers) for kind in ("key", "value")]
+DECODER, ENCODER = ".decoder", ".encoder"  # the encoder-decoder's self and cross caches
+
+
+def past_names(n_layers: int, prefix: str, *infixes: str) -> list[str]:
+    """`past_key_values.{i}.key`, ... or with infix `.decoder` (`.encoder`) for the
+    encoder-decoder; several infixes interleave per layer, as Optimum orders them:
+    `{i}.decoder.key`, `{i}.decoder.value`, `{i}.encoder.key`, `{i}.encoder.value`."""
+    return [f"{prefix}.{i}{infix}.{kind}" for i in range(n_layers) for infix in infixes or ("",)
+            for kind in ("key", "value")]
 
 
 def cache_shape(card: dict[str, Any] | Any, batch: int, length: int) -> tuple[int, int, int, int]:

@@ -11,10 +11,11 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from export.family import CACHE_AXES, GraphIO
+from export.family import GraphIO
 from export.logs import quiet_loggers
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
+from registry.schema import target_vocab_size
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
@@ -43,6 +44,8 @@ def _sizes(card: Card) -> dict[str, int]:
 def _example(kind: str, shape: tuple[int, ...], card: Card) -> torch.Tensor:
     if kind == "ids":
         return torch.randint(3, card["vocab_size"], shape)
+    if kind == "target_ids":  # the encoder-decoder's target side
+        return torch.randint(3, target_vocab_size(card), shape)
     if kind == "ones":
         return torch.ones(shape, dtype=torch.long)
     if kind == "zeros":
@@ -67,11 +70,11 @@ def trace_inputs(io: GraphIO, card: Card) -> tuple[tuple, tuple]:
         shape, dynamic = shape_of(spec.axes)
         args.append(_example(spec.example, shape, card))
         shapes.append(dynamic)
-    if io.cache_infix is not None:
-        shape, dynamic = shape_of(CACHE_AXES)
-        count = 2 * card["n_layers"]
-        args.append(tuple(torch.randn(shape) for _ in range(count)))
-        shapes.append(tuple(dynamic for _ in range(count)))
+    per_layer = [shape_of(axes) for axes in io.cache_inputs() for _ in ("key", "value")]
+    if per_layer:
+        layers = range(card["n_layers"])
+        args.append(tuple(torch.randn(shape) for _ in layers for shape, _ in per_layer))
+        shapes.append(tuple(dynamic for _ in layers for _, dynamic in per_layer))
     return tuple(args), tuple(shapes)
 
 

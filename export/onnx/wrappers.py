@@ -68,19 +68,27 @@ class SequenceGraph(Wrapper):
 
 
 class SourceEncoderGraph(Wrapper):
-    """The encoder half of the encoder-decoder."""
+    """The encoder half of the encoder-decoder: the memory, then every decoder layer's
+    cross-attention keys and values of it (computed here, once per source)."""
 
     def forward(self, input_ids, attention_mask):  # noqa: ANN001
-        return self.outputs(lambda: (self.model.encode(input_ids, attention_mask),))
+        def compute() -> Outputs:
+            memory = self.model.encode(input_ids, attention_mask)
+            return (memory, *flatten(self.model.cross_cache(memory)))
+
+        return self.outputs(compute)
 
 
 class TargetDecoderGraph(Wrapper):
-    """The decoder half of the encoder-decoder, with its self-attention cache."""
+    """The decoder half of the encoder-decoder. `past` holds per layer the self-attention
+    key and value, then the cross-attention key and value (Optimum's order); only the self
+    cache comes back."""
 
-    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past):  # noqa: ANN001
+    def forward(self, input_ids, encoder_attention_mask, past):  # noqa: ANN001
         def compute() -> Outputs:
-            logits, presents = self.model.decode(input_ids, encoder_hidden_states,
-                                                 encoder_attention_mask, pair_up(past))
+            pairs = pair_up(past)
+            logits, presents = self.model.decode(input_ids, pairs[1::2], encoder_attention_mask,
+                                                 pairs[0::2])
             return (logits, *flatten(presents))
 
         return self.outputs(compute)

@@ -2,16 +2,24 @@
 Runtime): they hold the cache and masks between steps.
 
 `prefill` runs the prompt (or, for the encoder-decoder, encodes the source and feeds the start
-token) and returns the next-token logits; `step` feeds one token per row; `reorder` keeps or
-duplicates rows (beam search). Prompts in a batch are left-padded: position ids count real
-tokens only, so a padded row computes exactly what it would alone.
+token) and returns the next-token logits; `step` feeds one token per row; `expand` repeats
+each row `beams` times and `reorder` keeps or duplicates rows within those groups (beam
+search). Prompts in a batch are left-padded: position ids count real tokens only, so a padded
+row computes exactly what it would alone.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, cache_shape, past_names
+from export.onnx.contract import (
+    CACHE_INPUT,
+    CACHE_OUTPUT,
+    DECODER,
+    ENCODER,
+    cache_shape,
+    past_names,
+)
 from export.runtime.engine import Engine
 
 
@@ -52,31 +60,48 @@ class DecoderSession:
         self.past = [p[rows] for p in self.past]
         self.mask, self.last_position = self.mask[rows], self.last_position[rows]
 
+    def expand(self, beams: int) -> None:
+        self.reorder(np.repeat(np.arange(len(self.mask)), beams))
+
 
 class Seq2SeqSession:
+    """The source is encoded once, and its cross-attention keys/values (`present.*.encoder.*`
+    of encoder.onnx) are fed unchanged to every decoder step."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         n_layers = engine.card["n_layers"]
-        self.past_inputs = past_names(n_layers, CACHE_INPUT, ".decoder")
-        self.past_outputs = past_names(n_layers, CACHE_OUTPUT, ".decoder")
+        self.past_inputs = past_names(n_layers, CACHE_INPUT, DECODER)
+        self.past_outputs = past_names(n_layers, CACHE_OUTPUT, DECODER)
+        self.cross_inputs = past_names(n_layers, CACHE_INPUT, ENCODER)
+        self.cross_outputs = past_names(n_layers, CACHE_OUTPUT, ENCODER)
 
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """Encode the source once, then feed the decoder's start token."""
         self.source_mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
         feeds = {"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask}
-        self.memory = self.engine.run("encoder.onnx", feeds)["last_hidden_state"]
+        encoded = self.engine.run("encoder.onnx", feeds)
+        self.cross = {name: encoded[output]
+                      for name, output in zip(self.cross_inputs, self.cross_outputs, strict=True)}
         self.past = empty_past(self.engine, ids.shape[0])
         return self.step(np.full(len(ids), self.engine.card["bos_token_id"], np.int64))
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": tokens[:, None].astype(np.int64),
-                 "encoder_hidden_states": self.memory,
-                 "encoder_attention_mask": self.source_mask,
+                 "encoder_attention_mask": self.source_mask, **self.cross,
                  **dict(zip(self.past_inputs, self.past, strict=True))}
         outputs = self.engine.run("decoder.onnx", feeds)
         self.past = [outputs[name] for name in self.past_outputs]
         return outputs["logits"][:, -1]
 
-    def reorder(self, rows: np.ndarray) -> None:
+    def expand(self, beams: int) -> None:
+        """Each source's rows, cross cache included, `beams` times: once per search."""
+        rows = np.repeat(np.arange(len(self.source_mask)), beams)
         self.past = [p[rows] for p in self.past]
-        self.memory, self.source_mask = self.memory[rows], self.source_mask[rows]
+        self.cross = {name: value[rows] for name, value in self.cross.items()}
+        self.source_mask = self.source_mask[rows]
+
+    def reorder(self, rows: np.ndarray) -> None:
+        """Only the self cache moves: the beams of one source share its cross cache, and
+        beam search picks rows within a source's beams."""
+        self.past = [p[rows] for p in self.past]

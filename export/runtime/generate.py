@@ -21,7 +21,11 @@ def open_session(engine: Engine, capacity: int | None = None, shared_cache: bool
 
 def _check_length(engine: Engine, prompt_length: int, new_tokens: int) -> None:
     limit = engine.card["max_positions"]
-    total = family_of(engine.card).generated_length(prompt_length, new_tokens)
+    family = family_of(engine.card)
+    total = family.generated_length(prompt_length, new_tokens)
+    if prompt_length > limit and not family.continues_prompt:
+        raise ZooError(f"{engine.card.name}: source of {prompt_length} tokens exceeds "
+                       f"max_positions={limit}")
     if prompt_length > limit or total > limit:
         raise ZooError(f"{engine.card.name}: prompt of {prompt_length} plus {new_tokens} new "
                        f"tokens exceeds max_positions={limit}")

@@ -1,5 +1,6 @@
 """Picking tokens: greedy, sampling (temperature, top-k, top-p) and beam search, over any
-session with `prefill`, `step` and `reorder` (runtime/decoding.py, runtime/shared_cache.py)."""
+session with `prefill`, `step`, `expand` and `reorder` (runtime/decoding.py,
+runtime/shared_cache.py)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def _beam_search(session: Any, ids: np.ndarray, mask: np.ndarray,
     """Highest total log-probability sequence per row; finished beams keep emitting `eos`."""
     batch = len(ids)
     logits = session.prefill(ids, mask)
-    session.reorder(np.repeat(np.arange(batch), beams))
+    session.expand(beams)  # once; later reorders stay within each row's beams
     logits = np.repeat(logits, beams, axis=0)
     scores = np.full((batch, beams), -np.inf)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first

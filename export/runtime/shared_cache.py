@@ -111,3 +111,6 @@ class SharedCacheSession:
             buffer[...] = rows_kept
         self.lengths[:] = lengths
         self._bind_step_inputs()
+
+    def expand(self, beams: int) -> None:
+        self.reorder(np.repeat(np.arange(self.batch), beams))

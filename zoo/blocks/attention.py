@@ -53,12 +53,13 @@ class AttentionCore(Protocol):
     """What an Attention computes from its own projections: the seam for other kernels.
 
     Called with the module (its `query`/`key`/`value` projections, `split_heads`, `n_heads`,
-    `dropout`), the queries' input x (B, T, d), the keys' source (x itself, or the encoder memory
-    for cross-attention), the mask, the cache and the rotary tables. Returns the attended values
-    merged back to (B, T, d), before the output projection, and the cache to hand back.
+    `dropout`), the queries' input x (B, T, d), the keys' source (x itself; None for
+    cross-attention, whose keys and values come whole in `past`, projected once per source),
+    the mask, the cache and the rotary tables. Returns the attended values merged back to
+    (B, T, d), before the output projection, and the cache to hand back.
     """
 
-    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
+    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor | None,
                  mask: Any, past: Any, rotary: Rotary | None) -> tuple[torch.Tensor, Any]: ...
 
 
@@ -69,18 +70,21 @@ class DotProductCore:
     def __init__(self, record: list[torch.Tensor] | None = None) -> None:
         self.record = record
 
-    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
+    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor | None,
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
         query = a.split_heads(a.query(x))
-        key = a.split_heads(a.key(source))
-        value = a.split_heads(a.value(source))
-        if rotary is not None:
-            query, key = apply_rotary(query, rotary), apply_rotary(key, rotary)
-        if past is not None:
-            key = torch.cat([past[0], key], dim=2)
-            value = torch.cat([past[1], value], dim=2)
+        if source is None:  # cross-attention: the source's keys and values, projected once
+            assert past is not None
+            key, value = past
+        else:
+            key, value = a.project(source)
+            if rotary is not None:
+                query, key = apply_rotary(query, rotary), apply_rotary(key, rotary)
+            if past is not None:
+                key = torch.cat([past[0], key], dim=2)
+                value = torch.cat([past[1], value], dim=2)
         scores = query @ key.transpose(-2, -1) / math.sqrt(a.head_dim)  # (B, nh, T, S)
         if mask is not None:
             # A large finite value, not -inf: a row with every key masked (a padding query)
@@ -117,21 +121,26 @@ class Attention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
 
+    def project(self, source: torch.Tensor) -> KeyValue:
+        """Keys and values of `source` (B, S, d), each (B, nh, S, hd): for cross-attention
+        this is the cache computed once per source."""
+        return self.split_heads(self.key(source)), self.split_heads(self.value(source))
+
     def forward(
         self,
         x: torch.Tensor,
-        context: torch.Tensor | None = None,
         mask: Any = None,
         past: Any = None,
         rotary: Rotary | None = None,
+        cross: bool = False,
     ) -> tuple[torch.Tensor, Any]:
-        """Attend from x (B, T, d) to `context` (cross) or to x itself plus `past` (self).
+        """Attend from x (B, T, d) to x itself plus `past` (self), or, with `cross`, to the
+        keys and values in `past` alone (the source's, from `project`).
 
         Returns the output (B, T, d) and the keys/values attended to, which for self-attention
         are the cache to pass as `past` at the next step.
         """
-        source = x if context is None else context
-        merged, present = self.core(self, x, source, mask, past, rotary)
+        merged, present = self.core(self, x, None if cross else x, mask, past, rotary)
         return self.out(merged), present
 
 

@@ -38,6 +38,12 @@ class GeluTanhFeedForward(FeedForward):
     activation = staticmethod(lambda x: F.gelu(x, approximate="tanh"))
 
 
+class SiluFeedForward(FeedForward):
+    """SiLU, "swish": x * sigmoid(x), as MarianMT."""
+
+    activation = staticmethod(F.silu)
+
+
 class SwiGLUFeedForward(nn.Module):
     """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
 
@@ -56,5 +62,6 @@ FEED_FORWARDS: dict[str, type[nn.Module]] = {
     "relu": ReluFeedForward,
     "gelu": GeluFeedForward,
     "gelu_tanh": GeluTanhFeedForward,
+    "silu": SiluFeedForward,
     "swiglu": SwiGLUFeedForward,
 }

@@ -42,15 +42,18 @@ class Layer(nn.Module):
         mask: torch.Tensor | None,
         past: KeyValue | None = None,
         rotary: Rotary | None = None,
-        memory: torch.Tensor | None = None,
+        memory: KeyValue | None = None,
         memory_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KeyValue]:
+        """`memory`: the cross-attention's keys and values of the source
+        (`cross_attention.project(encoder output)`), computed once per source."""
         x, present = self._residual(
             0, x, lambda h: self.self_attention(h, mask=mask, past=past, rotary=rotary)
         )
         if self.cross_attention is not None:
             x, _ = self._residual(
-                1, x, lambda h: self.cross_attention(h, context=memory, mask=memory_mask)
+                1, x, lambda h: self.cross_attention(h, mask=memory_mask, past=memory,
+                                                       cross=True)
             )
         x, _ = self._residual(len(self.norms) - 1, x, lambda h: (self.feed_forward(h), None))
         return x, present

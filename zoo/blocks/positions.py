@@ -20,18 +20,33 @@ def sinusoid_table(max_positions: int, d_model: int) -> torch.Tensor:
     return table.float()
 
 
+def halves_table(max_positions: int, d_model: int) -> torch.Tensor:
+    """The same frequencies, sines in the first ceil(d/2) columns and cosines after them
+    (MarianMT's, from Marian NMT)."""
+    table = sinusoid_table(max_positions, d_model)
+    return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
+
+
 class Sinusoidal(nn.Module):
     """Fixed sinusoids (Vaswani et al. 2017); a buffer, not a weight, so never saved."""
 
+    make_table = staticmethod(sinusoid_table)
+
     def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float) -> None:
         super().__init__()
-        self.register_buffer("table", sinusoid_table(max_positions, d_model), persistent=False)
+        self.register_buffer("table", self.make_table(max_positions, d_model), persistent=False)
 
     def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return x + self.table[position_ids]
 
     def rotary(self, position_ids: torch.Tensor) -> Rotary | None:
         return None
+
+
+class SinusoidalHalves(Sinusoidal):
+    """The sinusoids laid out in halves instead of interleaved (`halves_table`)."""
+
+    make_table = staticmethod(halves_table)
 
 
 class Learned(nn.Module):
@@ -74,6 +89,7 @@ def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
 
 POSITIONS: dict[str, type[nn.Module]] = {
     "sinusoidal": Sinusoidal,
+    "sinusoidal_halves": SinusoidalHalves,
     "learned": Learned,
     "rotary": RotaryPositions,
 }

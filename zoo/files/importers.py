@@ -50,6 +50,7 @@ TRANSFORMS = {
     "none": lambda tensor: [tensor],
     "transpose": lambda tensor: [tensor.t().contiguous()],  # Conv1D (in, out) -> Linear (out, in)
     "split_qkv": lambda tensor: [part.contiguous() for part in tensor.chunk(3, dim=0)],
+    "row": lambda tensor: [tensor.reshape(-1)],  # a (1, n) buffer -> (n,)
 }
 
 
@@ -138,6 +139,9 @@ def _activation(layout: LayoutMap, value: Any, where: str) -> str:
 def _check_requires(layout: LayoutMap, config: dict[str, Any], where: str) -> None:
     wrong = [f"{key}={config[key]!r} (needs {want!r})" for key, want in layout["requires"].items()
              if key in config and config[key] != want]
+    wrong += [f"{key}={config[key]!r} (needs {other}={config[other]!r}: the zoo has one value "
+              "for both stacks)" for key, other in layout["equal"].items()
+              if key in config and other in config and config[key] != config[other]]
     if wrong:
         raise CheckpointError(f"{where}: unsupported settings: {', '.join(wrong)}")
 
@@ -185,6 +189,8 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
     for field, key in layout["config"].items():
         if config.get(key) is not None:  # absent: the parent card's value (HF's default too)
             fields[field], origins[field] = config[key], f"{where} ({key})"
+    for field, value in layout["fields"].items():  # the same for every file of this layout
+        fields[field], origins[field] = value, display_path(layout.path)
     if "activation" in fields:
         fields["activation"] = _activation(layout, fields["activation"], where)
     if "d_ff" not in fields and "d_ff_per_d_model" in layout.data and "d_model" in fields:
@@ -294,6 +300,19 @@ def _check_tokenizer(tokenizer: HuggingFaceTokenizer | None, folder: Path, card:
                               f"model's vocab_size is {card['vocab_size']}")
 
 
+def layout_tokenizer_files(layout: LayoutMap, folder: Path) -> list[str]:
+    """The tokenizer files a layout names (MarianMT's sentencepiece models and vocabularies):
+    the required ones, refused in one line where any is missing, then the optional present."""
+    spec = layout["tokenizer_files"]
+    missing = [name for name in spec.get("required", []) if not (folder / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{display_path(folder)}: no {', '.join(missing)} (a "
+                              f"{layout.data['model_type']} folder has "
+                              f"{', '.join(spec['required'])} beside config.json)")
+    return spec.get("required", []) + [name for name in spec.get("optional", [])
+                                       if (folder / name).is_file()]
+
+
 def _refuse_overlap(source: Path, out: Path) -> None:
     source, out = source.resolve(), out.resolve()
     if out == source or out in source.parents:
@@ -312,10 +331,11 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
     root, source = source, modules.body if modules else source
     config = read_config(source)
     config_where = display_path(source / SOURCE_CONFIG)
-    layout = find_map(config, config_where)
+    layout = find_map(config, config_where).for_config(config)
     weights = find_weights(source)
     weights_where = display_path(weights)
     tokenizer = read_tokenizer(source)
+    text_files = layout_tokenizer_files(layout, source)
 
     tensors = read_tensors(weights)
     named, original, prefixes = normalised_tensors(layout, tensors, weights_where)
@@ -350,11 +370,13 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
         "sentence_transformers": modules.record if modules else None,
         "tied": mapped.tied,
         "ignored": mapped.ignored,
-        "tokenizer": HF_TOKENIZER if tokenizer is not None else None,
+        "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),
     }
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)  # replaces the empty staging folder whole
         if tokenizer is not None:
             shutil.copyfile(source / HF_TOKENIZER, staging / HF_TOKENIZER)
+        for name in text_files:
+            shutil.copyfile(source / name, staging / name)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record

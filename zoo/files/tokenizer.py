@@ -1,9 +1,13 @@
-"""Text in and out: a byte-level tokenizer for models trained here (no files needed), and a
-Hugging Face `tokenizer.json` (through the `tokenizers` library) for imported checkpoints.
+"""Text in and out: a byte-level tokenizer for models trained here (no files needed), a
+Hugging Face `tokenizer.json` (through the `tokenizers` library) for imported checkpoints, and
+MarianMT's sentencepiece files (zoo/files/spm_tokenizer.py).
 
 A model folder (built, trained, imported or exported) holds at most one of:
 - `byte-tokenizer.json`: {"kind": "bytes", "pad": 256, "bos": 257, "eos": 258, "mask": 259}
 - `tokenizer.json`: a Hugging Face tokenizer.
+- `source.spm`, `target.spm`, `vocab.json` (and `target_vocab.json`): MarianMT's.
+- `word-tokenizer.json`: {"kind": "words", "words": [...]}: whole lowercase words from id 3
+  (0-2: pad, bos, eos), for the word-reversal demo (zoo/training/reverse.py).
 """
 
 from __future__ import annotations
@@ -14,10 +18,12 @@ from typing import Protocol
 
 from registry.errors import ZooError
 from registry.paths import display_path
+from zoo.files.spm_tokenizer import SPM_FILES, TARGET_VOCAB, SentencePieceTokenizer
 
 BYTE_TOKENIZER = "byte-tokenizer.json"
 HF_TOKENIZER = "tokenizer.json"
-TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER)
+WORD_TOKENIZER = "word-tokenizer.json"
+TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, *SPM_FILES, TARGET_VOCAB)
 
 
 class Tokenizer(Protocol):
@@ -62,6 +68,31 @@ class ByteTokenizer:
                            "mask": self.mask}, indent=2) + "\n"
 
 
+class WordTokenizer:
+    """Whole lowercase words, ids from 3 in the order given; 0, 1, 2 are pad, bos, eos."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = list(words)
+        self.index = {word: i + 3 for i, word in enumerate(self.words)}
+
+    def encode(self, text: str) -> list[int]:
+        words = text.lower().split()
+        unknown = [w for w in words if w not in self.index]
+        if unknown:
+            raise ZooError(f"words not in the vocabulary: {', '.join(unknown[:5])} (it has the "
+                           f"{len(self.words)} most frequent words of its training text)")
+        return [self.index[w] for w in words]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(self.words[i - 3] for i in ids if 3 <= i < len(self.words) + 3)
+
+    def label(self, token: int) -> str:
+        return self.words[token - 3] if 3 <= token < len(self.words) + 3 else f"<{token}>"
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "words", "words": self.words}) + "\n"
+
+
 class HuggingFaceTokenizer:
     def __init__(self, path: Path) -> None:
         from tokenizers import Tokenizer as Backend
@@ -90,6 +121,10 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
     if not path.is_file():
         if (folder / HF_TOKENIZER).is_file():
             return HuggingFaceTokenizer(folder / HF_TOKENIZER)
+        if (folder / SPM_FILES[0]).is_file():
+            return SentencePieceTokenizer(folder)
+        if (folder / WORD_TOKENIZER).is_file():
+            return _word_tokenizer(folder / WORD_TOKENIZER)
         return None
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
@@ -98,6 +133,16 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
         return ByteTokenizer(**spec)
     except (ValueError, KeyError, TypeError) as exc:
         raise ZooError(f"{display_path(path)}: not a byte tokenizer file: {exc}") from exc
+
+
+def _word_tokenizer(path: Path) -> WordTokenizer:
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        if spec.get("kind") != "words" or not all(isinstance(w, str) for w in spec["words"]):
+            raise ValueError("expected kind 'words' and a list of words")
+        return WordTokenizer(spec["words"])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ZooError(f"{display_path(path)}: not a word tokenizer file: {exc}") from exc
 
 
 def tokenizer_files(folder: Path) -> list[Path]:

@@ -1,7 +1,9 @@
 """The original Transformer: an encoder stack and a decoder stack with cross-attention.
 
-`encode()` runs once per input; `decode()` runs per step with an explicit self-attention cache.
-Source and target share one embedding (and the output head) when the card ties them.
+`encode()` runs once per input and `cross_cache()` projects its output, once, to every decoder
+layer's cross-attention keys and values; `decode()` runs per step with both caches explicit
+(tensors in, tensors out). Source and target share one embedding (and the output head) when
+the card ties them.
 """
 
 from __future__ import annotations
@@ -51,15 +53,21 @@ class EncoderDecoder(nn.Module):
             x, _ = layer(x, mask, rotary=rotary)
         return self.encoder_norm(x) if self.encoder_norm is not None else x
 
+    def cross_cache(self, memory: torch.Tensor) -> tuple[KeyValue, ...]:
+        """Memory (B, S, d) to each decoder layer's cross-attention (key, value),
+        (B, n_heads, S, head_dim): what decoding steps would otherwise recompute every step."""
+        return tuple(layer.cross_attention.project(memory) for layer in self.decoder_layers)
+
     def decode(
         self,
         input_ids: torch.Tensor,
-        memory: torch.Tensor,
+        cross: tuple[KeyValue, ...],
         memory_mask: torch.Tensor | None = None,
         past_key_values: tuple[KeyValue, ...] | None = None,
     ) -> tuple[torch.Tensor, tuple[KeyValue, ...]]:
-        """Target ids (B, T) after `past` cached steps; returns logits (B, T, vocab) and the
-        self-attention cache, one (key, value) per layer, (B, n_heads, past + T, head_dim)."""
+        """Target ids (B, T) after `past` cached steps, attending to the source through its
+        `cross_cache`; returns logits (B, T, vocab) and the self-attention cache, one
+        (key, value) per layer, (B, n_heads, past + T, head_dim)."""
         length = input_ids.shape[1]
         past_length = past_key_values[0][0].shape[2] if past_key_values else 0
         position_ids = padded_positions(input_ids, None, past_length)
@@ -68,11 +76,11 @@ class EncoderDecoder(nn.Module):
         rotary = embeddings.position.rotary(position_ids)
         self_mask = build_mask(None, length, past_length + length, causal=True,
                                    device=input_ids.device)
-        cross_mask = build_mask(memory_mask, length, memory.shape[1], causal=False)
+        cross_mask = build_mask(memory_mask, length, cross[0][0].shape[2], causal=False)
         presents = []
         for index, layer in enumerate(self.decoder_layers):
             past = past_key_values[index] if past_key_values else None
-            x, present = layer(x, self_mask, past=past, rotary=rotary, memory=memory,
+            x, present = layer(x, self_mask, past=past, rotary=rotary, memory=cross[index],
                                memory_mask=cross_mask)
             presents.append(present)
         if self.decoder_norm is not None:
@@ -93,5 +101,5 @@ class EncoderDecoder(nn.Module):
     ) -> torch.Tensor:
         """Teacher-forced logits (B, T, vocab) for training."""
         memory = self.encode(input_ids, attention_mask)
-        logits, _ = self.decode(decoder_input_ids, memory, attention_mask)
+        logits, _ = self.decode(decoder_input_ids, self.cross_cache(memory), attention_mask)
         return logits

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,10 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.atomic import atomic_write_bytes, refuse_existing
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer, tokenizer_files
+from zoo.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
+from zoo.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.files.weights import CONFIG, card_yaml
-from zoo.training import classify, data
+from zoo.training import classify, data, reverse
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
 from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
@@ -49,6 +48,7 @@ TASKS = {
     "lm": TaskDefaults(("decoder",), "cosine", 0.0),
     "mlm": TaskDefaults(("encoder",), "cosine", 0.0),
     "copy": TaskDefaults(("encoder-decoder",), "noam", 0.1),  # Vaswani et al. 2017
+    "reverse": TaskDefaults(("encoder-decoder",), "noam", 0.1),  # zoo/training/reverse.py
     "classify": TaskDefaults(("encoder", "decoder"), "cosine", 0.0),  # zoo/training/classify.py
 }
 
@@ -117,6 +117,10 @@ def _check_fit(card: Card, options: TrainOptions) -> None:
                        "card (zoo.training.classify.prepare_classifier makes one)")
     if options.task == "mlm" and card["mask_token_id"] is None:
         raise ZooError(f"{card.name}: --task mlm needs mask_token_id in the card")
+    if options.task == "reverse":
+        if reverse.LONGEST + 1 > card["max_positions"] or card["vocab_size"] < 16:
+            raise ZooError(f"{card.name}: --task reverse needs max_positions >= "
+                           f"{reverse.LONGEST + 1} and vocab_size >= 16")
     if options.task == "copy":
         if options.copy_length + 1 > card["max_positions"]:
             raise ZooError(f"copy length {options.copy_length} exceeds max_positions")
@@ -158,6 +162,12 @@ class Task:
         if o.task == "mlm":
             return data.mlm_batch(self.ids, o.batch_size, o.block_size, generator,
                                   c["mask_token_id"], c["vocab_size"])
+        if o.task == "reverse":
+            inputs, labels = reverse.reverse_batch(
+                c["vocab_size"], o.batch_size, c["bos_token_id"],
+                c["eos_token_id"] if c["eos_token_id"] is not None else 2, c["pad_token_id"],
+                generator)
+            return data.Batch(inputs, labels, int(inputs["attention_mask"].sum()) * 2)
         return data.copy_batch(o.batch_size, o.copy_length, o.copy_symbols, c["bos_token_id"],
                                c["eos_token_id"] if c["eos_token_id"] is not None else 2,
                                generator)
@@ -171,6 +181,9 @@ class Task:
                 return {path.name: path.read_bytes() for path in copied}
         if self.options.task in ("lm", "mlm", "classify"):
             return {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
+        if self.options.task == "reverse":  # so `zoo run OUT --text "..."` reverses words
+            vocabulary = reverse.vocabulary(self.card["vocab_size"])
+            return {WORD_TOKENIZER: vocabulary.to_json().encode()}
         return {}
 
     def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
@@ -189,7 +202,8 @@ class Task:
         elif self.options.task == "mlm":
             logits = model(batch.inputs["input_ids"])["logits"]
         else:
-            logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"])
+            logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"],
+                           batch.inputs.get("attention_mask"))
         return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),
                                ignore_index=data.IGNORE,
                                label_smoothing=self.options.label_smoothing)
@@ -227,9 +241,7 @@ def _prepare_out(card: Card, options: TrainOptions, writer: bool):
                            f"'{card.name}' in {', '.join(changed) or 'its fields'}")
         return checkpoint
     if writer:
-        refuse_existing(out, options.force)
-        if out.exists():
-            shutil.rmtree(out)
+        refuse_existing(out, options.force)  # an existing OUT under --force is staged
     return None
 
 
@@ -241,10 +253,25 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
 
     `files` are written into OUT at the start (classify: init.json). With held-out rows
     (classify), each checkpoint step is evaluated (`evaluated(step, scores)`, and the scores
-    in metrics.jsonl) and the last evaluation is OUT/eval.json."""
+    in metrics.jsonl) and the last evaluation is OUT/eval.json. `--force` over an existing
+    OUT trains into a staged folder that replaces OUT only once training is done: a failed or
+    interrupted run leaves the old OUT as it was."""
     _check_fit(card, options)  # first: the defaults depend on a known task
     options = options.resolved(card)
     rank, world = _distributed()
+    if rank == 0 and options.force and not options.resume and options.out.exists():
+        with atomic_folder(options.out, force=True) as staging:
+            return _train(model, card, replace(options, out=staging), rank, world, progress,
+                          log_every, evaluated, files, shown=options.out)
+    return _train(model, card, options, rank, world, progress, log_every, evaluated, files,
+                  shown=options.out)
+
+
+def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,
+           progress: Progress, log_every: int, evaluated: Evaluated,
+           files: dict[str, bytes] | None, shown: Path) -> dict[str, Any]:
+    """The loop, writing into `options.out` (OUT, or its staged replacement); messages name
+    `shown`, the OUT the user asked for."""
     writer = rank == 0
     task = Task(card, options)
     checkpoint = _prepare_out(card, options, writer)
@@ -280,9 +307,13 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
         loss = task.loss(trained, batch)
         if not math.isfinite(loss.item()):
             last = latest_checkpoint(options.out)
-            kept = f"last good checkpoint: step {last.step}" if last else "no checkpoint yet"
-            raise TrainingError(f"step {step + 1}: loss is {loss.item()}; stopped ({kept} "
-                                f"in {display_path(options.out)})")
+            if options.out != shown:  # staged under --force: the old OUT stays
+                kept = f"{display_path(shown)} left as it was"
+            elif last:
+                kept = f"last good checkpoint: step {last.step} in {display_path(shown)}"
+            else:
+                kept = f"no checkpoint yet in {display_path(shown)}"
+            raise TrainingError(f"step {step + 1}: loss is {loss.item()}; stopped ({kept})")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), options.clip)

@@ -1,0 +1,146 @@
+"""The encoder-decoder's cross-attention cache (issue #12): encoder.onnx computes each decoder
+layer's cross keys/values once, decoder.onnx takes them and never projects the source again,
+and generation with both caches picks the tokens a model without any cache picks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+from export.pipeline import export_and_verify
+from export.runtime.engines import TorchEngine
+from export.runtime.generate import generate
+from export.runtime.sampling import Sampling, decode
+from export.runtime.sessions import Runtime
+from tests.conftest import card
+from zoo.build import build_model
+
+NAME = "transformer-tiny"
+UNTIED = {"tie_embeddings": False}  # a random tied head only repeats its input token
+SOURCES = [[5, 9, 14, 20, 33, 41, 7], [12, 60, 3], [44, 45, 46, 47, 48, 49, 50, 51, 52]]
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    tiny = card(NAME, **UNTIED)
+    model = build_model(tiny, seed=3).eval()
+    # Random weights this small barely look at the source (every row would decode alike):
+    # sharpen the cross-attention so each source leads elsewhere.
+    with torch.no_grad():
+        for layer in model.decoder_layers:
+            for part in ("query", "key", "value", "out"):
+                getattr(layer.cross_attention, part).weight.mul_(6.0)
+    folder = tmp_path_factory.mktemp("seq2seq-cache") / NAME
+    export_and_verify(model, tiny, folder)  # includes the parity grid against PyTorch
+    return folder, model
+
+
+class NoCacheSession:
+    """The reference: every step re-runs the whole model (encoder included) over the source and
+    the target so far, through the teacher-forced forward. No cache of any kind."""
+
+    def __init__(self, model: torch.nn.Module, bos: int) -> None:
+        self.model, self.bos = model, bos
+
+    def _logits(self) -> np.ndarray:
+        with torch.no_grad():
+            logits = self.model(torch.from_numpy(self.source), torch.from_numpy(self.target),
+                                torch.from_numpy(self.mask))
+        return logits[:, -1].numpy()
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.source, self.mask = ids.astype(np.int64), mask.astype(np.int64)
+        self.target = np.full((len(ids), 1), self.bos, np.int64)
+        return self._logits()
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        self.target = np.concatenate([self.target, tokens[:, None].astype(np.int64)], axis=1)
+        return self._logits()
+
+    def expand(self, beams: int) -> None:
+        self.reorder(np.repeat(np.arange(len(self.source)), beams))
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.source, self.mask, self.target = self.source[rows], self.mask[rows], self.target[rows]
+
+
+def right_padded(sources: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    width = max(map(len, sources))
+    ids = np.full((len(sources), width), pad, np.int64)
+    mask = np.zeros_like(ids)
+    for row, source in enumerate(sources):
+        ids[row, : len(source)], mask[row, : len(source)] = source, 1
+    return ids, mask
+
+
+def test_encoder_outputs_each_layers_cross_keys_and_values(export) -> None:
+    folder, model = export
+    tiny = card(NAME, **UNTIED)
+    heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
+    ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
+    outputs = Runtime(folder).run("encoder.onnx", {"input_ids": ids, "attention_mask": mask})
+    memory = outputs["last_hidden_state"]
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    for layer in range(tiny["n_layers"]):
+        for kind in ("key", "value"):
+            prefix = f"decoder_layers.{layer}.cross_attention.{kind}"
+            # x W^T + b, split into heads: (B, S, H, Dh) -> (B, H, S, Dh)
+            projected = memory @ state[f"{prefix}.weight"].T + state[f"{prefix}.bias"]
+            expected = projected.reshape(*memory.shape[:2], heads, head_dim).transpose(0, 2, 1, 3)
+            np.testing.assert_allclose(outputs[f"present.{layer}.encoder.{kind}"], expected,
+                                       atol=1e-5, rtol=0)
+
+
+def test_decoder_graph_never_touches_the_cross_key_value_weights(export) -> None:
+    """What the encoder projected once, the decoder must not project again: no initializer of
+    decoder.onnx holds a cross-attention key/value weight (in either orientation), while
+    encoder.onnx does; and the decoder takes no encoder hidden states."""
+    folder, model = export
+    state = model.state_dict()
+    cross_kv = [state[f"decoder_layers.{i}.cross_attention.{kind}.weight"].numpy()
+                for i in range(card(NAME, **UNTIED)["n_layers"]) for kind in ("key", "value")]
+
+    def holds(file: str) -> list[bool]:
+        proto = onnx.load(str(folder / file))  # with the external weights
+        arrays = [numpy_helper.to_array(t) for t in proto.graph.initializer]
+        return [any(a.size == w.size and (np.array_equal(a.reshape(w.shape), w)
+                                          or np.array_equal(a.reshape(w.shape), w.T))
+                    for a in arrays) for w in cross_kv]
+
+    assert all(holds("encoder.onnx"))
+    assert not any(holds("decoder.onnx"))
+    inputs = {i.name for i in onnx.load(str(folder / "decoder.onnx"),
+                                        load_external_data=False).graph.input}
+    assert "encoder_hidden_states" not in inputs and "past_key_values.0.encoder.key" in inputs
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_cached_decoding_picks_the_tokens_of_a_model_without_cache(export, beams: int) -> None:
+    folder, model = export
+    tiny = card(NAME, **UNTIED)
+    ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
+    steps = 12
+    expected = decode(NoCacheSession(model, tiny["bos_token_id"]), ids, mask, steps,
+                      Sampling(beams=beams), None)
+    # the reference is not degenerate: many tokens, and the rows differ
+    assert len(set(expected.ravel().tolist())) > 5 and len({tuple(r) for r in expected}) == 3
+    for engine in (Runtime(folder), TorchEngine(model, tiny)):
+        got = generate(engine, ids, mask, steps, Sampling(beams=beams))
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_padded_batch_rows_equal_each_source_alone(export) -> None:
+    folder, _ = export
+    runtime = Runtime(folder)
+    tiny = card(NAME, **UNTIED)
+    ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
+    for sampling in (Sampling(), Sampling(beams=4), Sampling(temperature=0.0, top_k=5)):
+        batched = generate(runtime, ids, mask, 10, sampling)
+        for row, source in enumerate(SOURCES):
+            alone = generate(runtime, np.array([source]), None, 10, sampling)
+            np.testing.assert_array_equal(batched[row], alone[0])

@@ -1,0 +1,58 @@
+"""The browser page runs an encoder-decoder export under the cross-cache contract (issue #12):
+headless Chromium's greedy tokens equal Python's (ONNX Runtime and PyTorch). Needs what
+tests/test_node_web.py needs, and skips (or fails under ZOO_REQUIRE_NODE_WEB=1) the same way."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from export.pipeline import export_and_verify
+from tests.conftest import card
+from tests.test_node_web import (
+    PROMPTS,
+    WEB_DIR,
+    QuietHandler,
+    browser_problem,
+    engines,
+    open_page,
+    python_tokens,
+    require,
+)
+from zoo.build import build_model
+
+NAME = "transformer-tiny"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    require(browser_problem())
+    root = tmp_path_factory.mktemp("web-seq2seq")
+    export_and_verify(build_model(card(NAME), seed=1), card(NAME), root / "t2t")
+    (root / "web").symlink_to(WEB_DIR)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/", root / "t2t"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def test_page_translates_with_the_tokens_python_gives(server: tuple[str, Path],
+                                                      tmp_path: Path) -> None:
+    url, folder = server
+    runtime, torch_engine = engines(folder)
+    for index, ids in enumerate(PROMPTS[:2]):
+        (tmp_path / str(index)).mkdir()
+        shown = open_page(url, tmp_path / str(index), "t2t", ids, 20)
+        assert shown["state"] == "done", shown["error"]
+        expected = python_tokens(runtime, ids, 20)
+        assert python_tokens(torch_engine, ids, 20) == expected
+        assert shown["tokens"] == expected and len(expected) > 1
+        assert "source of" in shown["status"]

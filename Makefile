@@ -35,7 +35,7 @@ CLS_STEPS ?= 300
 # set (seed 0; held-out speeches left out of pretrain.txt), mlm pre-training of a mean-pooled
 # bert-tiny (dropout 0.3), fine-tuning (held-out accuracy and macro-F1 against the majority
 # baseline at each checkpoint; eval.json), export, the held-out speeches scored by ONNX Runtime beside PyTorch,
-# and two held-out lines classified. Not part of `make test`.
+# and three lines of a held-out speech classified. Not part of `make test`.
 demo-classify: $(STAMP)
 	$(BIN)/zoo dataset speakers -o $(CLS)/data --top 3 --eval-fraction 0.2 --seed 0 --force
 	$(BIN)/zoo build bert-tiny --set pooling=mean --set dropout=0.3 -o $(CLS)/bert-tiny \

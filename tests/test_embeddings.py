@@ -98,6 +98,14 @@ def test_run_prints_top_labels_and_similarities(bert_classifier: Path) -> None:
     assert lines[5].split()[1] == "+1.0000"
 
 
+def test_run_refuses_a_prompt_longer_than_max_positions(bert_classifier: Path) -> None:
+    result = CliRunner().invoke(cli.main, ["run", str(bert_classifier),
+                                           "--ids", ",".join(["5"] * 129)])
+    assert result.exit_code == 2, result.output
+    assert "a prompt of 129 tokens exceeds max_positions=128" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_run_refuses_json_for_a_generator(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli.main, ["run", str(tmp_path), "--ids", "1", "--json"])
     assert result.exit_code == 2

@@ -77,9 +77,11 @@ node-deps:
 		done; \
 	else echo "npm not found: the Node.js and browser tests will be skipped"; fi
 
+# Two pytest workers (the tests reading the session's shared exports grouped in one), one
+# torch thread each: the tiny models gain nothing from more, and two workers fill two cores.
 test: $(STAMP) node-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

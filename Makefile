@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-reverse test test-slow lint clean node-deps
+.PHONY: demo demo-classify demo-reverse test test-slow mutants lint clean node-deps
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,29 @@ demo: $(STAMP)
 		-o $(DEMO)/attention.png --json $(DEMO)/attention.json --force
 	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --text "ROMEO:" --max-new-tokens 120 \
 		--temperature 0.8 --top-k 40 --seed 1
+
+CLS := out/demo-classify
+CLS_STEPS ?= 300
+
+# Speaker identification on the shipped Shakespeare (README: "Demo: who is speaking?"): the
+# set (seed 0; held-out speeches left out of pretrain.txt), mlm pre-training of a mean-pooled
+# bert-tiny (dropout 0.3), fine-tuning (held-out accuracy and macro-F1 against the majority
+# baseline at each checkpoint; eval.json), export, the held-out speeches scored by ONNX Runtime beside PyTorch,
+# and three lines of a held-out speech classified. Not part of `make test`.
+demo-classify: $(STAMP)
+	$(BIN)/zoo dataset speakers -o $(CLS)/data --top 3 --eval-fraction 0.2 --seed 0 --force
+	$(BIN)/zoo build bert-tiny --set pooling=mean --set dropout=0.3 -o $(CLS)/bert-tiny \
+		--seed 0 --force
+	OMP_NUM_THREADS=1 $(BIN)/zoo train $(CLS)/bert-tiny --task mlm \
+		--data $(CLS)/data/pretrain.txt --steps 500 --block-size 64 --lr 3e-3 \
+		-o $(CLS)/mlm --force
+	OMP_NUM_THREADS=1 $(BIN)/zoo train $(CLS)/mlm --task classify \
+		--data $(CLS)/data/train.jsonl --eval $(CLS)/data/eval.jsonl --steps $(CLS_STEPS) \
+		--lr 1e-3 --warmup 30 --checkpoint-every 100 -o $(CLS)/classifier --force
+	$(BIN)/zoo export $(CLS)/classifier --onnx -o $(CLS)/onnx --force
+	$(BIN)/zoo evaluate $(CLS)/onnx --data $(CLS)/data/eval.jsonl
+	$(BIN)/zoo run $(CLS)/onnx --text "Either you must" \
+		--text "Confess yourselves wondrous malicious," --text "Or be accused of folly."
 
 REVERSE := out/reverse
 
@@ -56,12 +79,19 @@ node-deps:
 		done; \
 	else echo "npm not found: the Node.js and browser tests will be skipped"; fi
 
+# Two pytest workers (the tests reading the session's shared exports grouped in one), one
+# torch thread each: the tiny models gain nothing from more, and two workers fill two cores.
 test: $(STAMP) node-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+# Plants small realistic bugs one at a time (tests/mutants.py lists them) and fails if the
+# tests meant to catch one pass with it in place. Not part of `make test`: several minutes.
+mutants: $(STAMP)
+	$(BIN)/python -m tests.mutants
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

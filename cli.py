@@ -285,7 +285,10 @@ def parse_ids(text: str) -> list[int]:
 @click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
 @click.option("--ids", "id_lists", multiple=True,
               help="Comma-separated token ids; repeat for a (left-padded) batch.")
-@click.option("--text", help="Text prompt (needs an export with a tokenizer).")
+@click.option("--text", "texts", multiple=True,
+              help="Text prompt (needs an export with a tokenizer); repeat for a batch.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Classifiers and embedding models: print the raw numbers as JSON.")
 @click.option("--max-new-tokens", default=32, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, help="0 = no limit.")
@@ -293,13 +296,15 @@ def parse_ids(text: str) -> list[int]:
 @click.option("--beams", default=1, show_default=True, help="Beam search width.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed.")
 @click.option("--threads", type=int, help="ONNX Runtime CPU threads [all cores].")
-def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
-        max_new_tokens: int, temperature: float, top_k: int, top_p: float, beams: int,
-        seed: int, threads: int | None) -> None:
+def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str, ...],
+        as_json: bool, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
+        beams: int, seed: int, threads: int | None) -> None:
     """Run an exported FOLDER with ONNX Runtime.
 
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
-    the pooled vector and the top predictions at masked positions.
+    the pooled vector and the top predictions at masked positions. A model with a sentence
+    vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
+    size and norm, and the texts' cosine similarities.
     """
     from export.runtime.sampling import check_new_tokens
 
@@ -313,13 +318,21 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     from export.runtime.sessions import Runtime
     from zoo.files.tokenizer import load_tokenizer
 
-    if text is None and not id_lists:
+    if not texts and not id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")
     runtime = Runtime(Path(folder), provider, threads)
     tokenizer = load_tokenizer(Path(folder))
-    if text is not None and tokenizer is None:
+    if texts and tokenizer is None:
         raise ZooError(f"{folder}: this export has no tokenizer; pass token ids with --ids")
-    prompts = [tokenizer.encode(text)] if text is not None else [parse_ids(i) for i in id_lists]
+    prompts = ([tokenizer.encode(text) for text in texts] if texts
+               else [parse_ids(i) for i in id_lists])
+    if any(not prompt for prompt in prompts):
+        raise ZooError("an empty prompt: every --text or --ids needs at least one token")
+    if runtime.card["pooling"] is not None:
+        show_sequences(runtime, prompts, list(texts) or list(id_lists), as_json)
+        return
+    if as_json:
+        raise ZooError("--json is for classifiers and embedding models (cards with pooling)")
     if not family_of(runtime.card).generates:
         for prompt in prompts:
             pooled, predictions = encode(runtime, np.array(prompt))
@@ -336,12 +349,37 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], text: str | None,
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
     tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
-    shown = text if text is not None and family_of(runtime.card).continues_prompt else ""
-    for row in tokens:
-        if text is not None:
-            click.echo(shown + tokenizer.decode(row.tolist()))
+    continues = family_of(runtime.card).continues_prompt  # a translation does not
+    for index, row in enumerate(tokens):
+        if texts:
+            click.echo((texts[index] if continues else "") + tokenizer.decode(row.tolist()))
         else:
             click.echo(",".join(str(token) for token in row))
+
+
+def show_sequences(runtime: Any, prompts: list[list[int]], inputs: list[str],
+                   as_json: bool) -> None:
+    """A classifier's top labels per text, or the vectors' size and norm; then, for two or
+    more texts, the cosine-similarity matrix."""
+    import json
+
+    from export.runtime.classify import run_sequences
+
+    result = run_sequences(runtime, prompts)
+    if as_json:
+        click.echo(json.dumps({"inputs": inputs, **result.to_json()}))
+        return
+    norms = result.norms()
+    for row, shown in enumerate(inputs):
+        click.echo(f"[{row}] {shown!r}")
+        if result.probabilities is not None:
+            click.echo("    " + ", ".join(f"{label} {p:.3f}" for label, p in result.top(row)))
+        else:
+            click.echo(f"    vector: {result.embeddings.shape[1]} dims, norm {norms[row]:.5f}")
+    if len(prompts) > 1:
+        click.echo("cosine similarity:")
+        for row, values in enumerate(result.cosine()):
+            click.echo(f"  [{row}] " + " ".join(f"{value:+.4f}" for value in values))
 
 
 def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_second: float) -> None:
@@ -356,11 +394,18 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
 
 @main.command()
 @click.argument("source", metavar="NAME|DIR")
-@click.option("--task", type=click.Choice(["lm", "mlm", "copy", "reverse"]), required=True,
+@click.option("--task", type=click.Choice(["lm", "mlm", "copy", "reverse", "classify"]),
+              required=True,
               help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, synthetic; "
-                   "reverse: encoder-decoder, the shipped text's words in reverse order.")
+                   "reverse: encoder-decoder, the shipped text's words in reverse order; "
+                   "classify: a classifier (encoder or decoder) on labelled text.")
 @click.option("--data", type=click.Path(dir_okay=False),
-              help="UTF-8 text file for lm/mlm [the shipped Shakespeare].")
+              help="lm/mlm: UTF-8 text [the shipped Shakespeare]; classify: JSONL "
+                   '({"text": ..., "label": ...} a line) or CSV with a text,label header.')
+@click.option("--eval", "eval_file", type=click.Path(dir_okay=False),
+              help="classify: held-out rows (same format), scored at each checkpoint.")
+@click.option("--eval-fraction", type=float,
+              help="classify: hold out this share of --data instead (split with --seed).")
 @click.option("--steps", default=300, show_default=True, help="Total optimizer steps.")
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--block-size", default=128, show_default=True, help="Tokens per sequence.")
@@ -375,41 +420,147 @@ def progress_bar(step: int, total: int, loss: float, lr: float, tokens_per_secon
 @click.option("--seed", default=0, show_default=True, help="Initialisation and data seed.")
 @click.option("--force", is_flag=True, help="Replace an existing OUT (starting afresh).")
 @registry_option
-def train(source: str, task: str, data: str | None, steps: int, batch_size: int, block_size: int,
+def train(source: str, task: str, data: str | None, eval_file: str | None,
+          eval_fraction: float | None, steps: int, batch_size: int, block_size: int,
           lr: float | None, schedule: str | None, warmup: int | None,
           label_smoothing: float | None,
           checkpoint_every: int, out: str | None, resume: bool, seed: int, force: bool,
           registries: tuple[str, ...]) -> None:
     """Train a card or a built folder; checkpoints land in OUT (safetensors + JSON).
 
-    Under `torchrun --nproc_per_node N` the same command trains data-parallel.
+    --task classify makes SOURCE a classifier for the labels in --data: the body's weights are
+    kept, the new head initialised (OUT/init.json lists which), and OUT/eval.json holds the
+    held-out scores. Under `torchrun --nproc_per_node N` the same command trains data-parallel.
     """
     from zoo.files.sources import load_source
     from zoo.training.train import TrainOptions
     from zoo.training.train import train as run_training
 
     target = Path(out or f"{Path(source).name}-trained")
+    if task == "classify" and data is None:
+        raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
+    if task != "classify" and (eval_file or eval_fraction is not None):
+        raise ZooError("--eval and --eval-fraction are for --task classify")
     model, card = load_source(source, registries, seed)
+    files: dict[str, bytes] = {}
+    if task == "classify":
+        import json
+
+        from zoo.training.classify import INIT_RECORD, prepare_classifier
+
+        model, card, record = prepare_classifier(model, card, Path(data), seed, source)
+        files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()
+        click.echo(f"classifier: {card['num_labels']} labels, pooling {card['pooling']}; kept "
+                   f"{len(record['kept'])} tensors of {source}, initialised "
+                   f"{len(record['initialised'])}, dropped {len(record['dropped'])}", err=True)
+    source_folder = Path(source) if Path(source).is_dir() else None
     options = TrainOptions(
         task=task, out=target, data=Path(data) if data else None, steps=steps,
         batch_size=batch_size, block_size=block_size, lr=lr, schedule=schedule, warmup=warmup,
         label_smoothing=label_smoothing, checkpoint_every=checkpoint_every, seed=seed,
-        resume=resume, force=force)
-    result = run_training(model, card, options, progress_bar)
+        resume=resume, force=force, eval=Path(eval_file) if eval_file else None,
+        eval_fraction=eval_fraction, tokenizer_folder=source_folder)
+    result = run_training(model, card, options, progress_bar, evaluated=show_scores,
+                          files=files)
     if result.get("rank", 0) == 0:
         losses = result["losses"]
         click.echo(f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
                    f"{losses[-1]:.4f}; wrote {target}/")
+        if "eval" in result:
+            scores, baseline = result["eval"], result["eval"]["majority_baseline"]
+            click.echo(f"held-out: accuracy {scores['accuracy']:.3f}, macro-F1 "
+                       f"{scores['macro_f1']:.3f} on {scores['examples']} rows (majority "
+                       f"baseline '{baseline['label']}': accuracy {baseline['accuracy']:.3f}, "
+                       f"macro-F1 {baseline['macro_f1']:.3f}); wrote {target / 'eval.json'}")
 
 
-@main.command()
-@click.argument("folder", type=click.Path())
-@click.option("--task", type=click.Choice(["reverse"]), required=True,
-              help="reverse: held-out runs of the shipped text's words, to be reversed.")
-@click.option("--count", default=200, show_default=True, help="Held-out inputs.")
-@click.option("--beams", default=1, show_default=True, help="Beam search width.")
-def evaluate(folder: str, task: str, count: int, beams: int) -> None:
-    """Exact-match accuracy of an exported encoder-decoder FOLDER on held-out inputs."""
+def show_scores(step: int, scores: dict[str, Any]) -> None:
+    click.echo(f"eval at step {step}: accuracy {scores['accuracy']:.3f}  macro-F1 "
+               f"{scores['macro_f1']:.3f}", err=True)
+
+
+@main.group()
+def dataset() -> None:
+    """Write demo datasets made from what ships."""
+
+
+@dataset.command("speakers")
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for train.jsonl, eval.jsonl and pretrain.txt.")
+@click.option("--top", default=4, show_default=True, help="The most frequent speakers kept.")
+@click.option("--eval-fraction", default=0.2, show_default=True,
+              help="Share of the speeches held out.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the split.")
+@click.option("--force", is_flag=True, help="Overwrite an existing folder.")
+def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force: bool) -> None:
+    """Speaker identification on the shipped Shakespeare: each speech labelled with its
+    speaker, split by speech (none in both parts); pretrain.txt is the text without the
+    held-out speeches."""
+    from zoo.training.speakers import write_speaker_set
+
+    made = write_speaker_set(Path(out), top, eval_fraction, seed, force)
+    counts = {name: sum(s.speaker == name for s in made.train) for name in made.classes}
+    click.echo(f"wrote {out}/ (train.jsonl: {len(made.train)} speeches, eval.jsonl: "
+               f"{len(made.eval)}, pretrain.txt); classes: "
+               + ", ".join(f"{name} ({count})" for name, count in counts.items()))
+
+
+@main.command("evaluate")
+@click.argument("folder", metavar="OUT", type=click.Path())
+@click.option("--data", type=click.Path(dir_okay=False),
+              help="A classifier: labelled rows, JSONL or CSV of text, label (as for zoo train "
+                   "--task classify).")
+@click.option("--task", type=click.Choice(["reverse"]),
+              help="An encoder-decoder: reverse = held-out runs of the shipped text's words.")
+@click.option("--count", default=200, show_default=True, help="--task: held-out inputs.")
+@click.option("--beams", default=1, show_default=True, help="--task: beam search width.")
+@click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
+def evaluate_command(folder: str, data: str | None, task: str | None, count: int, beams: int,
+                     provider: str) -> None:
+    """Score an export OUT with ONNX Runtime: a classifier on labelled rows (--data), with the
+    rows where its prediction equals PyTorch's; or an encoder-decoder's exact-match accuracy on
+    held-out inputs (--task reverse)."""
+    if (data is None) == (task is None):
+        raise ZooError("give --data FILE (a classifier) or --task reverse (an encoder-decoder)")
+    if data is not None:
+        evaluate_classifier(folder, data, provider)
+    else:
+        evaluate_task(folder, task, count, beams, provider)
+
+
+def evaluate_classifier(folder: str, data: str, provider: str) -> None:
+    from export.runtime.classify import predictions
+    from export.runtime.engines import TorchEngine
+    from export.runtime.sessions import Runtime
+    from zoo.files.tokenizer import load_tokenizer
+    from zoo.files.weights import load_built
+    from zoo.training.labelled import label_ids, read_rows
+    from zoo.training.scores import scores
+
+    runtime = Runtime(Path(folder), provider)
+    card = runtime.card
+    if not card["num_labels"]:
+        raise ZooError(f"{folder}: not a classifier export (num_labels is 0)")
+    tokenizer = load_tokenizer(Path(folder))
+    if tokenizer is None:
+        raise ZooError(f"{folder}: this export has no tokenizer to read the texts with")
+    rows = read_rows(Path(data))
+    truth = label_ids(rows, card["labels"], card["num_labels"])
+    limit = card["max_positions"]
+    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
+    onnx_says = predictions(runtime, prompts)
+    torch_says = predictions(TorchEngine(*load_built(Path(folder))), prompts)
+    names = card["labels"] or [str(i) for i in range(card["num_labels"])]
+    result = scores(truth, onnx_says, names)
+    same = sum(a == b for a, b in zip(onnx_says, torch_says, strict=True))
+    click.echo(f"{len(truth)} rows: accuracy {result['accuracy']:.3f}, macro-F1 "
+               f"{result['macro_f1']:.3f} (ONNX Runtime); the same prediction as PyTorch on "
+               f"{same} of {len(truth)}")
+
+
+
+
+def evaluate_task(folder: str, task: str, count: int, beams: int, provider: str) -> None:
     from export.checks.exact_match import exact_match
     from export.families import family_of
     from export.runtime.sessions import Runtime
@@ -418,7 +569,7 @@ def evaluate(folder: str, task: str, count: int, beams: int) -> None:
 
     if count < 1:
         raise ZooError(f"--count {count}: should be >= 1")
-    runtime = Runtime(Path(folder))
+    runtime = Runtime(Path(folder), provider)
     family = family_of(runtime.card)
     if not family.generates or family.continues_prompt:  # it needs source -> new target
         raise ZooError(f"{folder}: a {runtime.card.family} export; --task {task} evaluates "

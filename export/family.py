@@ -120,6 +120,11 @@ class Family:
     # how many tokens `zoo attention` generates when not told: the encoder-decoder needs a target
     default_generate: int = 0
 
+    def variant(self, card: Any) -> Family:
+        """The object for this card: a family whose cards differ in kind (a decoder with a
+        pooling does not generate) hands out another; most hand out themselves."""
+        return self
+
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         """{file: GraphIO}, inputs that the card leaves out already dropped."""
         raise NotImplementedError

@@ -83,11 +83,15 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         heads += d * d + d
     if card["mlm_head"]:
         heads += d * d + d + norm + vocab  # transform, norm, output bias
-    has_output = family != "encoder" or card["mlm_head"]
+    if card["num_labels"]:
+        heads += d * card["num_labels"] + card["num_labels"]  # the classifier's linear
+    # A decoder with a pooling is a sequence model: no LM head (zoo/build.py).
+    has_output = (family == "encoder-decoder" or card["mlm_head"]
+                  or (family == "decoder" and card["pooling"] is None))
     output_vocab = target if family == "encoder-decoder" else vocab
     if has_output and not card["tie_embeddings"]:
         heads += output_vocab * d  # an output matrix of its own
-    if family != "encoder" and card["output_bias"]:
+    if has_output and family != "encoder" and card["output_bias"]:
         heads += output_vocab
     parts["heads"] = heads
     return {name: count for name, count in parts.items() if count}

@@ -17,6 +17,10 @@ from registry.errors import CardError
 from registry.plugins import load_plugins
 
 FAMILIES = ("encoder", "decoder", "encoder-decoder")
+POOLINGS = ("cls", "mean", "last", "pooler")
+# What a sentence vector may be made of, per family: a causal decoder's first token has seen
+# nothing, and only the encoder has BERT's pooler.
+FAMILY_POOLINGS = {"encoder": POOLINGS, "decoder": ("mean", "last")}
 REQUIRED = object()
 
 
@@ -72,6 +76,12 @@ FIELDS: dict[str, Field] = {
     "eos_token_id": Field(int, None, "end token", minimum=0, nullable=True),
     "mask_token_id": Field(int, None, "mask token for masked-LM (encoder)", minimum=0,
                            nullable=True),
+    "pooling": Field(str, None, "sentence vector: cls | mean | last | pooler (none: no vector)",
+                     choices=POOLINGS, nullable=True),
+    "normalize": Field(bool, False, "scale the sentence vector to unit length"),
+    "num_labels": Field(int, 0, "classifier classes on the sentence vector (0 = none)",
+                        minimum=0),
+    "labels": Field(list, None, "the classes' names, in id order (optional)", nullable=True),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
 
@@ -175,6 +185,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
             if card[name]:
                 raise CardError(f"{where}: {name}={card[name]!r} applies only to family encoder, "
                                 f"not {card['family']}")
+    _check_sequence_heads(card, where)
     if card["target_vocab_size"] is not None and card["family"] != "encoder-decoder":
         raise CardError(f"{where}: target_vocab_size applies only to family encoder-decoder")
     for token in ("bos_token_id", "eos_token_id"):  # tokens the decoder reads or writes
@@ -184,3 +195,44 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["family"] == "encoder-decoder" and card["bos_token_id"] is None:
         raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
                         "(the decoder's start token)")
+
+
+def _check_sequence_heads(card: dict[str, Any], where: str) -> None:
+    """pooling, normalize, num_labels and labels: the sentence vector and the classifier."""
+    pooling, labels = card["pooling"], card["labels"]
+    if pooling is not None:
+        allowed = FAMILY_POOLINGS.get(card["family"], ())
+        if pooling not in allowed:
+            expected = f"one of {', '.join(allowed)}" if allowed else "absent (null)"
+            raise CardError(f"{where}: pooling={pooling!r} for family {card['family']} should "
+                            f"be {expected}")
+        if pooling == "pooler" and not card["pooler"]:
+            raise CardError(f"{where}: pooling='pooler' needs pooler: true")
+    if card["normalize"] and pooling is None:
+        raise CardError(f"{where}: normalize=true needs a pooling (cls | mean | last | pooler)")
+    if card["num_labels"]:
+        if pooling is None:
+            raise CardError(f"{where}: num_labels={card['num_labels']} needs a pooling (the "
+                            "classifier reads the sentence vector)")
+        if card["mlm_head"]:
+            raise CardError(f"{where}: num_labels={card['num_labels']} and mlm_head=true both "
+                            "output 'logits'; a classifier has no MLM head (mlm_head: false)")
+    if labels is None:
+        return
+    if not all(isinstance(label, str) and label for label in labels):
+        raise CardError(f"{where}: labels={labels!r} should be a list of non-empty names")
+    if len(labels) != card["num_labels"]:
+        raise CardError(f"{where}: labels has {len(labels)} names, but num_labels="
+                        f"{card['num_labels']}")
+    if len(set(labels)) != len(labels):
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        raise CardError(f"{where}: labels names {', '.join(twice)} more than once")
+
+
+def default_pooling(card: dict[str, Any]) -> str:
+    """The sentence vector a classifier reads when its card names none: BERT's pooler where
+    the card has one (as BertForSequenceClassification), else the first real token for an
+    encoder and the last for a decoder (as GPT2ForSequenceClassification)."""
+    if card["pooler"]:
+        return "pooler"
+    return {"encoder": "cls", "decoder": "last"}.get(card["family"], "cls")

@@ -1,9 +1,17 @@
-"""Shared fixtures: the shipped cards, by name, and small helpers for random inputs."""
+"""Shared fixtures: the shipped cards, by name, exports made once per session, and small
+helpers for random inputs."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
 import pytest
 import torch
+from safetensors import safe_open
 
 from registry import Card, open_catalog
 
@@ -27,6 +35,35 @@ def random_ids(card: Card, batch: int, length: int, seed: int = 0) -> torch.Tens
 @pytest.fixture(params=TINY_CARDS)
 def tiny_card(request: pytest.FixtureRequest) -> Card:
     return card(request.param)
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {}, "optimize": {"optimize": True}, "int8": {"quantize": "int8"},
+    "int4": {"quantize": "int4"}, "attentions": {"attentions": True},
+}
+SharedExport = Callable[..., tuple[Path, Any]]
+
+
+@pytest.fixture(scope="session")
+def shared_export(tmp_path_factory: pytest.TempPathFactory) -> SharedExport:
+    """`shared_export(name, variant="plain")` -> (folder, report): a tiny card built with seed 1
+    and exported (with its check) once per session, on first use, for every test that only
+    reads it. A test that alters an export copies it first."""
+    from export.pipeline import export_and_verify
+    from zoo.build import build_model
+
+    root = tmp_path_factory.mktemp("shared-exports")
+    made: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def get(name: str, variant: str = "plain") -> tuple[Path, Any]:
+        if (name, variant) not in made:
+            folder = root / f"{name}-{variant}"
+            report = export_and_verify(build_model(card(name), seed=1), card(name), folder,
+                                       **VARIANTS[variant])
+            made[name, variant] = folder, report
+        return made[name, variant]
+
+    return get
 
 
 def count_module_parameters(model: torch.nn.Module) -> int:
@@ -67,3 +104,85 @@ def modules_loaded(calls: list[list[str]], roots: tuple[str, ...]) -> list[str]:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def tensor_payload_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes a tensor keeps inside the .onnx file (external ones live in the .data file)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return 0
+    return (len(tensor.raw_data) + 4 * len(tensor.float_data) + 8 * len(tensor.int64_data)
+            + 4 * len(tensor.int32_data))
+
+
+def _onnx_tensors(folder: Path) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(file, tensor) for every initializer and Constant value of every .onnx in `folder`."""
+    for path in sorted(folder.glob("*.onnx")):
+        model = onnx.load(str(path), load_external_data=False)
+        yield from ((path.name, tensor) for tensor in model.graph.initializer)
+        yield from ((path.name, a.t) for node in model.graph.node for a in node.attribute
+                    if a.type == onnx.AttributeProto.TENSOR)
+
+
+def _external_range(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    return info["location"], int(info.get("offset", 0)), int(info["length"])
+
+
+def stored_tensor_bytes(folder: Path) -> int:
+    """Every tensor byte the ONNX files of an export hold: inline initializers and Constant
+    values in each .onnx, plus each distinct range of the external data files (without the
+    alignment padding between them)."""
+    inline, ranges = 0, set()
+    for _, tensor in _onnx_tensors(folder):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            ranges.add(_external_range(tensor))
+        else:
+            inline += tensor_payload_bytes(tensor)
+    return inline + sum(length for _, _, length in ranges)
+
+
+def weight_copies(folder: Path) -> dict[str, tuple[int, int]]:
+    """{weight name: (copies the ONNX files store, copies safetensors holds)}, matched by
+    content: an external range shared by several graphs counts once. Weights with equal
+    content (norms at init) share one count, so each is compared as a multiset."""
+    import hashlib
+
+    from onnx import numpy_helper
+
+    def digest(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    stored: Counter[str] = Counter()
+    ranges: set[tuple[str, int, int]] = set()
+    for _, tensor in _onnx_tensors(folder):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            where = _external_range(tensor)
+            if where not in ranges:
+                ranges.add(where)
+                with (folder / where[0]).open("rb") as data:
+                    data.seek(where[1])
+                    stored[digest(data.read(where[2]))] += 1
+        else:
+            stored[digest(numpy_helper.to_array(tensor).tobytes())] += 1
+    with safe_open(str(folder / "model.safetensors"), "np") as weights:
+        digests = {key: digest(weights.get_tensor(key).tobytes()) for key in weights.keys()}  # noqa: SIM118
+    held = Counter(digests.values())
+    return {key: (stored[d], held[d]) for key, d in digests.items()}
+
+
+def weight_bytes(folder: Path) -> int:
+    """The tensor payload of the reference safetensors (what each weight costs once)."""
+    with safe_open(str(folder / "model.safetensors"), "np") as weights:
+        return sum(weights.get_tensor(key).nbytes for key in weights.keys())  # noqa: SIM118
+
+
+def assert_weights_stored_once(folder: Path, buffers: int = 0) -> None:
+    """No weight stored twice across the ONNX files of an export (inline in two graphs, or
+    inline and external): matched by content, and bounded in bytes, where the slack (4 KB:
+    shapes, masks' fill values, folded constants) is half the smallest table of a tiny card.
+    `buffers`: bytes of tensors computed from the card (the sinusoid table), not in safetensors.
+    """
+    copies = weight_copies(folder)
+    twice = sorted(name for name, (stored, held) in copies.items() if stored > held)
+    assert not twice, f"stored more than once: {twice}"
+    assert stored_tensor_bytes(folder) - buffers <= weight_bytes(folder) + 4096

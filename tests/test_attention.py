@@ -21,9 +21,13 @@ from export.families import family_of
 from export.inspect.attention import Request, draw_attention
 from export.pipeline import export_and_verify
 from export.runtime.sessions import Runtime
-from tests.conftest import TINY_CARDS, card, prompt_feeds, random_ids
+from tests.conftest import TINY_CARDS, SharedExport, card, prompt_feeds, random_ids
 from zoo.blocks.attention import recorded_attentions
 from zoo.build import build_model
+
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
 
 GROUPS = {"gpt-tiny": ("attentions",), "bert-tiny": ("attentions",),
           "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
@@ -62,12 +66,10 @@ def test_recorded_maps_are_probabilities_that_respect_masks(name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def attention_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def attention_exports(shared_export: SharedExport) -> dict[str, Path]:
     folders = {}
     for name in TINY_CARDS:
-        folder = tmp_path_factory.mktemp("att") / name
-        report = export_and_verify(build_model(card(name), seed=0), card(name), folder,
-                                   attentions=True)
+        folder, report = shared_export(name, "attentions")
         labels = {row.output for row in report.rows}
         for group in GROUPS[name]:  # the grid compared every group (with and without a past)
             assert any(label.endswith(f"{group}.*") for label in labels), labels

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
+from onnx import numpy_helper
 
 from cli import main
 from export.checks.parity import check_parity
@@ -26,30 +27,28 @@ from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling
 from export.runtime.sessions import Runtime
-from tests.conftest import TINY_CARDS, card
+from tests.conftest import (
+    TINY_CARDS,
+    SharedExport,
+    assert_weights_stored_once,
+    card,
+    stored_tensor_bytes,
+)
 from zoo.build import build_model
-from zoo.files.weights import WEIGHTS, load_built
+from zoo.files.weights import load_built
 
-VARIANTS = {"optimize": {"optimize": True}, "int8": {"quantize": "int8"},
-            "int4": {"quantize": "int4"}}
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
+VARIANTS = ["optimize", "int8", "int4"]
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory):
-    """Each (card, variant) exported once, on first use; exporting runs its check."""
-    root = tmp_path_factory.mktemp("variants")
-    made: dict[tuple[str, str], tuple[Path, object]] = {}
-
-    def get(name: str, variant: str) -> tuple[Path, object]:
-        if (name, variant) not in made:
-            folder = root / f"{name}-{variant}"
-            report = export_and_verify(build_model(card(name), seed=1), card(name), folder,
-                                       **VARIANTS[variant])
-            made[name, variant] = folder, report
-        return made[name, variant]
-
-    return get
-
+def exports(shared_export: SharedExport) -> SharedExport:
+    """(card, variant) -> (folder, report), exported once per session; exporting runs its
+    check."""
+    return shared_export
 
 
 def finite_numbers(value: Any) -> bool:
@@ -88,7 +87,7 @@ def assert_check_ran(report, fields: dict) -> None:
 
 
 @pytest.mark.parametrize("name", TINY_CARDS)
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_export_passes_its_check(name: str, variant: str, exports) -> None:
     folder, report = exports(name, variant)
     assert_check_ran(report, card(name).fields)
@@ -122,9 +121,62 @@ def test_optimized_decoder_carries_the_shared_cache_graph(exports) -> None:
                                               load_external_data=False).graph.node}
     assert "GroupQueryAttention" in ops
     assert "shared-cache loop vs plain loop" in report.table()
-    # Tied weights are still stored once across the two graphs.
-    data = (folder / "weights.onnx.data").stat().st_size
-    assert data <= 1.02 * (folder / WEIGHTS).stat().st_size
+    # Every weight is still stored once across model.onnx, model_kv.onnx and model_genai.onnx.
+    assert_weights_stored_once(folder)
+
+
+def quantized_bytes(rows: int, columns: int, bits: int) -> int:
+    """MatMulNBits' storage of a (K=rows, N=columns) weight in blocks of 32 along K: N x blocks
+    x 32 * bits / 8 bytes of packed integers, plus one fp32 scale per block."""
+    blocks = -(-rows // 32)
+    return columns * blocks * (32 * bits // 8 + 4)
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+@pytest.mark.parametrize("variant, bits", [("int8", 8), ("int4", 4)])
+def test_quantized_exports_hold_the_quantized_operators_and_are_smaller(
+        name: str, variant: str, bits: int, exports) -> None:
+    """Every constant-weight MatMul of the fp32 graph became a MatMulNBits of that weight's
+    shape and bit width, the packed weights have the size the format implies, and the files
+    are smaller by what that saves."""
+    plain, _ = exports(name, "plain")
+    folder, _ = exports(name, variant)
+    saved: dict[str, int] = {}  # per fp32 weight: bytes quantizing it saves (or costs)
+    for file in family_of(card(name)).contract(card(name)):
+        fp32 = onnx.load(str(plain / file))
+        weights = {t.name: tuple(t.dims) for t in fp32.graph.initializer}
+        transposed = {n.output[0]: n.input[0] for n in fp32.graph.node
+                      if n.op_type == "Transpose" and n.input[0] in weights}
+        expected = []
+        for node in fp32.graph.node:
+            if node.op_type != "MatMul":
+                continue
+            if node.input[1] in weights:  # (K, N): the fp32 copy goes away
+                rows, columns = weights[node.input[1]]
+                saved[node.input[1]] = rows * columns * 4 - quantized_bytes(rows, columns, bits)
+            elif node.input[1] in transposed:  # a tied head: the table stays for the Gather
+                columns, rows = weights[transposed[node.input[1]]]
+                saved[f"{file}:{node.name}"] = -quantized_bytes(rows, columns, bits)
+            else:
+                continue
+            expected.append((rows, columns))
+        quantized = onnx.load(str(folder / file))
+        packed = {t.name: t for t in quantized.graph.initializer}
+        found = []
+        for node in quantized.graph.node:
+            if node.op_type != "MatMulNBits":
+                continue
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attributes["bits"] == bits and attributes["block_size"] == 32
+            found.append((attributes["K"], attributes["N"]))
+            data = numpy_helper.to_array(packed[node.input[1]]).nbytes
+            scales = numpy_helper.to_array(packed[node.input[2]]).nbytes
+            assert data + scales == quantized_bytes(attributes["K"], attributes["N"], bits)
+        assert expected and sorted(found) == sorted(expected), file
+        assert not any(n.op_type == "MatMul" and n.input[1] in packed
+                       for n in quantized.graph.node)  # no fp32 weight MatMul is left
+    assert sum(saved.values()) > 0
+    assert stored_tensor_bytes(folder) <= stored_tensor_bytes(plain) - sum(saved.values()) + 1024
 
 
 def test_missing_attention_fusion_is_reported(exports) -> None:

@@ -18,15 +18,25 @@ from export.checks.parity import check_parity
 from export.families import family_of
 from export.onnx.contract import MANIFEST
 from export.onnx.manifest import ManifestError, read_manifest
+from export.onnx.trace import TRACE_SIZES
 from export.pipeline import export_and_verify
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate, open_session
 from export.runtime.sampling import Sampling
 from export.runtime.sessions import OrtError, Runtime, cuda_active
-from tests.conftest import TINY_CARDS, card
+from tests.conftest import (
+    TINY_CARDS,
+    SharedExport,
+    assert_weights_stored_once,
+    card,
+)
 from zoo.build import build_model
 from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
+
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
 
 CUDA = cuda_active()
 GPT_TINY = card("gpt-tiny").fields
@@ -34,14 +44,9 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="ONNX Runtime's CUDA provider i
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each tiny card exported once (export includes the parity check)."""
-    root = tmp_path_factory.mktemp("exports")
-    folders = {}
-    for name in TINY_CARDS:
-        folders[name] = root / name
-        export_and_verify(build_model(card(name), seed=1), card(name), folders[name])
-    return folders
+def exported(shared_export: SharedExport) -> dict[str, Path]:
+    """Each tiny card's plain export (made once per session; export runs the parity check)."""
+    return {name: shared_export(name)[0] for name in TINY_CARDS}
 
 
 def copy_export(source: Path, tmp_path: Path) -> Path:
@@ -198,16 +203,37 @@ def test_metadata_props_and_manifest_are_present_and_correct(exported: dict[str,
             assert json.loads(props["zoo.versions"])["torch"] == manifest["versions"]["torch"]
 
 
-def test_tied_weights_are_stored_once(exported: dict[str, Path]) -> None:
-    gpt = exported["gpt-tiny"]
-    assert (gpt / "model.onnx").stat().st_size <= 1.05 * (gpt / WEIGHTS).stat().st_size
-    seq2seq = exported["transformer-tiny"]
-    # encoder.onnx and decoder.onnx share the embedding through one external data file, which
-    # also holds the sinusoid table (a buffer computed from the card, so not in safetensors).
-    tiny = card("transformer-tiny")
-    table = tiny["max_positions"] * tiny["d_model"] * 4
-    data = (seq2seq / "weights.onnx.data").stat().st_size
-    assert data <= 1.02 * ((seq2seq / WEIGHTS).stat().st_size + table)
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_every_weight_is_stored_once_across_all_onnx_files(name: str,
+                                                           exported: dict[str, Path]) -> None:
+    tiny = card(name)
+    sinusoids = tiny["position"] == "sinusoidal"
+    assert_weights_stored_once(exported[name],
+                               tiny["max_positions"] * tiny["d_model"] * 4 if sinusoids else 0)
+
+
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_the_parity_grid_runs_sizes_the_trace_never_saw(name: str,
+                                                       exported: dict[str, Path]) -> None:
+    """torch.export specialises what it traced; the grid must run other sizes on every
+    dynamic axis of every graph, including 1 (the size export most likes to fix)."""
+    family = family_of(card(name))
+    cases = family.parity_cases(TorchEngine(*load_built(exported[name])),
+                                np.random.default_rng(0))
+    seen: dict[tuple[str, str], set[int]] = {}
+    for case in cases:
+        for graph_input in family.graphs(card(name))[case.file].inputs:
+            for axis, size in zip(graph_input.axes, case.feeds[graph_input.name].shape,
+                                  strict=True):
+                if axis in TRACE_SIZES:
+                    seen.setdefault((case.file, axis), set()).add(size)
+    assert seen
+    for (file, axis), sizes in seen.items():
+        assert sizes - {TRACE_SIZES[axis]}, f"{file} {axis}: only the traced size {sizes}"
+        if axis in ("batch", "sequence"):
+            assert 1 in sizes, f"{file} {axis}: never 1 ({sizes})"
+        if axis == "past_sequence":
+            assert 0 in sizes and max(sizes) > 0, f"{file} past: {sizes}"
 
 
 def test_tampered_file_is_detected(exported: dict[str, Path], tmp_path: Path) -> None:

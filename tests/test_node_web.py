@@ -24,16 +24,18 @@ import numpy as np
 import pytest
 
 from export.onnx.contract import MANIFEST
-from export.pipeline import export_and_verify
 from export.runtime.encode import encode
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sessions import Runtime
-from tests.conftest import card, prompt_feeds
-from zoo.build import build_model
+from tests.conftest import SharedExport, card, prompt_feeds
 from zoo.files.weights import load_built
 
 ROOT = Path(__file__).resolve().parents[1]
+# The tests that read the session's shared exports run in one pytest-xdist worker, so each
+# export is made once (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
 NODE_DIR = ROOT / "examples" / "node"
 WEB_DIR = ROOT / "examples" / "web"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -105,14 +107,9 @@ def browser_ready() -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """gpt-tiny, bert-tiny and transformer-tiny exported once (with the parity check)."""
-    root = tmp_path_factory.mktemp("node-web-exports")
-    folders = {}
-    for name in ("gpt-tiny", "bert-tiny", "transformer-tiny"):
-        folders[name] = root / name
-        export_and_verify(build_model(card(name)), card(name), folders[name])
-    return folders
+def exported(shared_export: SharedExport) -> dict[str, Path]:
+    """gpt-tiny, bert-tiny and transformer-tiny exported once per session (parity-checked)."""
+    return {name: shared_export(name)[0] for name in ("gpt-tiny", "bert-tiny", "transformer-tiny")}
 
 
 def engines(folder: Path) -> tuple[Runtime, TorchEngine]:
@@ -182,10 +179,8 @@ class QuietHandler(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def attention_export(browser_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("attention-export") / "gpt-att"
-    export_and_verify(build_model(card("gpt-tiny")), card("gpt-tiny"), folder, attentions=True)
-    return folder
+def attention_export(browser_ready: None, shared_export: SharedExport) -> Path:
+    return shared_export("gpt-tiny", "attentions")[0]
 
 
 @pytest.fixture(scope="module")

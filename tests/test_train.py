@@ -114,11 +114,42 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path: Path) -> None:
               log_every=1)
     assert latest_checkpoint(tmp_path / "cut").step == 20
     resumed = train(build_model(tiny, seed=99), tiny, options(tmp_path / "cut", resume=True))
-    assert resumed["losses"][-1] == pytest.approx(whole["losses"][-1], abs=1e-5)
+    assert resumed["losses"] == whole["losses"]  # bit for bit: same batches, same rounding
     a, _ = load_built(tmp_path / "whole")
     b, _ = load_built(tmp_path / "cut")
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
-        torch.testing.assert_close(x, y, atol=1e-5, rtol=0, msg=name)
+        assert torch.equal(x, y), name
+    assert (tmp_path / "whole" / "model.safetensors").read_bytes() == \
+        (tmp_path / "cut" / "model.safetensors").read_bytes()
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_force_stages_the_new_run_and_a_failed_one_leaves_the_old_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = card("gpt-tiny")
+    out = tmp_path / "run"
+    train(build_model(tiny), tiny, options(out, steps=10, checkpoint_every=10))
+    before = folder_bytes(out)
+
+    def stop_at_5(step: int, *rest: float) -> None:
+        if step >= 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(build_model(tiny), tiny, options(out, steps=20, force=True), stop_at_5,
+              log_every=1)
+    assert folder_bytes(out) == before  # the old OUT, untouched while the new one trained
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging left behind
+    seen: list[bool] = []
+    train(build_model(tiny), tiny, options(out, steps=20, force=True, checkpoint_every=20),
+          lambda step, *rest: seen.append(folder_bytes(out) == before), log_every=5)
+    assert seen == [True] * 4  # OUT is replaced only when the new run is done
+    assert latest_checkpoint(out).step == 20
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step-00000020"]
 
 
 def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(

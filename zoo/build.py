@@ -13,7 +13,7 @@ from registry.schema import target_vocab_size
 from zoo.blocks.attention import Attention
 from zoo.blocks.classes import block_class
 from zoo.blocks.embeddings import Embeddings
-from zoo.blocks.heads import LMHead, encoder_heads
+from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
 from zoo.blocks.layer import Layer
 from zoo.models.decoder import Decoder
 from zoo.models.encoder import Encoder
@@ -79,9 +79,10 @@ class Parts:
 def _assemble(card: dict[str, Any]) -> nn.Module:
     parts = Parts(card)
     family = card["family"]
-    if family == "decoder":
+    if family == "decoder":  # with a pooling: a sequence model, its heads instead of the LM's
+        sequence = {spec.name: spec.build(card, parts) for spec in sequence_heads(card)}
         return Decoder(parts.embeddings(parts.position()), parts.layers(), parts.final_norm(),
-                       parts.lm_head())
+                       None if sequence else parts.lm_head(), sequence)
     if family == "encoder":
         embeddings, layers, final_norm = (parts.embeddings(parts.position()), parts.layers(),
                                           parts.final_norm())

@@ -10,14 +10,9 @@
 // stops early at the card's eos_token_id, which is included in the output, as `zoo run` does.
 // Bad input prints ONE line `error: ...` on stderr and exits with code 2, like the zoo CLI.
 
-import { createHash } from 'node:crypto';
-import { createReadStream, existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
-
-const FORMAT_VERSION = 1; // the manifest format this program (and the Python side) reads
-
-class InputError extends Error {}
+import { InputError, firstLine, int64, open, readManifest } from './contract.mjs';
 
 function parseArgs(argv) {
   const usage = 'usage: node generate.mjs FOLDER --ids 1,2,3 [--steps N]';
@@ -47,46 +42,6 @@ function parseArgs(argv) {
   return args;
 }
 
-async function sha256(path) {
-  const hash = createHash('sha256');
-  for await (const chunk of createReadStream(path)) hash.update(chunk);
-  return hash.digest('hex');
-}
-
-// The manifest, after the same checks the Python side makes: it exists, is format 1, and
-// every file it lists is present with the recorded sha256 (a partial copy fails here, not
-// deep inside ONNX Runtime).
-async function readManifest(folder) {
-  if (!existsSync(folder) || !statSync(folder).isDirectory()) {
-    throw new InputError(`${folder}: no such folder`);
-  }
-  const path = join(folder, 'manifest.json');
-  if (!existsSync(path)) {
-    throw new InputError(`${folder}: not an export (no manifest.json); make one with zoo export`);
-  }
-  let manifest;
-  try {
-    manifest = JSON.parse(readFileSync(path, 'utf8'));
-  } catch (error) {
-    throw new InputError(`${path}: not valid JSON: ${error.message}`);
-  }
-  if (manifest.format_version !== FORMAT_VERSION) {
-    throw new InputError(`${path}: format_version=${JSON.stringify(manifest.format_version)}, ` +
-                         `this program reads ${FORMAT_VERSION}`);
-  }
-  for (const field of ['family', 'card', 'graphs', 'files']) {
-    if (!manifest[field]) throw new InputError(`${path}: field '${field}' missing`);
-  }
-  for (const [name, entry] of Object.entries(manifest.files)) {
-    const file = join(folder, name);
-    if (!existsSync(file)) throw new InputError(`${file}: listed in manifest.json but missing`);
-    if ((await sha256(file)) !== entry.sha256) {
-      throw new InputError(`${file}: sha256 does not match manifest.json (changed after export)`);
-    }
-  }
-  return manifest;
-}
-
 function checkIds(ids, steps, manifest) {
   const { vocab_size: vocab, max_positions: limit } = manifest.card;
   const bad = ids.find((id) => id < 0 || id >= vocab);
@@ -103,9 +58,6 @@ function checkIds(ids, steps, manifest) {
                          `max_positions=${limit}`);
   }
 }
-
-// Integer inputs are int64: ONNX Runtime for JavaScript wants them as BigInt64Array.
-const int64 = (values, dims) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), dims);
 
 // The cache before the first step: past length 0, shape (batch, n_heads, 0, head_dim).
 function emptyPast(card, names) {
@@ -209,20 +161,6 @@ async function runEncoder(folder, manifest, ids) {
   const outputs = await session.run(feeds);
   return { pooled: Array.from(outputs.pooler_output.data) };
 }
-
-async function open(folder, file) {
-  const path = join(folder, file);
-  let session;
-  try {
-    // Severity 3 (errors only): ONNX Runtime's warnings would break the one-line contract.
-    session = await ort.InferenceSession.create(path, { logSeverityLevel: 3 });
-  } catch (error) {
-    throw new InputError(`${path}: ONNX Runtime cannot load it: ${firstLine(error)}`);
-  }
-  return session;
-}
-
-const firstLine = (error) => String(error?.message ?? error).trim().split('\n')[0];
 
 async function main() {
   const args = parseArgs(process.argv.slice(2));

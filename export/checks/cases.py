@@ -74,9 +74,12 @@ def encoder_cases(engine: Engine, rng: np.random.Generator, file: str,
     limit = engine.card["max_positions"]
     middle, _ = lengths(limit)
     cases = []
-    for batch, length, padded in ((1, 1, False), (3, middle, False), (1, limit, False),
-                                  (3, middle, True)):
-        mask = right_padding(batch, length) if padded else np.ones((batch, length), np.int64)
+    shapes = [(1, 1, False), (3, middle, False), (1, limit, False), (3, middle, True)]
+    if engine.card["pooling"] is not None:  # a sentence vector must ignore padding on either side
+        shapes.append((3, middle, "left"))
+    for batch, length, padded in shapes:
+        pad = left_padding if padded == "left" else right_padding
+        mask = pad(batch, length) if padded else np.ones((batch, length), np.int64)
         ids = random_ids(engine, rng, batch, length)
         if with_token_types and engine.card["type_vocab_size"]:
             types = rng.integers(0, engine.card["type_vocab_size"], (batch, length),
@@ -84,7 +87,7 @@ def encoder_cases(engine: Engine, rng: np.random.Generator, file: str,
             feeds = encoder_feeds(engine.card, ids, mask, types)
         else:
             feeds = {"input_ids": ids, "attention_mask": mask}
-        name = f"b{batch} s{length}" + (" padded" if padded else "")
+        name = f"b{batch} s{length}" + {False: "", True: " padded", "left": " left-padded"}[padded]
         cases.append(Case(name, file, feeds))
     return cases
 

@@ -17,8 +17,8 @@ FAMILIES: dict[str, Family] = {
 
 
 def family_of(card: Any) -> Family:
-    """The family object for a card (or anything with `.family`)."""
-    return FAMILIES[card.family]
+    """The family object for a card (or anything with `.family` and the card's fields)."""
+    return FAMILIES[card.family].variant(card)
 
 
 def register_family(family: Family) -> None:

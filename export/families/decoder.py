@@ -14,6 +14,7 @@ from export.bench.cost import decoder_cost
 from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
 from export.checks.agreement import Agreement, generation_agreement
 from export.checks.cases import decoder_cases
+from export.families.sequence import SequenceDecoderFamily
 from export.family import Case, Extras, Family, GraphIO, Input
 from export.inspect.maps import decoder_maps
 from export.onnx.files import set_metadata, strip_debug
@@ -28,6 +29,7 @@ from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
 KV_FILE_PATH = Path(KV_FILE)
+SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/families/sequence.py)
 
 
 class DecoderFamily(Family):
@@ -40,6 +42,9 @@ class DecoderFamily(Family):
     bench_summary = staticmethod(decoder_summary)
     profile = staticmethod(decoder_profile)
     attention_maps = staticmethod(decoder_maps)
+
+    def variant(self, card: Any) -> Family:
+        return SEQUENCE if card["pooling"] is not None else self
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = (Input("input_ids", ("batch", "sequence"), "ids"),

@@ -60,6 +60,13 @@ class EncoderGraph(Wrapper):
             self.model(input_ids, attention_mask, token_type_ids).values()))
 
 
+class SequenceGraph(Wrapper):
+    """A decoder with a pooling: last_hidden_state, then its heads' outputs."""
+
+    def forward(self, input_ids, attention_mask):  # noqa: ANN001
+        return self.outputs(lambda: tuple(self.model.sequence(input_ids, attention_mask).values()))
+
+
 class SourceEncoderGraph(Wrapper):
     """The encoder half of the encoder-decoder: the memory, then every decoder layer's
     cross-attention keys and values of it (computed here, once per source)."""

@@ -1,4 +1,5 @@
-"""Output heads: the LM head (tied to the token embedding or not), the MLM head, the pooler.
+"""Output heads: the LM head (tied to the token embedding or not), the MLM head, the pooler,
+the sentence vector (a pooling over the hidden states) and the classifier on it.
 
 Each head declares the graph output it adds (`graph_output`), here and nowhere else: the ONNX
 contract, parity and the runtimes read the names from these declarations. An encoder's optional
@@ -9,7 +10,7 @@ touching the encoder, the build or the exporter.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ class HeadInputs:
 
     attention_mask: torch.Tensor | None  # (B, T), 1 for real tokens
     token_embedding: torch.Tensor  # (vocab, d), for heads tied to it
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # earlier heads' outputs
 
 
 class LMHead(nn.Module):
@@ -71,6 +73,56 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(x[:, 0]))
 
 
+def _real_token(mask: torch.Tensor, last: bool) -> torch.Tensor:
+    """(B,) index of each row's first (or last) real token, wherever the padding is: the
+    argmax of the mask weighted by distance from the other end is unique."""
+    length = mask.shape[1]
+    steps = torch.arange(length, device=mask.device)
+    weights = steps + 1 if last else length - steps
+    return (mask.long() * weights).argmax(dim=1)
+
+
+class SentenceEmbedding(nn.Module):
+    """One vector per row (B, D) from the hidden states, by the card's `pooling`: `cls` the
+    first real token, `last` the last real token, `mean` the average over real tokens only
+    (sentence-transformers' formula), `pooler` BERT's pooler output; then, with `normalize`,
+    scaled to unit length (F.normalize, as sentence-transformers' Normalize module)."""
+
+    graph_output = "sentence_embedding"
+
+    def __init__(self, pooling: str, normalize: bool) -> None:
+        super().__init__()
+        self.pooling, self.normalize = pooling, normalize
+
+    def forward(self, x: torch.Tensor, inputs: HeadInputs) -> torch.Tensor:
+        mask = inputs.attention_mask
+        if mask is None:
+            mask = torch.ones(x.shape[:2], dtype=torch.long, device=x.device)
+        if self.pooling == "pooler":
+            pooled = inputs.outputs[Pooler.graph_output]
+        elif self.pooling == "mean":
+            weights = mask.to(x.dtype).unsqueeze(-1)
+            pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        else:
+            index = _real_token(mask, last=self.pooling == "last")
+            pooled = x.gather(1, index[:, None, None].expand(-1, 1, x.shape[-1])).squeeze(1)
+        return F.normalize(pooled, p=2.0, dim=-1) if self.normalize else pooled
+
+
+class Classifier(nn.Module):
+    """Dropout and a linear layer on the sentence vector: (B, num_labels) class scores."""
+
+    graph_output = "logits"
+
+    def __init__(self, d_model: int, num_labels: int, dropout: float) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.linear = nn.Linear(d_model, num_labels)
+
+    def forward(self, x: torch.Tensor, inputs: HeadInputs) -> torch.Tensor:
+        return self.linear(self.dropout(inputs.outputs[SentenceEmbedding.graph_output]))
+
+
 @dataclass(frozen=True)
 class HeadSpec:
     """An optional encoder head: the module name (its weights' prefix), its class (which
@@ -83,12 +135,22 @@ class HeadSpec:
     build: Callable[[dict[str, Any], Any], nn.Module]
 
 
+# The heads on a sentence vector, in output order: the encoder's last ones, and the decoder's
+# only ones when its card has a pooling (a decoder classifier or embedder).
+SEQUENCE_HEADS: list[HeadSpec] = [
+    HeadSpec("pooling", SentenceEmbedding, lambda card: card["pooling"] is not None,
+             lambda card, parts: SentenceEmbedding(card["pooling"], card["normalize"])),
+    HeadSpec("classifier", Classifier, lambda card: card["num_labels"] > 0,
+             lambda card, parts: Classifier(card["d_model"], card["num_labels"],
+                                            card["dropout"])),
+]
 ENCODER_HEADS: list[HeadSpec] = [
     HeadSpec("pooler", Pooler, lambda card: card["pooler"],
              lambda card, parts: Pooler(card["d_model"])),
     HeadSpec("mlm_head", MLMHead, lambda card: card["mlm_head"],
              lambda card, parts: MLMHead(card["d_model"], card["vocab_size"], parts.norm(),
                                          card["tie_embeddings"])),
+    *SEQUENCE_HEADS,
 ]
 
 
@@ -106,3 +168,19 @@ def unregister_head(name: str) -> None:
 def encoder_heads(card: dict[str, Any]) -> list[HeadSpec]:
     """The optional heads a card's encoder has, in output order."""
     return [spec for spec in ENCODER_HEADS if spec.enabled(card)]
+
+
+def sequence_heads(card: dict[str, Any]) -> list[HeadSpec]:
+    """The heads a decoder card with a pooling has, in output order."""
+    return [spec for spec in SEQUENCE_HEADS if spec.enabled(card)]
+
+
+def run_heads(model: nn.Module, names: list[str], x: torch.Tensor, inputs: HeadInputs
+              ) -> dict[str, torch.Tensor]:
+    """{"last_hidden_state": x, then each named head's graph output}: later heads read the
+    earlier ones' outputs (the classifier reads the sentence vector)."""
+    inputs.outputs["last_hidden_state"] = x
+    for name in names:
+        head = getattr(model, name)
+        inputs.outputs[head.graph_output] = head(x, inputs)
+    return inputs.outputs

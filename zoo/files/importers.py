@@ -23,6 +23,7 @@ from registry.paths import display_path
 from registry.schema import validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
+from zoo.files.sentence_transformers import MODULES, read_modules
 from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
 from zoo.files.weights import read_tensors, save_built
 
@@ -164,6 +165,20 @@ def _token_id(spec: dict[str, Any], config: dict[str, Any],
     return None
 
 
+def _labels(config: dict[str, Any], where: str) -> list[str]:
+    """A sequence classifier's class names in id order, from config.json's id2label."""
+    id2label = config.get("id2label")
+    if not isinstance(id2label, dict) or not id2label:
+        raise CheckpointError(f"{where}: a sequence classifier needs id2label (class names)")
+    try:
+        ordered = sorted((int(key), str(value)) for key, value in id2label.items())
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: id2label keys should be ids 0..n-1") from exc
+    if [key for key, _ in ordered] != list(range(len(ordered))):
+        raise CheckpointError(f"{where}: id2label keys should be ids 0..{len(ordered) - 1}")
+    return [value for _, value in ordered]
+
+
 def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
                 tokenizer: HuggingFaceTokenizer | None, parent: Card, where: str
                 ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -183,6 +198,12 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
     for field, prefix in layout["heads"].items():  # which heads the checkpoint really has
         fields[field] = any(name.startswith(prefix) for name in names)
         origins[field] = f"{where} (tensors {prefix}*)"
+    classifier = layout["classifier"]
+    if classifier and any(name.startswith(classifier["prefix"]) for name in names):
+        labels = _labels(config, where)
+        fields.update(num_labels=len(labels), labels=labels, pooling=classifier["pooling"])
+        origins.update({key: f"{where} (id2label)" for key in ("num_labels", "labels")})
+        origins["pooling"] = f"{where} (tensors {classifier['prefix']}*)"
     vocab_size = fields.get("vocab_size", parent["vocab_size"])
     for field, spec in layout["tokens"].items():
         fields[field] = _token_id(spec, config, tokenizer, vocab_size)
@@ -306,6 +327,8 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
     if not source.is_dir():
         raise CheckpointError(f"{display_path(source)}: no such folder")
     _refuse_overlap(source, out)
+    modules = read_modules(source)  # a sentence-transformers folder: its body is a module
+    root, source = source, modules.body if modules else source
     config = read_config(source)
     config_where = display_path(source / SOURCE_CONFIG)
     layout = find_map(config, config_where).for_config(config)
@@ -318,9 +341,12 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
     named, original, prefixes = normalised_tensors(layout, tensors, weights_where)
     parent = open_catalog().get(layout.data["extends"])
     fields, origins = card_fields(layout, config, list(named), tokenizer, parent, config_where)
+    if modules is not None:
+        fields.update(modules.fields)
+        origins.update({key: display_path(root / MODULES) for key in modules.fields})
     architecture = next((name for name in config.get("architectures") or []
                          if name in layout.architectures()), layout.data["model_type"])
-    fields["description"] = f"{architecture} imported from {source.resolve().name}"
+    fields["description"] = f"{architecture} imported from {root.resolve().name}"
     card, overrides = make_card(parent, out.name, fields, origins, config_where)
     _check_tokenizer(tokenizer, source, card)
     model = build_model(card, seed=None)
@@ -328,7 +354,7 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
     model.load_state_dict(mapped.tensors, strict=True)
 
     record = {
-        "source": str(source.resolve()),
+        "source": str(root.resolve()),
         "model_type": layout.data["model_type"],
         "architecture": architecture,
         "map": f"registry/maps/{layout.path.name}",
@@ -339,6 +365,9 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
         "extends": layout.data["extends"],
         "overrides": overrides,
         "heads": {field: card[field] for field in (*layout["heads"], "tie_embeddings")},
+        "sentence": {field: card[field] for field in ("pooling", "normalize", "num_labels",
+                                                      "labels")},
+        "sentence_transformers": modules.record if modules else None,
         "tied": mapped.tied,
         "ignored": mapped.ignored,
         "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),

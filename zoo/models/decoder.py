@@ -1,4 +1,8 @@
-"""GPT-style decoder: embeddings, causal layers, final norm, LM head tied to the embedding."""
+"""GPT-style decoder: embeddings, causal layers, final norm, LM head tied to the embedding.
+
+With a pooling in its card it is a sequence model instead (a classifier or an embedder, as
+GPT2ForSequenceClassification): no LM head and no cache; `forward` returns, like the encoder,
+{"last_hidden_state", then its heads' outputs} (zoo/blocks/heads.py: SEQUENCE_HEADS)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from torch import nn
 
 from zoo.blocks.attention import KeyValue, build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
-from zoo.blocks.heads import LMHead
+from zoo.blocks.heads import HeadInputs, LMHead, run_heads
 from zoo.blocks.layer import Layer
 
 
@@ -17,13 +21,17 @@ class Decoder(nn.Module):
         embeddings: Embeddings,
         layers: list[Layer],
         final_norm: nn.Module | None,
-        head: LMHead,
+        head: LMHead | None,
+        heads: dict[str, nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         self.head = head
+        for name, sequence_head in (heads or {}).items():
+            self.add_module(name, sequence_head)
+        self.head_names = list(heads or {})
 
     def attention_groups(self) -> dict[str, list[nn.Module]]:
         """The attention modules by the name their maps go under (Hugging Face's)."""
@@ -35,12 +43,14 @@ class Decoder(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         past_key_values: tuple[KeyValue, ...] | None = None,
-    ) -> tuple[torch.Tensor, tuple[KeyValue, ...]]:
+    ) -> tuple[torch.Tensor, tuple[KeyValue, ...]] | dict[str, torch.Tensor]:
         """input_ids (B, T); attention_mask (B, past + T), 1 for real tokens; position_ids (B, T).
 
         Returns logits (B, T, vocab) and the cache, one (key, value) per layer, each
-        (B, n_heads, past + T, head_dim).
+        (B, n_heads, past + T, head_dim). A sequence model returns its outputs' dict.
         """
+        if self.head is None:
+            return self.sequence(input_ids, attention_mask)
         batch, length = input_ids.shape
         past_length = past_key_values[0][0].shape[2] if past_key_values else 0
         if position_ids is None:
@@ -57,3 +67,18 @@ class Decoder(nn.Module):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return self.head(x, self.embeddings.token.weight), tuple(presents)
+
+    def sequence(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                 ) -> dict[str, torch.Tensor]:
+        """The whole sequence at once, positions counted over real tokens (either padding)."""
+        length = input_ids.shape[1]
+        position_ids = padded_positions(input_ids, attention_mask)
+        mask = build_mask(attention_mask, length, length, causal=True, device=input_ids.device)
+        x = self.embeddings(input_ids, position_ids)
+        rotary = self.embeddings.position.rotary(position_ids)
+        for layer in self.layers:
+            x, _ = layer(x, mask, rotary=rotary)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return run_heads(self, self.head_names, x,
+                         HeadInputs(attention_mask, self.embeddings.token.weight))

@@ -8,7 +8,7 @@ from torch import nn
 
 from zoo.blocks.attention import build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
-from zoo.blocks.heads import HeadInputs
+from zoo.blocks.heads import HeadInputs, run_heads
 from zoo.blocks.layer import Layer
 
 
@@ -48,9 +48,5 @@ class Encoder(nn.Module):
             x, _ = layer(x, mask, rotary=rotary)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        inputs = HeadInputs(attention_mask, self.embeddings.token.weight)
-        outputs = {"last_hidden_state": x}
-        for name in self.head_names:
-            head = getattr(self, name)
-            outputs[head.graph_output] = head(x, inputs)
-        return outputs
+        return run_heads(self, self.head_names, x,
+                         HeadInputs(attention_mask, self.embeddings.token.weight))

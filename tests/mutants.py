@@ -1,0 +1,174 @@
+"""`make mutants`: plant small realistic bugs one at a time and check the suite kills each.
+
+Every mutant is one textual change to one source file, with the tests that should notice it.
+The tree is copied once (tracked and untracked, not ignored files); each mutant is applied to
+the copy, its tests run there (`pytest -x`), and the file restored. A mutant survives when its
+tests pass. First the same tests run unmutated: a kill only means something if they pass.
+
+    python -m tests.mutants            # every mutant; exit 1 if any survives
+    python -m tests.mutants --list     # the mutants and their tests
+    python -m tests.mutants rotary-sign top-k-off   # some of them
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = [
+    Mutant("rotary-sign", "zoo/blocks/positions.py",
+           "torch.cat([-second, first], dim=-1)", "torch.cat([second, -first], dim=-1)",
+           ("tests/test_references.py",)),
+    Mutant("sinusoid-base", "zoo/blocks/positions.py",
+           "torch.pow(10000.0, two_i / d_model)", "torch.pow(1000.0, two_i / d_model)",
+           ("tests/test_models.py::test_sinusoidal_positions_follow_the_paper",)),
+    Mutant("rmsnorm-eps-outside-root", "zoo/blocks/norms.py",
+           "torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",
+           "(torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) + self.eps)",
+           ("tests/test_references.py",)),
+    Mutant("swiglu-gate-and-up-swapped", "zoo/blocks/feedforward.py",
+           "F.silu(self.gate(x)) * self.up(x)", "F.silu(self.up(x)) * self.gate(x)",
+           ("tests/test_references.py",)),
+    Mutant("attention-scaled-by-d-model", "zoo/blocks/attention.py",
+           "/ math.sqrt(a.head_dim)", "/ math.sqrt(a.head_dim * a.n_heads)",
+           ("tests/test_references.py",)),
+    Mutant("top-k-off", "export/runtime/sampling.py",
+           "    if sampling.top_k:\n", "    if False:\n",
+           ("tests/test_sampling.py",)),
+    Mutant("top-p-keeps-one-token-too-few", "export/runtime/sampling.py",
+           "np.cumsum(sorted_probs, axis=-1) - sorted_probs >= sampling.top_p",
+           "np.cumsum(sorted_probs, axis=-1) >= sampling.top_p",
+           ("tests/test_sampling.py",)),
+    Mutant("temperature-ignored", "export/runtime/sampling.py",
+           "logits.astype(np.float64) / sampling.temperature", "logits.astype(np.float64)",
+           ("tests/test_sampling.py",)),
+    Mutant("beam-finished-rows-pay-for-eos", "export/runtime/sampling.py",
+           "log_probs[finished, eos] = 0.0", "log_probs[finished, eos] = -1.0",
+           ("tests/test_sampling.py",)),
+    Mutant("beam-keeps-second-best", "export/runtime/sampling.py",
+           "winner = scores.argmax(axis=-1)", "winner = scores.argmin(axis=-1)",
+           ("tests/test_sampling.py",)),
+    Mutant("mlm-masks-70-percent", "zoo/training/data.py",
+           "inputs[chosen & (roll < 0.8)]", "inputs[chosen & (roll < 0.7)]",
+           ("tests/test_references.py",)),
+    Mutant("label-smoothing-dropped", "zoo/training/train.py",
+           "ignore_index=data.IGNORE,\n                               label_smoothing=self.options"
+           ".label_smoothing)",
+           "ignore_index=data.IGNORE,\n                               label_smoothing=0.0)",
+           ("tests/test_references.py",)),
+    Mutant("positions-count-padding", "zoo/blocks/attention.py",
+           "(attention_mask.long().cumsum(dim=1) - 1)", "(attention_mask.long().cumsum(dim=1))",
+           ("tests/test_models.py",)),
+    Mutant("parity-compares-nothing", "export/checks/parity.py",
+           "difference <= atol + rtol * np.abs(expected)", "difference <= np.inf",
+           ("tests/test_failing_paths.py",)),
+    Mutant("quantization-gate-open", "export/checks/agreement.py",
+           "return all(row.rate >= top1", "return True or all(row.rate >= top1",
+           ("tests/test_failing_paths.py",)),
+    Mutant("shared-graphs-keep-weights-inline", "export/onnx/files.py",
+           "if len(models) > 1 or too_large:", "if too_large:",
+           ("tests/test_export.py::test_every_weight_is_stored_once_across_all_onnx_files",)),
+    Mutant("shared-weights-written-per-graph", "export/onnx/files.py",
+           "if key not in written:", "if True:",
+           ("tests/test_export.py::test_every_weight_is_stored_once_across_all_onnx_files",)),
+    Mutant("force-deletes-out-first", "zoo/training/train.py",
+           "if rank == 0 and options.force and not options.resume and options.out.exists():",
+           "if False:",
+           ("tests/test_train.py::test_force_stages_the_new_run_and_a_failed_one_leaves_the_old_out",)),
+    Mutant("resume-skips-optimizer-state", "zoo/training/checkpoints.py",
+           "optimizer.load_state_dict({", "(lambda state: None)({",
+           ("tests/test_train.py::test_interrupted_then_resumed_equals_uninterrupted",)),
+]
+
+
+def copy_tree(target: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in listed.splitlines():
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           "-m", "not slow", *tests], cwd=tree, env=env, capture_output=True,
+                          text=True)
+    failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
+    return done.returncode, failed[0] if failed else done.stdout.strip().splitlines()[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    args = parser.parse_args(argv)
+    known = {mutant.name: mutant for mutant in MUTANTS}
+    unknown = [name for name in args.names if name not in known]
+    if unknown:
+        print(f"error: unknown mutant {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    chosen = [known[name] for name in args.names] or MUTANTS
+    if args.list:
+        for mutant in chosen:
+            print(f"{mutant.name:<36} {mutant.file:<32} {' '.join(mutant.tests)}")
+        return 0
+    for mutant in chosen:  # a stale mutant (its code moved) is an error, not a pass
+        text = (ROOT / mutant.file).read_text()
+        if text.count(mutant.old) != 1:
+            print(f"error: {mutant.name}: {mutant.file} holds {mutant.old!r} "
+                  f"{text.count(mutant.old)} times (expected once)", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory(prefix="zoo-mutants-") as folder:
+        tree = Path(folder)
+        copy_tree(tree)
+        tests = tuple(dict.fromkeys(t for mutant in chosen for t in mutant.tests))
+        print(f"unmutated: running {len(tests)} test selections ...", flush=True)
+        code, line = run_tests(tree, tests)
+        if code != 0:
+            print(f"error: the tests fail without any mutant: {line}", file=sys.stderr)
+            return 2
+        survivors = []
+        for index, mutant in enumerate(chosen, 1):
+            path = tree / mutant.file
+            original = path.read_text()
+            path.write_text(original.replace(mutant.old, mutant.new))
+            started = time.perf_counter()
+            try:
+                code, line = run_tests(tree, mutant.tests)
+            finally:
+                path.write_text(original)
+            verdict = "killed" if code == 1 else "SURVIVED" if code == 0 else f"error {code}"
+            if code != 1:
+                survivors.append(mutant.name)
+            print(f"[{index}/{len(chosen)}] {mutant.name:<36} {verdict:<9} "
+                  f"{time.perf_counter() - started:5.0f} s  {line}", flush=True)
+    killed = len(chosen) - len(survivors)
+    print(f"mutants: {killed} of {len(chosen)} killed" +
+          (f"; not killed: {', '.join(survivors)}" if survivors else ""))
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Exported sentence vectors and classifiers (issue #11): the graph's outputs and names, and
+`zoo run --text/--ids` against each text computed alone in PyTorch with the formulas here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import cli
+from export.onnx.manifest import read_manifest
+from tests.conftest import card
+from zoo.build import build_model
+
+PROMPTS = [[72, 101, 108, 108, 111], [5, 6, 7], [72, 101, 108, 108, 111, 33, 33]]
+CLASSIFIER = {"pooling": "mean", "normalize": True, "num_labels": 3, "mlm_head": False,
+              "labels": ["low", "mid", "high"]}
+
+
+def zoo(*args: str) -> str:
+    result = CliRunner().invoke(cli.main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def export(tmp: Path, name: str, overrides: dict, seed: int) -> Path:
+    out = tmp / f"{name}-onnx"
+    sets = [f"--set={key}={json.dumps(value)}" for key, value in overrides.items()]
+    zoo("export", name, "--onnx", "-o", str(out), "--seed", str(seed), *sets)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bert_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return export(tmp_path_factory.mktemp("classify"), "bert-tiny", CLASSIFIER, seed=4)
+
+
+def reference(name: str, overrides: dict, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each prompt alone (no padding): the mean of its hidden states over its tokens, scaled
+    to unit length, and softmax(W v + b) of that vector."""
+    model = build_model(card(name, **overrides), seed=seed)
+    vectors, probabilities = [], []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            out = model(ids, torch.ones_like(ids))
+            hidden = out["last_hidden_state"][0].double()
+            mean = hidden.sum(0) / len(prompt)
+            vector = mean / torch.sqrt((mean * mean).sum())
+            vectors.append(vector.numpy())
+            if "logits" in out:
+                layer = model.classifier.linear
+                logits = layer.weight.double() @ vector + layer.bias.double()
+                probabilities.append(torch.softmax(logits, 0).numpy())
+    return np.stack(vectors), np.stack(probabilities) if probabilities else None
+
+
+def test_export_declares_the_optimum_names(bert_classifier: Path) -> None:
+    graph = read_manifest(bert_classifier)["graphs"]["model.onnx"]
+    assert graph["outputs"] == ["last_hidden_state", "pooler_output", "sentence_embedding",
+                                "logits"]
+    import onnx
+
+    model = onnx.load(str(bert_classifier / "model.onnx"))
+    shapes = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
+              for o in model.graph.output}
+    assert shapes["sentence_embedding"] == ["batch", 64]
+    assert shapes["logits"] == ["batch", 3]
+
+
+def test_run_json_matches_each_text_alone(bert_classifier: Path) -> None:
+    """A right-padded batch through ONNX Runtime equals every prompt computed unpadded."""
+    out = zoo("run", str(bert_classifier), "--json",
+              *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))])
+    data = json.loads(out)
+    vectors, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
+    np.testing.assert_allclose(data["probabilities"], probabilities, atol=1e-5)
+    np.testing.assert_allclose(data["norms"], 1.0, atol=1e-5)
+    np.testing.assert_allclose(data["cosine"], vectors @ vectors.T, atol=1e-5)
+    assert data["labels"] == ["low", "mid", "high"]
+
+
+def test_run_prints_top_labels_and_similarities(bert_classifier: Path) -> None:
+    out = zoo("run", str(bert_classifier), "--ids", "72,101", "--ids", "5,6,7")
+    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    lines = out.splitlines()
+    assert lines[0] == "[0] '72,101'"
+    names = [name for name, _ in (part.split() for part in lines[1].strip().split(", "))]
+    assert sorted(names) == ["high", "low", "mid"]
+    shown = [float(part.split()[1]) for part in lines[1].strip().split(", ")]
+    assert shown == sorted(shown, reverse=True) and abs(sum(shown) - 1) < 2e-3
+    assert lines[4] == "cosine similarity:"
+    assert lines[5].split()[1] == "+1.0000"
+
+
+def test_run_refuses_a_prompt_longer_than_max_positions(bert_classifier: Path) -> None:
+    result = CliRunner().invoke(cli.main, ["run", str(bert_classifier),
+                                           "--ids", ",".join(["5"] * 129)])
+    assert result.exit_code == 2, result.output
+    assert "a prompt of 129 tokens exceeds max_positions=128" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_run_refuses_json_for_a_generator(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli.main, ["run", str(tmp_path), "--ids", "1", "--json"])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_decoder_embedder_export_and_run(tmp_path: Path) -> None:
+    """A GPT-style mean-pooled embedder exports without cache and matches the formula."""
+    overrides = {"pooling": "mean", "normalize": True}
+    folder = export(tmp_path, "gpt-tiny", overrides, seed=2)
+    graph = read_manifest(folder)["graphs"]["model.onnx"]
+    assert graph == {"inputs": ["input_ids", "attention_mask"],
+                     "outputs": ["last_hidden_state", "sentence_embedding"]}
+    data = json.loads(zoo("run", str(folder), "--json",
+                          *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))]))
+    vectors, _ = reference("gpt-tiny", overrides, seed=2)
+    np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
+    assert "probabilities" not in data
+
+
+def test_evaluate_scores_the_export_and_compares_with_pytorch(bert_classifier: Path,
+                                                              tmp_path: Path) -> None:
+    """Rows labelled with the reference's answer twice and a wrong one once: accuracy 2/3."""
+    import shutil
+
+    from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+
+    folder = tmp_path / "export"
+    shutil.copytree(bert_classifier, folder)
+    (folder / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
+    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    best = probabilities.argmax(1)
+    names = CLASSIFIER["labels"]
+    labels = [names[best[0]], names[best[1]], names[(best[2] + 1) % 3]]
+    rows = [{"text": bytes(prompt).decode(), "label": label}
+            for prompt, label in zip(PROMPTS, labels, strict=True)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = zoo("evaluate", str(folder), "--data", str(data))
+    assert "3 rows: accuracy 0.667" in out
+    assert "the same prediction as PyTorch on 3 of 3" in out

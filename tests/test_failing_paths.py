@@ -1,0 +1,65 @@
+"""The refusals a user relies on, each provoked for real: an ONNX graph that computes something
+else than PyTorch, and a quantization that lost the model, both stop `zoo export` with exit 2
+and leave nothing behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from onnx import numpy_helper
+from torch import nn
+
+import export.onnx.variants
+from cli import main
+from zoo.blocks.norms import LayerNorm
+
+
+def assert_refused_and_nothing_written(args: list[str], out: Path, message: str) -> None:
+    result = CliRunner().invoke(main, [*args, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.output
+    assert not out.exists()
+    assert list(out.parent.iterdir()) == []  # no staging folder left either
+
+
+@pytest.mark.parametrize("name", ["gpt-tiny"])  # the grid is the same code for every family
+def test_an_export_that_computes_something_else_fails_parity(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A norm that behaves differently while being exported (as a block with an export-only
+    branch would): the graph drifts by 0.01 from what PyTorch computes."""
+
+    def drifts_when_exported(self: LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        y = nn.LayerNorm.forward(self, x)
+        return y + 0.01 if torch.compiler.is_exporting() else y
+
+    monkeypatch.setattr(LayerNorm, "forward", drifts_when_exported)
+    assert_refused_and_nothing_written(["export", name, "--onnx"], tmp_path / "out",
+                                       "parity failed")
+
+
+def test_a_quantization_that_lost_the_model_is_refused_by_the_gate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantizer's output with every block scale negated: still MatMulNBits, still runs,
+    but the logits are nonsense; the agreement gate must catch it."""
+    real_quantize = export.onnx.variants.quantize
+
+    def broken_quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]:
+        quantized, count = real_quantize(model, choice)
+        scales = {node.input[2] for node in quantized.graph.node if node.op_type == "MatMulNBits"}
+        for tensor in quantized.graph.initializer:
+            if tensor.name in scales:
+                tensor.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(tensor),
+                                                        tensor.name))
+        return quantized, count
+
+    monkeypatch.setattr(export.onnx.variants, "quantize", broken_quantize)
+    # (tests/test_bench.py exports the same card unbroken: it passes the gate)
+    assert_refused_and_nothing_written(["export", "gpt-tiny", "--onnx", "--quantize", "int8"],
+                                       tmp_path / "out", "quantized export disagrees with fp32")
+

@@ -1,0 +1,68 @@
+"""examples/node/classify.mjs (onnxruntime-node) gives the labels, probabilities, vectors and
+cosine similarities `zoo run --json` gives, for an encoder classifier and a decoder embedder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import cli
+from export.pipeline import export_and_verify
+from tests.conftest import card
+from tests.test_node_web import NODE_DIR, node_problem, require, run_node
+from zoo.build import build_model
+
+ROWS = ["72,101,108,108,111", "5,6,7", "72,101,108,108,111,33,33,33,33"]
+MODELS = {
+    "bert-classifier": ("bert-tiny", {"pooling": "mean", "num_labels": 3, "mlm_head": False,
+                                      "labels": ["a", "b", "c"]}),
+    "gpt-embedder": ("gpt-tiny", {"pooling": "last", "normalize": True}),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    require(node_problem())
+    root = tmp_path_factory.mktemp("node-classify")
+    folders = {}
+    for key, (name, overrides) in MODELS.items():
+        resolved = card(name, **overrides)
+        folders[key] = root / key
+        export_and_verify(build_model(resolved, seed=1), resolved, folders[key])
+    return folders
+
+
+@pytest.mark.parametrize("key", list(MODELS))
+def test_node_classify_equals_zoo_run(key: str, exported: dict[str, Path]) -> None:
+    args = [arg for row in ROWS for arg in ("--ids", row)]
+    python = CliRunner().invoke(cli.main, ["run", str(exported[key]), "--json", *args])
+    assert python.exit_code == 0, python.output
+    expected = json.loads(python.output)
+    result = run_node(NODE_DIR / "classify.mjs", str(exported[key]), *args)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    got = json.loads(result.stdout)
+    for field in ("embeddings", "norms", "cosine", "probabilities"):
+        if field in expected:
+            np.testing.assert_allclose(got[field], expected[field], atol=1e-5, err_msg=field)
+    assert ("probabilities" in got) == ("probabilities" in expected)
+    assert got.get("labels") == expected.get("labels")
+    if "probabilities" in got:  # the same top label per row
+        assert np.argmax(got["probabilities"], 1).tolist() == np.argmax(
+            expected["probabilities"], 1).tolist()
+
+
+def test_node_classify_refuses_a_generator_export(tmp_path: Path) -> None:
+    """A manifest whose graph has no sentence vector (a plain decoder's) is one line, exit 2."""
+    require(node_problem())
+    manifest = {"format_version": 1, "name": "gpt-tiny", "family": "decoder",
+                "card": card("gpt-tiny").fields, "files": {},
+                "graphs": {"model.onnx": {"inputs": ["input_ids"], "outputs": ["logits"]}}}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    result = run_node(NODE_DIR / "classify.mjs", str(tmp_path), "--ids", "1,2")
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "no sentence_embedding output" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

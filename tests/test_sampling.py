@@ -1,0 +1,162 @@
+"""Token picking checked against references computed here: sampling filters by drawing from
+fixed logits, beam search against an exhaustive search over a tiny vocabulary."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from export.runtime.sampling import Sampling, decode
+
+VOCAB = 6
+EOS = 5
+
+
+class FixedLogits:
+    """A session whose every row sees the same logits at every step."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.logits = logits
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        return np.tile(self.logits, (len(ids), 1))
+
+    def step(self, token: np.ndarray) -> np.ndarray:
+        return np.tile(self.logits, (len(token), 1))
+
+
+def draws(logits: np.ndarray, sampling: Sampling, rows: int = 20_000) -> np.ndarray:
+    """One token for each of `rows` identical prompts: `rows` independent draws."""
+    ids = np.zeros((rows, 1), np.int64)
+    return decode(FixedLogits(logits), ids, None, 1, sampling, eos=None)[:, 0]
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    exp = np.exp(logits - logits.max())
+    return exp / exp.sum()
+
+
+def assert_frequencies(tokens: np.ndarray, probs: np.ndarray) -> None:
+    """Each token's count within 5 standard deviations of its binomial expectation, and
+    tokens of probability zero never drawn."""
+    counts = np.bincount(tokens, minlength=len(probs))
+    n = len(tokens)
+    for token, (count, p) in enumerate(zip(counts, probs, strict=True)):
+        if p == 0:
+            assert count == 0, f"token {token} lies outside the filter but was drawn"
+        else:
+            assert abs(count - n * p) <= 5 * np.sqrt(n * p * (1 - p)) + 1, (token, count, n * p)
+
+
+LOGITS = np.log(np.array([0.30, 0.25, 0.20, 0.12, 0.08, 0.05]))
+
+
+def test_temperature_sampling_draws_the_softmax() -> None:
+    assert_frequencies(draws(LOGITS, Sampling(temperature=1.0, seed=1)), softmax(LOGITS))
+    assert_frequencies(draws(LOGITS, Sampling(temperature=0.5, seed=2)), softmax(LOGITS / 0.5))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_top_k_draws_only_the_k_most_likely_renormalised(k: int) -> None:
+    probs = softmax(LOGITS)
+    keep = np.argsort(-probs)[:k]
+    expected = np.zeros_like(probs)
+    expected[keep] = probs[keep] / probs[keep].sum()
+    assert_frequencies(draws(LOGITS, Sampling(temperature=1.0, top_k=k, seed=3)), expected)
+
+
+@pytest.mark.parametrize("p, nucleus", [(0.5, 2), (0.54, 2), (0.56, 3), (0.9, 5), (0.01, 1)])
+def test_top_p_draws_the_smallest_prefix_reaching_p(p: float, nucleus: int) -> None:
+    """Holtzman et al. 2020: the smallest set of most likely tokens whose mass is >= p.
+    The nucleus sizes are worked out by hand from 0.30, 0.25, 0.20, 0.12, ..."""
+    probs = softmax(LOGITS)
+    expected = np.zeros_like(probs)
+    expected[:nucleus] = probs[:nucleus] / probs[:nucleus].sum()
+    assert_frequencies(draws(LOGITS, Sampling(temperature=1.0, top_p=p, seed=4)), expected)
+
+
+def test_top_k_and_top_p_together_apply_both() -> None:
+    probs = softmax(LOGITS)
+    # top-k 3 keeps 0.30, 0.25, 0.20 (mass 0.75); renormalised 0.4, 0.333, 0.267: top-p 0.7
+    # then keeps the first two (0.733 >= 0.7).
+    expected = np.zeros_like(probs)
+    expected[:2] = probs[:2] / probs[:2].sum()
+    assert_frequencies(draws(LOGITS, Sampling(temperature=1.0, top_k=3, top_p=0.7, seed=5)),
+                       expected)
+
+
+def table_logits(prefix: tuple[int, ...]) -> np.ndarray:
+    """Logits that depend on the whole prefix, the same each time it is asked for."""
+    seed = hash(prefix) % (2**32)
+    return np.random.default_rng(seed).normal(0, 2, VOCAB)
+
+
+class PrefixSession:
+    """A session whose logits are a function of each row's prompt and tokens so far; it
+    follows `reorder` the way a cache does."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[tuple[int, ...]] = []
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        self.prefixes = [tuple(row) for row in ids.tolist()]
+        return np.stack([table_logits(p) for p in self.prefixes])
+
+    def reorder(self, rows: np.ndarray) -> None:
+        self.prefixes = [self.prefixes[row] for row in rows]
+
+    def step(self, token: np.ndarray) -> np.ndarray:
+        self.prefixes = [p + (t,) for p, t in zip(self.prefixes, token.tolist(), strict=True)]
+        return np.stack([table_logits(p) for p in self.prefixes])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def sequence_score(prompt: tuple[int, ...], tokens: tuple[int, ...], eos: int | None) -> float:
+    """Total log-probability; after eos the sequence is over (its padding costs nothing)."""
+    score, prefix = 0.0, prompt
+    for token in tokens:
+        score += log_softmax(table_logits(prefix))[token]
+        if token == eos:
+            break
+        prefix += (token,)
+    return score
+
+
+def exhaustive_best(prompt: tuple[int, ...], length: int, eos: int | None) -> tuple[int, ...]:
+    candidates = []
+    for tokens in itertools.product(range(VOCAB), repeat=length):
+        if eos in tokens and any(t != eos for t in tokens[tokens.index(eos):]):
+            continue  # after eos only eos
+        candidates.append((sequence_score(prompt, tokens, eos), tokens))
+    return max(candidates)[1]
+
+
+@pytest.mark.parametrize("eos", [None, EOS])
+def test_beam_search_with_every_beam_kept_is_the_exhaustive_optimum(eos: int | None) -> None:
+    length = 4
+    prompts = [(1, 2), (3,), (4, 0, 2)]
+    beams = VOCAB ** (length - 1)  # enough beams that nothing is ever pruned
+    for prompt in prompts:
+        found = decode(PrefixSession(), np.array([prompt]), None, length, Sampling(beams=beams),
+                       eos)[0]
+        assert tuple(found.tolist()) == exhaustive_best(prompt, length, eos)
+
+
+def test_narrow_beams_lie_between_greedy_and_the_optimum_and_rows_are_independent() -> None:
+    length, prompts = 5, [(1, 2, 3), (2, 2, 4)]
+    batch = np.array(prompts)
+    greedy = decode(PrefixSession(), batch, None, length, Sampling(), EOS)
+    narrow = decode(PrefixSession(), batch, None, length, Sampling(beams=3), EOS)
+    for row, prompt in enumerate(prompts):
+        alone = decode(PrefixSession(), np.array([prompt]), None, length, Sampling(beams=3), EOS)
+        np.testing.assert_array_equal(alone[0], narrow[row])
+        best = sequence_score(prompt, exhaustive_best(prompt, length, EOS), EOS)
+        beam = sequence_score(prompt, tuple(narrow[row].tolist()), EOS)
+        assert sequence_score(prompt, tuple(greedy[row].tolist()), EOS) <= beam + 1e-9
+        assert beam <= best + 1e-9

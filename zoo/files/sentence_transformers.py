@@ -1,0 +1,80 @@
+"""sentence-transformers folders: `modules.json` lists a Transformer (the BERT-family body, a
+Hugging Face folder), a Pooling module (`1_Pooling/config.json`) and maybe a Normalize. The body
+is imported as usual; pooling and normalisation become the card fields `pooling` and
+`normalize`. Modules the zoo has no head for (Dense, max pooling, ...) are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.errors import ZooError
+from registry.paths import display_path
+
+MODULES = "modules.json"
+POOLING_CONFIG = "config.json"
+# sentence-transformers' Pooling flags -> the card's pooling
+POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                 "pooling_mode_lasttoken": "last"}
+UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                     "pooling_mode_weightedmean_tokens")
+
+
+@dataclass
+class SentenceModules:
+    body: Path  # the Transformer module's folder
+    fields: dict[str, Any]  # pooling, normalize
+    record: dict[str, Any]  # for source.json
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ZooError(f"{display_path(path)}: not readable JSON: {exc}") from exc
+
+
+def _pooling(folder: Path) -> str:
+    path = folder / POOLING_CONFIG
+    where = display_path(path)
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise ZooError(f"{where}: should be a JSON object")
+    odd = [key for key in UNSUPPORTED_MODES if config.get(key)]
+    modes = [mode for key, mode in POOLING_MODES.items() if config.get(key)]
+    if odd or len(modes) != 1:
+        asked = ", ".join(odd + [k for k in POOLING_MODES if config.get(k)]) or "none"
+        raise ZooError(f"{where}: pooling {asked}: the zoo imports exactly one of "
+                       f"{', '.join(POOLING_MODES)}")
+    return modes[0]
+
+
+def read_modules(folder: Path) -> SentenceModules | None:
+    """The folder's modules, or None when it is not a sentence-transformers folder."""
+    path = Path(folder) / MODULES
+    if not path.is_file():
+        return None
+    where = display_path(path)
+    modules = _read_json(path)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ZooError(f"{where}: should be a list of modules")
+    body, fields = None, {"normalize": False}
+    for module in modules:
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        place = Path(folder) / str(module.get("path", ""))
+        if kind == "Transformer" and body is None:
+            body = place
+        elif kind == "Pooling" and "pooling" not in fields:
+            fields["pooling"] = _pooling(place)
+        elif kind == "Normalize":
+            fields["normalize"] = True
+        else:
+            raise ZooError(f"{where}: module {module.get('type')!r} ({module.get('path')}) has "
+                           "no zoo counterpart (Transformer, Pooling, Normalize are imported)")
+    if body is None or "pooling" not in fields:
+        raise ZooError(f"{where}: expected a Transformer and a Pooling module")
+    return SentenceModules(body, fields, {"modules": [m.get("type") for m in modules],
+                                          **fields})

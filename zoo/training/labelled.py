@@ -1,0 +1,152 @@
+"""Labelled text for `--task classify`: JSONL (`{"text": ..., "label": ...}` a line) or CSV
+with a header holding `text` and `label` columns. Labels are names, or ids when every label in
+the training file is a whole number. Every bad row is one error naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.errors import ZooError
+from registry.paths import display_path
+
+
+@dataclass(frozen=True)
+class Example:
+    text: str
+    label: str  # as written: a name, or an id's digits
+    line: int  # in its file, for errors
+
+
+@dataclass(frozen=True)
+class Rows:
+    where: str  # the file, as errors show it
+    examples: list[Example]
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines, refusing a missing file, invalid UTF-8 (with its line) and no rows."""
+    where = display_path(path)
+    if not path.is_file():
+        raise ZooError(f"{where}: no such data file")
+    raw = path.read_bytes()
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ZooError(f"{where}:{number}: not UTF-8 text (byte {exc.start} of the line)"
+                           ) from exc
+    text = raw.decode("utf-8").removeprefix("\ufeff")
+    if not text.strip():
+        raise ZooError(f"{where}: data file is empty (expected JSONL or CSV rows of text, label)")
+    return text.splitlines()
+
+
+def _example(where: str, line: int, text: Any, label: Any) -> Example:
+    if not isinstance(text, str) or not text.strip():
+        raise ZooError(f"{where}:{line}: expected a non-empty 'text', got {text!r}")
+    if isinstance(label, bool) or not isinstance(label, (str, int)) or str(label).strip() == "":
+        raise ZooError(f"{where}:{line}: expected a 'label' (a name or a whole number), "
+                       f"got {label!r}")
+    return Example(text, str(label).strip(), line)
+
+
+def _jsonl(where: str, lines: list[str]) -> list[Example]:
+    examples = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ZooError(f"{where}:{number}: not a JSON object: {exc.msg}") from exc
+        if not isinstance(row, dict):
+            raise ZooError(f"{where}:{number}: expected an object with 'text' and 'label'")
+        examples.append(_example(where, number, row.get("text"), row.get("label")))
+    return examples
+
+
+def _csv(where: str, lines: list[str]) -> list[Example]:
+    reader = csv.reader(io.StringIO("\n".join(lines) + "\n"))
+    try:
+        header = [name.strip() for name in next(reader)]
+    except (StopIteration, csv.Error) as exc:
+        raise ZooError(f"{where}:1: expected a CSV header with text and label") from exc
+    if "text" not in header or "label" not in header:
+        raise ZooError(f"{where}:1: the CSV header {header} should name 'text' and 'label'")
+    text_at, label_at = header.index("text"), header.index("label")
+    examples = []
+    try:
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue
+            number = reader.line_num
+            if len(row) != len(header):
+                raise ZooError(f"{where}:{number}: {len(row)} columns, the header has "
+                               f"{len(header)}")
+            examples.append(_example(where, number, row[text_at], row[label_at]))
+    except csv.Error as exc:
+        raise ZooError(f"{where}:{reader.line_num}: not valid CSV: {exc}") from exc
+    return examples
+
+
+def read_rows(path: Path) -> Rows:
+    """Every example of a JSONL or CSV file (told apart by the first character: `{`)."""
+    where = display_path(path)
+    lines = _lines(Path(path))
+    first = next(line for line in lines if line.strip()).lstrip()
+    examples = _jsonl(where, lines) if first.startswith("{") else _csv(where, lines)
+    if not examples:
+        raise ZooError(f"{where}: no rows (expected text and label on each)")
+    return Rows(where, examples)
+
+
+def label_ids(rows: Rows, names: list[str] | None, num_labels: int) -> list[int]:
+    """Each row's class id: by name when the classes have names, else the id as written;
+    a label outside the classes is an error naming its line."""
+    ids = []
+    for example in rows.examples:
+        if names is not None and example.label in names:
+            ids.append(names.index(example.label))
+        elif names is None and example.label.isdigit() and int(example.label) < num_labels:
+            ids.append(int(example.label))
+        else:
+            known = ", ".join(names) if names is not None else f"ids 0..{num_labels - 1}"
+            raise ZooError(f"{rows.where}:{example.line}: label {example.label!r} is not one of "
+                           f"the classes ({known})")
+    return ids
+
+
+def classes(rows: Rows, card_labels: list[str] | None, card_num_labels: int
+            ) -> tuple[list[str] | None, int]:
+    """(names or None, count) for training on `rows`: the card's own classes when it has them
+    (a classifier trained further), else the names in sorted order, or the ids 0..max."""
+    written = sorted({example.label for example in rows.examples})
+    if len(written) < 2:
+        raise ZooError(f"{rows.where}: only one label ({written[0]!r}); a classifier needs two "
+                       "or more")
+    if card_labels is not None:
+        return card_labels, len(card_labels)
+    if all(label.isdigit() for label in written):
+        return None, max(card_num_labels, max(int(label) for label in written) + 1)
+    return written, len(written)
+
+
+def split(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
+    """(train, eval): a seeded shuffle of the rows, `fraction` of them (at least one) held out."""
+    if not 0 < fraction < 1:
+        raise ZooError(f"--eval-fraction {fraction}: expected a number between 0 and 1")
+    order = list(range(len(rows.examples)))
+    random.Random(seed).shuffle(order)
+    held = max(1, round(fraction * len(order)))
+    if held >= len(order):
+        raise ZooError(f"{rows.where}: {len(order)} rows are too few to hold out {fraction}")
+    chosen = set(order[:held])
+    keep = [e for i, e in enumerate(rows.examples) if i not in chosen]
+    return Rows(rows.where, keep), Rows(rows.where, [rows.examples[i] for i in sorted(chosen)])

@@ -104,6 +104,9 @@ class PrefixSession:
         self.prefixes = [tuple(row) for row in ids.tolist()]
         return np.stack([table_logits(p) for p in self.prefixes])
 
+    def expand(self, beams: int) -> None:
+        self.prefixes = [prefix for prefix in self.prefixes for _ in range(beams)]
+
     def reorder(self, rows: np.ndarray) -> None:
         self.prefixes = [self.prefixes[row] for row in rows]
 

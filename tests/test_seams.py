@@ -79,13 +79,16 @@ def test_two_heads_under_one_name_are_refused(mean_pooler: None) -> None:
 class TorchScaledDotProduct:
     """The reference core: torch's fused attention on the module's own projections."""
 
-    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
+    def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor | None,
                  mask: torch.Tensor | None, past, rotary):  # noqa: ANN001
         a = attention
-        query, key, value = (a.split_heads(a.query(x)), a.split_heads(a.key(source)),
-                             a.split_heads(a.value(source)))
-        if past is not None:
-            key, value = torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
+        query = a.split_heads(a.query(x))
+        if source is None:  # cross-attention: keys and values projected once, handed in
+            key, value = past
+        else:
+            key, value = a.split_heads(a.key(source)), a.split_heads(a.value(source))
+            if past is not None:
+                key, value = torch.cat([past[0], key], dim=2), torch.cat([past[1], value], dim=2)
         merged = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
         batch, _, length, _ = query.shape
         return merged.transpose(1, 2).reshape(batch, length, -1), (key, value)

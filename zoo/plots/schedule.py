@@ -24,7 +24,7 @@ STEPS_PER_WARMUP = 5  # default length: the peak and a good part of the decay
 
 def training_defaults(card: Card, schedule: str | None, lr: float | None) -> TrainOptions:
     """What `zoo train` would use for this card: its task's schedule, warm-up and rate."""
-    task = next((name for name, task in TASKS.items() if task.trains == card.family), None)
+    task = next((name for name, task in TASKS.items() if card.family in task.trains), None)
     if task is None:
         raise ZooError(f"{card.name}: `zoo train` has no task for a {card.family}")
     return TrainOptions(task=task, out=Path(), schedule=schedule, lr=lr).resolved(card)

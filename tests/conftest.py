@@ -21,6 +21,25 @@ TINY_CARDS = CATALOG.names("*-tiny")
 FULL_CARDS = [name for name in ALL_CARDS if name not in TINY_CARDS]
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `make test` (pytest-xdist, --dist loadgroup) each test file runs in one worker, so
+    its module fixtures are made once, and the files marked `xdist_group("shared-exports")`
+    share one worker, so the session's exports are made once. pytest-xdist groups by a suffix
+    on the node id, which pytest 9.2 no longer lets it set (pytest-xdist#1386): set it here.
+    """
+    from _pytest.nodeid import coerce_node_id
+
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        if "@" in item.nodeid.rpartition("]")[2]:
+            continue  # a pytest on which xdist's own suffix works
+        mark = item.get_closest_marker("xdist_group")
+        group = mark.args[0] if mark else item.nodeid.split("::")[0]
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
 def card(name: str, **overrides: object) -> Card:
     return CATALOG.get(name, overrides or None)
 

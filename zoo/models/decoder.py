@@ -11,8 +11,9 @@ from torch import nn
 
 from zoo.blocks.attention import KeyValue, build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
-from zoo.blocks.heads import HeadInputs, LMHead, run_heads
+from zoo.blocks.heads import LMHead
 from zoo.blocks.layer import Layer
+from zoo.models.sequence import run_sequence
 
 
 class Decoder(nn.Module):
@@ -71,14 +72,4 @@ class Decoder(nn.Module):
     def sequence(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                  ) -> dict[str, torch.Tensor]:
         """The whole sequence at once, positions counted over real tokens (either padding)."""
-        length = input_ids.shape[1]
-        position_ids = padded_positions(input_ids, attention_mask)
-        mask = build_mask(attention_mask, length, length, causal=True, device=input_ids.device)
-        x = self.embeddings(input_ids, position_ids)
-        rotary = self.embeddings.position.rotary(position_ids)
-        for layer in self.layers:
-            x, _ = layer(x, mask, rotary=rotary)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return run_heads(self, self.head_names, x,
-                         HeadInputs(attention_mask, self.embeddings.token.weight))
+        return run_sequence(self, input_ids, attention_mask, causal=True)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.blocks.attention import build_mask, padded_positions
 from zoo.blocks.embeddings import Embeddings
-from zoo.blocks.heads import HeadInputs, run_heads
 from zoo.blocks.layer import Layer
+from zoo.models.sequence import run_sequence
 
 
 class Encoder(nn.Module):
@@ -39,14 +38,5 @@ class Encoder(nn.Module):
         token_type_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         """{"last_hidden_state": (B, T, d), then each head's graph output, in head order}."""
-        length = input_ids.shape[1]
-        position_ids = padded_positions(input_ids, attention_mask)
-        mask = build_mask(attention_mask, length, length, causal=False)
-        x = self.embeddings(input_ids, position_ids, token_type_ids)
-        rotary = self.embeddings.position.rotary(position_ids)
-        for layer in self.layers:
-            x, _ = layer(x, mask, rotary=rotary)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return run_heads(self, self.head_names, x,
-                         HeadInputs(attention_mask, self.embeddings.token.weight))
+        return run_sequence(self, input_ids, attention_mask, causal=False,
+                            token_type_ids=token_type_ids)

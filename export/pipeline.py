@@ -16,7 +16,7 @@ from export.onnx.quantize import check_choice
 from export.onnx.trace import DEFAULT_OPSET
 from export.onnx.variants import Variant
 from export.onnx.writer import export_onnx
-from export.runtime.sessions import Runtime
+from export.runtime.sessions import Runtime, require_provider
 from registry.catalog import Card
 from zoo.files.tokenizer import tokenizer_files
 
@@ -57,8 +57,9 @@ def export_and_verify(
     What is checked is export/checks/verify.py's: the parity grid, or for a quantized export
     the agreement check; an optimized decoder also proves its shared-cache loop.
     """
+    require_provider(provider)  # before minutes of exporting
     if quantize:
-        check_choice(quantize)  # before minutes of exporting
+        check_choice(quantize)
     variant = Variant(optimize, quantize, attentions)
 
     def verify_staged(staging: Path) -> Report | VariantReport:

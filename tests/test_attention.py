@@ -19,7 +19,6 @@ from matplotlib.image import imread
 from cli import main
 from export.families import family_of
 from export.inspect.attention import Request, draw_attention
-from export.pipeline import export_and_verify
 from export.runtime.sessions import Runtime
 from tests.conftest import TINY_CARDS, SharedExport, card, prompt_feeds, random_ids
 from zoo.blocks.attention import recorded_attentions
@@ -194,11 +193,10 @@ def test_bad_requests_are_one_line_and_write_nothing(args: list[str], message: s
     assert not png.exists()
 
 
-def test_an_export_without_attentions_and_an_unwritable_path_are_refused(tmp_path: Path
-                                                                         ) -> None:
-    tiny = card("bert-tiny")
-    export_and_verify(build_model(tiny, seed=0), tiny, tmp_path / "plain")
-    result = CliRunner().invoke(main, ["attention", str(tmp_path / "plain"), "--ids", "5,6",
+def test_an_export_without_attentions_and_an_unwritable_path_are_refused(
+        tmp_path: Path, shared_export: SharedExport) -> None:
+    plain, _ = shared_export("bert-tiny")
+    result = CliRunner().invoke(main, ["attention", str(plain), "--ids", "5,6",
                                        "-o", str(tmp_path / "a.png")])
     assert result.exit_code == 2
     assert "export it again with --attentions" in result.output

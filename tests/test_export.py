@@ -378,6 +378,7 @@ def test_cuda_where_it_is_not_active_is_an_error_not_a_cpu_run(
     result = CliRunner().invoke(main, ["export", "gpt-tiny", "--onnx", "--provider", "cuda",
                                        "-o", str(tmp_path / "x")])
     assert result.exit_code == 2 and not (tmp_path / "x").exists()
+    assert "--provider cuda: asked for CUDAExecutionProvider" in result.stderr  # before tracing
 
 
 @needs_cuda

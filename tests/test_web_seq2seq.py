@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from export.pipeline import export_and_verify
-from tests.conftest import card
+from tests.conftest import SharedExport
 from tests.test_node_web import (
     PROMPTS,
     WEB_DIR,
@@ -24,16 +23,18 @@ from tests.test_node_web import (
     python_tokens,
     require,
 )
-from zoo.build import build_model
 
 NAME = "transformer-tiny"
+# Reads the session's shared transformer-tiny export, with the other readers in one worker.
+pytestmark = pytest.mark.xdist_group("shared-exports")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+def server(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport
+           ) -> Iterator[tuple[str, Path]]:
     require(browser_problem())
     root = tmp_path_factory.mktemp("web-seq2seq")
-    export_and_verify(build_model(card(NAME), seed=1), card(NAME), root / "t2t")
+    (root / "t2t").symlink_to(shared_export(NAME)[0])
     (root / "web").symlink_to(WEB_DIR)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

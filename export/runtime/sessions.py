@@ -67,6 +67,16 @@ def cuda_active() -> bool:
     return session.get_providers()[0] == PROVIDERS["cuda"]
 
 
+def require_provider(provider: str) -> None:
+    """Refuse an unknown provider, or CUDA where it would not really run, before any work."""
+    if provider not in PROVIDERS:
+        raise OrtError(f"--provider {provider}: expected one of {', '.join(PROVIDERS)}")
+    if provider == "cuda" and not cuda_active():
+        raise OrtError(f"--provider cuda: asked for {PROVIDERS['cuda']} but ONNX Runtime runs "
+                       f"{PROVIDERS['cpu']} (CUDA is not active here: check the CUDA and cuDNN "
+                       "libraries)")
+
+
 def session_options(threads: int | None = None, profile_prefix: str | None = None
                     ) -> ort.SessionOptions:
     """Options for speed: every graph optimisation (fusions, constant folding, layout), one

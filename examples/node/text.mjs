@@ -17,7 +17,7 @@ export async function readTokenizer(folder) {
     return existsSync(path) ? readFileSync(path, 'utf8') : null;
   };
   try {
-    return await loadTokenizer(read, Tokenizer);
+    return await loadTokenizer(read, async () => Tokenizer);
   } catch (error) {
     throw new InputError(`${folder}/${error.message}`);
   }

@@ -16,7 +16,15 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 
 from tests.test_node_web import (
     NODE_DIR,

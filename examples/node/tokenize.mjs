@@ -13,7 +13,9 @@ import { golden, readTokenizer } from './text.mjs';
 
 async function main() {
   const [folder, input, ...rest] = process.argv.slice(2);
-  if (!folder || !input || rest.length) throw new InputError('usage: node tokenize.mjs FOLDER INPUT.json');
+  if (!folder || !input || rest.length) {
+    throw new InputError('usage: node tokenize.mjs FOLDER INPUT.json');
+  }
   let request;
   try {
     request = JSON.parse(readFileSync(input, 'utf8'));

@@ -98,9 +98,10 @@ function checkPrompt(ids, card, steps, seq2seq) {
   }
 }
 
-// The bytes of one exported file (null for an `optional` one that is not there), checked against the manifest's sha256 as the Python side
-// does (a partial copy fails here with its name, not deep inside ONNX Runtime). crypto.subtle
-// exists only in secure contexts (https, localhost, 127.0.0.1); elsewhere the check is skipped.
+// The bytes of one exported file (null for an `optional` one that is not there), checked
+// against the manifest's sha256 as the Python side does (a partial copy fails here with its
+// name, not deep inside ONNX Runtime). crypto.subtle exists only in secure contexts (https,
+// localhost, 127.0.0.1); elsewhere the check is skipped.
 async function fetchChecked(url, entry, optional = false) {
   const response = await fetch(url).catch((error) => {
     throw new PageError(`${url}: cannot fetch it: ${error.message}`);

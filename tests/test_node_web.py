@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -360,16 +361,22 @@ def test_page_generates_the_same_tokens_as_python(server: str, exported: dict[st
 def test_page_shows_the_text_zoo_run_prints(server: str, with_text: dict[str, Path],
                                             tmp_path: Path) -> None:
     """Text typed on the page gives, greedily, the text `zoo run --text` prints, with the
-    speed measured: positive, and no more time than the whole page took. The screenshot is
-    kept beside the test's files (and in $ZOO_ARTIFACTS when set)."""
+    speed measured: no more time than the whole page took, and no more than ten times
+    Python ONNX Runtime's native tokens/s on one thread (WASM is slower; a timer that missed
+    the run would show far more). The screenshot is kept beside the test's files (and in
+    $ZOO_ARTIFACTS when set)."""
+    runtime = Runtime(with_text["gpt-tiny"], "cpu", 1)
+    start = time.perf_counter()
+    generate(runtime, np.array([PROMPTS[0]]), None, 64)
+    native = 64 / (time.perf_counter() - start)
     for index, text in enumerate(TEXTS):
         (tmp_path / str(index)).mkdir()
         screenshot = tmp_path / str(index) / "page.png"
         shown = open_page(server, tmp_path / str(index), "gpt-text", None, 64, text, screenshot)
         assert shown["state"] == "done", shown["error"]
         assert shown["text"] + "\n" == zoo_run_text(with_text["gpt-tiny"], text, 64)
-        assert shown["tokensPerSecond"] > 0 and f"{shown['tokensPerSecond']:.1f} tokens/s" in (
-            shown["status"])
+        assert 0 < shown["tokensPerSecond"] < 10 * native
+        assert f"{shown['tokensPerSecond']:.1f} tokens/s" in shown["status"]
         assert 0 < shown["totalMs"] <= shown["wallMs"]
         assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if os.environ.get("ZOO_ARTIFACTS"):

@@ -9,6 +9,7 @@ tests/test_node_web.py does."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from collections.abc import Iterator
 from functools import partial
@@ -162,6 +163,35 @@ def test_node_tokenizer_errors_are_one_line(folders: dict[str, Path], tmp_path: 
         result = run_node(NODE_DIR / "tokenize.mjs", str(folder), str(request))
         assert result.returncode == 2 and result.stdout == ""
         assert len(result.stderr.splitlines()) == 1 and message in result.stderr, result.stderr
+
+
+STREAM = "café 東京 🙂 👨‍👩‍👧 naïve"
+STREAM_SCRIPT = """
+import { readTokenizer, textStream } from './text.mjs';
+const [folder, ids] = [process.argv[1], JSON.parse(process.argv[2])];
+const stream = textStream(await readTokenizer(folder));
+const pieces = ids.map((id) => stream.push(id));
+console.log(JSON.stringify([...pieces, stream.end()]));
+"""
+
+
+@pytest.mark.parametrize("name", ["bytes", "gpt2"])
+def test_streamed_text_joins_to_pythons_decoding(name: str, folders: dict[str, Path]) -> None:
+    """Text printed token by token (examples/web/tokenizer.mjs's textStream, used by
+    generate.mjs and the page) joins to Python's decoding of all the ids, and no piece shows
+    half a character: the ids of multi-byte characters come one token at a time, and for bytes
+    also a broken sequence (an invalid byte, a character cut short at the end)."""
+    require(node_problem())
+    tokenizer = load_tokenizer(folders[name])
+    ids = tokenizer.encode(STREAM) + ([0xE6, 0x9D, 0x41, 0xF0, 0x9F] if name == "bytes" else [])
+    done = subprocess.run(["node", "--input-type=module", "-e", STREAM_SCRIPT,
+                           str(folders[name]), json.dumps(ids)], cwd=NODE_DIR,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    pieces = json.loads(done.stdout)
+    assert "".join(pieces) == tokenizer.decode(ids)
+    assert len([piece for piece in pieces if piece]) > 5  # it streamed, not all at the end
+    assert all("\ufffd" not in piece for piece in pieces[:len(tokenizer.encode(STREAM))])
 
 
 @pytest.fixture(scope="module")

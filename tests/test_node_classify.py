@@ -1,5 +1,6 @@
 """examples/node/classify.mjs (onnxruntime-node) gives the labels, probabilities, vectors and
-cosine similarities `zoo run --json` gives, for an encoder classifier and a decoder embedder."""
+cosine similarities `zoo run --json` gives, for an encoder classifier and a decoder embedder,
+from ids and from text (the byte tokenizer a model trained here carries)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from export.pipeline import export_and_verify
 from tests.conftest import card
 from tests.test_node_web import NODE_DIR, node_problem, require, run_node
 from zoo.build import build_model
+from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 ROWS = ["72,101,108,108,111", "5,6,7", "72,101,108,108,111,33,33,33,33"]
+TEXTS = ["Either you must", "Confess yourselves wondrous malicious,", "Or be accusé 東 🙂"]
 MODELS = {
     "bert-classifier": ("bert-tiny", {"pooling": "mean", "num_labels": 3, "mlm_head": False,
                                       "labels": ["a", "b", "c"]}),
@@ -33,12 +36,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         resolved = card(name, **overrides)
         folders[key] = root / key
         export_and_verify(build_model(resolved, seed=1), resolved, folders[key])
+        (folders[key] / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())  # for --text
     return folders
 
 
+@pytest.mark.parametrize("option", ["--ids", "--text"])
 @pytest.mark.parametrize("key", list(MODELS))
-def test_node_classify_equals_zoo_run(key: str, exported: dict[str, Path]) -> None:
-    args = [arg for row in ROWS for arg in ("--ids", row)]
+def test_node_classify_equals_zoo_run(key: str, option: str, exported: dict[str, Path]) -> None:
+    args = [arg for row in (ROWS if option == "--ids" else TEXTS) for arg in (option, row)]
     python = CliRunner().invoke(cli.main, ["run", str(exported[key]), "--json", *args])
     assert python.exit_code == 0, python.output
     expected = json.loads(python.output)

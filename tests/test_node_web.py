@@ -1,5 +1,6 @@
 """The exported files run outside Python: examples/node (onnxruntime-node) and the page in
-examples/web (onnxruntime-web in headless Chromium) give the tokens and vectors Python gives.
+examples/web (onnxruntime-web in headless Chromium) give the tokens and vectors Python gives,
+and, from text, the text `zoo run --text` prints (tests/test_tokenizer_js.py: the tokenizers).
 
 Needs `node`, `npm ci --ignore-scripts` in examples/node and examples/web, and Chromium at
 /usr/bin/chromium (or $CHROMIUM); .ci/run installs all three. Where one is missing the tests
@@ -15,20 +16,26 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlencode
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from cli import main as zoo
 from export.onnx.contract import MANIFEST
 from export.runtime.encode import encode
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sessions import Runtime
 from tests.conftest import SharedExport, card, prompt_feeds
+from zoo.files.atomic import sha256
+from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, ByteTokenizer
 from zoo.files.weights import load_built
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +48,13 @@ WEB_DIR = ROOT / "examples" / "web"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Prompts below every vocabulary (transformer-tiny has 64 ids); [7]: one token, past length 0.
 PROMPTS = [[40, 41, 42, 43, 44], [7], [3, 1, 4, 1, 5, 9, 2, 6]]
+# Text prompts: ASCII, and characters of 2, 3 and 4 UTF-8 bytes (the random-weight models
+# answer with any bytes, invalid UTF-8 included: the decoded text must still match).
+TEXTS = ["ROMEO:", "café 東京 🙂"]
+# Words for transformer-tiny's 64 ids: the reversal demo's word-tokenizer.json (ids 3..63),
+# and a WordLevel tokenizer.json (ids 0..63; the untrained model answers with id 1, which the
+# word tokenizer would drop).
+WORDS = [f"w{i}" for i in range(64)]
 
 
 def require(problem: str | None) -> None:
@@ -112,6 +126,48 @@ def exported(shared_export: SharedExport) -> dict[str, Path]:
     return {name: shared_export(name)[0] for name in ("gpt-tiny", "bert-tiny", "transformer-tiny")}
 
 
+def with_tokenizer(folder: Path, copy: Path, name: str, content: str) -> Path:
+    """A copy of an export with a tokenizer file, listed in its manifest as `zoo export` lists
+    the tokenizer it copies from a trained model's folder."""
+    copy = Path(shutil.copytree(folder, copy))
+    (copy / name).write_text(content, encoding="utf-8")
+    manifest = json.loads((copy / MANIFEST).read_text())
+    manifest["files"][name] = {"sha256": sha256(copy / name), "bytes": (copy / name).stat().st_size}
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def with_text(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, Path]:
+    """The exports with their tokenizers: the byte tokenizer for gpt-tiny and bert-tiny (what
+    a model trained here carries), words for transformer-tiny."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    root = tmp_path_factory.mktemp("with-text")
+    words = json.dumps({"kind": "words", "words": WORDS[3:]})
+    word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="w0"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    return {
+        "gpt-tiny": with_tokenizer(exported["gpt-tiny"], root / "gpt", BYTE_TOKENIZER,
+                                   ByteTokenizer().to_json()),
+        "bert-tiny": with_tokenizer(exported["bert-tiny"], root / "bert", BYTE_TOKENIZER,
+                                    ByteTokenizer().to_json()),
+        "transformer-tiny": with_tokenizer(exported["transformer-tiny"], root / "t2t",
+                                           HF_TOKENIZER, word_level.to_str()),
+        "t2t-words": with_tokenizer(exported["transformer-tiny"], root / "t2t-words",
+                                    WORD_TOKENIZER, words),
+    }
+
+
+def zoo_run_text(folder: Path, text: str, steps: int) -> str:
+    """What `zoo run FOLDER --text TEXT` prints (greedy): the reference for Node and the page."""
+    result = CliRunner().invoke(zoo, ["run", str(folder), "--text", text,
+                                      "--max-new-tokens", str(steps)])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
 def engines(folder: Path) -> tuple[Runtime, TorchEngine]:
     return Runtime(folder), TorchEngine(*load_built(folder))
 
@@ -145,6 +201,57 @@ def test_node_pooled_vector_equals_python(node_ready: None,
         np.testing.assert_allclose(from_node, pooled, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("name, text, steps", [
+    ("gpt-tiny", TEXTS[0], 64), ("gpt-tiny", TEXTS[1], 40),
+    ("transformer-tiny", "w5 w6 w7 w60", 20),
+])
+def test_node_text_prints_what_zoo_run_prints(name: str, text: str, steps: int,
+                                              node_ready: None,
+                                              with_text: dict[str, Path]) -> None:
+    """A decoder prints the prompt and its continuation, an encoder-decoder the translation,
+    byte for byte as `zoo run --text` does (the text streamed as tokens come)."""
+    expected = zoo_run_text(with_text[name], text, steps)
+    result = run_node(NODE_DIR / "generate.mjs", str(with_text[name]), "--text", text,
+                      "--steps", str(steps))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout == expected
+    assert len(expected) > len(text) + 5 if name == "gpt-tiny" else expected.strip()
+
+
+def test_node_text_gives_an_encoder_the_pooled_vector_of_its_ids(
+        node_ready: None, with_text: dict[str, Path]) -> None:
+    folder = with_text["bert-tiny"]
+    for text in TEXTS:
+        pooled, _ = encode(Runtime(folder), np.array(list(text.encode("utf-8"))))
+        result = run_node(NODE_DIR / "generate.mjs", str(folder), "--text", text)
+        assert result.returncode == 0, result.stderr
+        np.testing.assert_allclose(json.loads(result.stdout)["pooled"], pooled, rtol=0,
+                                   atol=1e-5)
+
+
+def test_page_sampling_draws_from_the_top_k_softmax(node_ready: None) -> None:
+    """examples/web/sampling.mjs, run in Node: temperature 0 is numpy's argmax (the first
+    maximum); above 0, the frequencies of 40000 draws match softmax(logits / T) over the top k
+    (computed here with numpy), and nothing outside the top k is drawn."""
+    logits = [0.5, 2.0, -1.0, 2.0, 1.0, 0.0, 1.5, -3.0]
+    script = ("import { pick, seeded } from './sampling.mjs';\n"
+              f"const row = Float32Array.from({logits}); const random = seeded(7);\n"
+              "const counts = new Array(row.length).fill(0);\n"
+              "for (let i = 0; i < 40000; i++) counts[pick(row, {temperature: 0.7, topK: 4}, "
+              "random)]++;\n"
+              "console.log(JSON.stringify({greedy: pick(row, {temperature: 0}), counts}));")
+    done = subprocess.run(["node", "--input-type=module", "-e", script], cwd=WEB_DIR,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["greedy"] == int(np.argmax(logits)) == 1
+    top = np.argsort(logits)[::-1][:4]
+    expected = np.zeros(len(logits))
+    weights = np.exp((np.array(logits)[top] - max(logits)) / 0.7)
+    expected[top] = weights / weights.sum()
+    np.testing.assert_allclose(np.array(result["counts"]) / 40000, expected, atol=0.01)
+
+
 def newer_format(folder: Path, tmp_path: Path) -> Path:
     copy = Path(shutil.copytree(folder, tmp_path / "newer"))
     manifest = json.loads((copy / MANIFEST).read_text())
@@ -153,20 +260,27 @@ def newer_format(folder: Path, tmp_path: Path) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("case, ids, message", [
-    ("empty", "1,2", "not an export (no manifest.json)"),
-    ("newer", "1,2", "format_version=2, this program reads 1"),
-    ("gpt", "1,260", "token ids should be in 0..259, got 260"),
-    ("gpt", "-1,5", "token ids should be in 0..259, got -1"),
-    ("gpt", "1,x", "expected comma-separated integers"),
+@pytest.mark.parametrize("case, option, value, message", [
+    ("empty", "--ids", "1,2", "not an export (no manifest.json)"),
+    ("newer", "--ids", "1,2", "format_version=2, this program reads 1"),
+    ("gpt", "--ids", "1,260", "token ids should be in 0..259, got 260"),
+    ("gpt", "--ids", "-1,5", "token ids should be in 0..259, got -1"),
+    ("gpt", "--ids", "1,x", "expected comma-separated integers"),
+    ("gpt", "--text", "ROMEO:", "this export has no tokenizer"),
+    ("gpt-text", "--text", "", "an empty prompt"),
+    ("gpt-text", "--text", "x" * 100, "prompt of 100 plus 32 new tokens exceeds max_positions=128"),
+    ("t2t-text", "--text", "w3 Romeo", "words not in the vocabulary: romeo"),
 ])
-def test_node_bad_input_exits_non_zero_with_one_line(case: str, ids: str, message: str,
-                                                     node_ready: None,
+def test_node_bad_input_exits_non_zero_with_one_line(case: str, option: str, value: str,
+                                                     message: str, node_ready: None,
                                                      exported: dict[str, Path],
+                                                     with_text: dict[str, Path],
                                                      tmp_path: Path) -> None:
     folder = {"empty": lambda: tmp_path, "gpt": lambda: exported["gpt-tiny"],
+              "gpt-text": lambda: with_text["gpt-tiny"],
+              "t2t-text": lambda: with_text["t2t-words"],
               "newer": lambda: newer_format(exported["gpt-tiny"], tmp_path)}[case]()
-    result = run_node(NODE_DIR / "generate.mjs", str(folder), "--ids", ids)
+    result = run_node(NODE_DIR / "generate.mjs", str(folder), option, value)
     assert result.returncode != 0
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
@@ -185,15 +299,17 @@ def attention_export(browser_ready: None, shared_export: SharedExport) -> Path:
 
 @pytest.fixture(scope="module")
 def server(browser_ready: None, exported: dict[str, Path], attention_export: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+           with_text: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[str]:
     """http://127.0.0.1:PORT/ serving a folder laid out as examples/web/README.md says: the page
     (with its node_modules) under web/, and the exports beside it."""
     root = tmp_path_factory.mktemp("web-root")
     (root / "web").symlink_to(WEB_DIR)
     (root / "gpt").symlink_to(exported["gpt-tiny"])
     (root / "gpt-att").symlink_to(attention_export)
+    (root / "gpt-text").symlink_to(with_text["gpt-tiny"])
     (root / "empty").mkdir()
-    broken = Path(shutil.copytree(exported["gpt-tiny"], root / "broken"))
+    broken = Path(shutil.copytree(with_text["gpt-tiny"], root / "broken"))  # all but one file
     (broken / "model.onnx").unlink()
     # Port 0: the system picks a free port; the server runs in this process, so it ends with it.
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
@@ -216,12 +332,16 @@ def processes_using(path: Path) -> list[str]:
     return found
 
 
-def open_page(server: str, tmp_path: Path, model: str, ids: list[int], steps: int) -> dict:
+def open_page(server: str, tmp_path: Path, model: str, ids: list[int] | None, steps: int,
+              text: str | None = None, screenshot: Path | None = None) -> dict:
+    """What the page shows after generating from `ids` (the raw path) or `text`, greedy."""
     profile = tmp_path / "chromium-profile"  # a new empty user-data-dir for each page
     profile.mkdir()
-    query = f"model=../{model}/&ids={','.join(map(str, ids))}&steps={steps}&run=1"
+    prompt = {"text": text} if ids is None else {"ids": ",".join(map(str, ids))}
+    query = urlencode({"model": f"../{model}/", **prompt, "steps": steps, "run": 1})
+    shot = ["--screenshot", str(screenshot)] if screenshot else []
     result = run_node(WEB_DIR / "check-page.mjs", f"{server}web/index.html?{query}",
-                      "--user-data-dir", str(profile), "--timeout-ms", "40000")
+                      "--user-data-dir", str(profile), "--timeout-ms", "40000", *shot)
     assert result.returncode == 0, result.stderr
     assert processes_using(profile) == [], "Chromium is still running"
     return json.loads(result.stdout)
@@ -236,6 +356,31 @@ def test_page_generates_the_same_tokens_as_python(server: str, exported: dict[st
     assert shown["tokens"] == python_tokens(runtime, ids, 64)
     assert shown["tokens"] == python_tokens(torch_engine, ids, 64)
     assert "ms per token" in shown["status"]
+
+
+def test_page_shows_the_text_zoo_run_prints(server: str, with_text: dict[str, Path],
+                                            tmp_path: Path) -> None:
+    """Text typed on the page gives, greedily, the text `zoo run --text` prints, with the
+    speed measured: no more time than the whole page took, and no more than ten times
+    Python ONNX Runtime's native tokens/s on one thread (WASM is slower; a timer that missed
+    the run would show far more). The screenshot is kept beside the test's files (and in
+    $ZOO_ARTIFACTS when set)."""
+    runtime = Runtime(with_text["gpt-tiny"], "cpu", 1)
+    start = time.perf_counter()
+    generate(runtime, np.array([PROMPTS[0]]), None, 64)
+    native = 64 / (time.perf_counter() - start)
+    for index, text in enumerate(TEXTS):
+        (tmp_path / str(index)).mkdir()
+        screenshot = tmp_path / str(index) / "page.png"
+        shown = open_page(server, tmp_path / str(index), "gpt-text", None, 64, text, screenshot)
+        assert shown["state"] == "done", shown["error"]
+        assert shown["text"] + "\n" == zoo_run_text(with_text["gpt-tiny"], text, 64)
+        assert 0 < shown["tokensPerSecond"] < 10 * native
+        assert f"{shown['tokensPerSecond']:.1f} tokens/s" in shown["status"]
+        assert 0 < shown["totalMs"] <= shown["wallMs"]
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        if os.environ.get("ZOO_ARTIFACTS"):
+            shutil.copy(screenshot, Path(os.environ["ZOO_ARTIFACTS"]) / f"page-{index}.png")
 
 
 def test_page_draws_the_attention_python_computes(server: str, attention_export: Path,
@@ -258,13 +403,17 @@ def test_page_draws_the_attention_python_computes(server: str, attention_export:
     assert open_page(server, plain, "gpt", ids, 4)["attention"] is None
 
 
-@pytest.mark.parametrize("model, ids, message", [
-    ("empty", [1, 2], "not an export (no manifest.json: HTTP 404)"),
-    ("broken", [1, 2], "model.onnx: HTTP 404"),
-    ("gpt", [1, 999], "token ids should be in 0..259, got 999"),
+@pytest.mark.parametrize("model, ids, text, message", [
+    ("empty", None, "ROMEO:", "not an export (no manifest.json: HTTP 404)"),
+    ("broken", None, "ROMEO:", "model.onnx: HTTP 404"),
+    ("gpt", [1, 999], None, "token ids should be in 0..259, got 999"),
+    ("gpt", None, "ROMEO:", "this export has no tokenizer"),
+    ("gpt-text", None, "x" * 121, "prompt of 121 tokens plus 8 new tokens: should be at least "
+                                  "one new token and at most max_positions=128"),
 ])
-def test_page_shows_the_error_instead_of_hanging(model: str, ids: list[int], message: str,
+def test_page_shows_the_error_instead_of_hanging(model: str, ids: list[int] | None,
+                                                 text: str | None, message: str,
                                                  server: str, tmp_path: Path) -> None:
-    shown = open_page(server, tmp_path, model, ids, 8)
-    assert shown["state"] == "error" and shown["tokens"] == []
+    shown = open_page(server, tmp_path, model, ids, 8, text)
+    assert shown["state"] == "error" and shown["tokens"] == [] and shown["text"] == ""
     assert shown["error"].startswith("error: ") and message in shown["error"]

@@ -1,22 +1,28 @@
 // Run a zoo export that has a sentence vector (a card with pooling) with onnxruntime-node,
 // following docs/onnx-contract.md ("Sentence vectors and classifiers"):
 //
+//   node classify.mjs FOLDER --text "Either you must" [--text "Or be accused" ...]
 //   node classify.mjs FOLDER --ids 72,101,108 [--ids 5,6,7 ...]
 //
 // -> {"embeddings": [[...]], "norms": [...], "cosine": [[...]]
 //     [, "labels": [...], "probabilities": [[...]]]}     (what `zoo run FOLDER --json` prints)
 //
 // The rows are padded on the right with the card's pad_token_id (mask 0) into one batch.
+// --text goes through the folder's tokenizer (text.mjs), as `zoo run --text` does.
 // Bad input prints ONE line `error: ...` on stderr and exits with code 2, like the zoo CLI.
 
 import { InputError, firstLine, int64, open, readManifest } from './contract.mjs';
+import { readTokenizer } from './text.mjs';
 
 function parseArgs(argv) {
-  const usage = 'usage: node classify.mjs FOLDER --ids 1,2,3 [--ids 4,5 ...]';
-  const args = { folder: null, rows: [] };
+  const usage = 'usage: node classify.mjs FOLDER (--text TEXT ... | --ids 1,2,3 ...)';
+  const args = { folder: null, rows: [], texts: [] };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
-    if (arg === '--ids') {
+    if (arg === '--text') {
+      if (i + 1 >= argv.length) throw new InputError(`--text needs a value; ${usage}`);
+      args.texts.push(argv[++i]);
+    } else if (arg === '--ids') {
       if (i + 1 >= argv.length) throw new InputError(`--ids needs a value; ${usage}`);
       const text = argv[++i].replace(/\s/g, '');
       if (!/^\d+(,\d+)*$/.test(text)) {
@@ -31,7 +37,9 @@ function parseArgs(argv) {
       throw new InputError(`unexpected argument ${arg}; ${usage}`);
     }
   }
-  if (args.folder === null || args.rows.length === 0) throw new InputError(usage);
+  if (args.folder === null || (args.rows.length === 0) === (args.texts.length === 0)) {
+    throw new InputError(usage);
+  }
   return args;
 }
 
@@ -69,6 +77,14 @@ async function main() {
   const graph = manifest.graphs['model.onnx'];
   if (!graph || !graph.outputs.includes('sentence_embedding')) {
     throw new InputError(`${args.folder}: no sentence_embedding output (a card with pooling)`);
+  }
+  if (args.texts.length) {
+    const tokenizer = await readTokenizer(args.folder);
+    if (tokenizer === null) {
+      throw new InputError(`${args.folder}: this export has no tokenizer; pass ids with --ids`);
+    }
+    args.rows = args.texts.map((text) => tokenizer.encode(text));
+    if (args.rows.some((row) => row.length === 0)) throw new InputError('an empty --text');
   }
   const bad = args.rows.flat().find((id) => id >= card.vocab_size);
   if (bad !== undefined) throw new InputError(`token ids should be < ${card.vocab_size}, got ${bad}`);

@@ -1,25 +1,32 @@
 // Run a zoo ONNX export with onnxruntime-node, following docs/onnx-contract.md.
 //
+//   node generate.mjs FOLDER --text "ROMEO:" [--steps 32]
 //   node generate.mjs FOLDER --ids 72,101,108 [--steps 32]
 //
-// decoder:          greedy generation with the key/value cache -> {"tokens":[...]}
-// encoder-decoder:  encode once, then greedy decoding from bos    -> {"tokens":[...]}
+// decoder:          greedy generation with the key/value cache: the prompt and its
+//                   continuation, streamed as tokens come (--ids: {"tokens":[...]})
+// encoder-decoder:  encode once, then greedy decoding from bos: the translation, streamed
+//                   (--ids: {"tokens":[...]})
 // encoder:          the pooled vector                             -> {"pooled":[...]}
 //
-// Everything it needs comes from FOLDER/manifest.json (family and card sizes). Generation
-// stops early at the card's eos_token_id, which is included in the output, as `zoo run` does.
+// Everything it needs comes from FOLDER: manifest.json (family and card sizes) and, for
+// --text, its tokenizer (byte-tokenizer.json or tokenizer.json, read as the zoo's Python side
+// reads it: examples/web/tokenizer.mjs). Generation stops early at the card's eos_token_id,
+// which is included in --ids' output, as `zoo run` does; --text prints what `zoo run --text`
+// prints.
 // Bad input prints ONE line `error: ...` on stderr and exits with code 2, like the zoo CLI.
 
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
 import { InputError, firstLine, int64, open, readManifest } from './contract.mjs';
+import { readTokenizer, textStream } from './text.mjs';
 
 function parseArgs(argv) {
-  const usage = 'usage: node generate.mjs FOLDER --ids 1,2,3 [--steps N]';
-  const args = { folder: null, ids: null, steps: 32 };
+  const usage = 'usage: node generate.mjs FOLDER (--text TEXT | --ids 1,2,3) [--steps N]';
+  const args = { folder: null, ids: null, text: null, steps: 32 };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
-    if (arg === '--ids' || arg === '--steps') {
+    if (arg === '--ids' || arg === '--text' || arg === '--steps') {
       if (i + 1 >= argv.length) throw new InputError(`${arg} needs a value; ${usage}`);
       args[arg.slice(2)] = argv[++i];
     } else if (arg.startsWith('-')) {
@@ -30,11 +37,15 @@ function parseArgs(argv) {
       throw new InputError(`unexpected argument ${arg}; ${usage}`);
     }
   }
-  if (args.folder === null || args.ids === null) throw new InputError(usage);
-  if (!/^-?\d+(,-?\d+)*$/.test(args.ids.replace(/\s/g, ''))) {
-    throw new InputError(`--ids ${args.ids}: expected comma-separated integers`);
+  if (args.folder === null || (args.ids === null) === (args.text === null)) {
+    throw new InputError(usage);
   }
-  args.ids = args.ids.replace(/\s/g, '').split(',').map(Number);
+  if (args.ids !== null) {
+    if (!/^-?\d+(,-?\d+)*$/.test(args.ids.replace(/\s/g, ''))) {
+      throw new InputError(`--ids ${args.ids}: expected comma-separated integers`);
+    }
+    args.ids = args.ids.replace(/\s/g, '').split(',').map(Number);
+  }
   if (!/^\d+$/.test(String(args.steps)) || Number(args.steps) < 1) {
     throw new InputError(`--steps ${args.steps}: expected a positive integer`);
   }
@@ -44,6 +55,7 @@ function parseArgs(argv) {
 
 function checkIds(ids, steps, manifest) {
   const { vocab_size: vocab, max_positions: limit } = manifest.card;
+  if (ids.length === 0) throw new InputError('an empty prompt: it needs at least one token');
   const bad = ids.find((id) => id < 0 || id >= vocab);
   if (bad !== undefined) {
     throw new InputError(`token ids should be in 0..${vocab - 1}, got ${bad}`);
@@ -93,7 +105,8 @@ function argmaxLast(logits) {
 
 // The decode loop both generating families share: `feedsFor(tokens)` gives the inputs for the
 // new tokens besides the cache; each step's presents become the next step's pasts.
-async function greedy(session, card, first, steps, feedsFor, cache) {
+// `onToken(token)` sees each token as it comes (to stream the text).
+async function greedy(session, card, first, steps, feedsFor, cache, onToken) {
   const tokens = [];
   let past = emptyPast(card, cache.map(([name]) => name));
   let next = first;
@@ -102,13 +115,14 @@ async function greedy(session, card, first, steps, feedsFor, cache) {
     past = Object.fromEntries(cache.map(([input, output]) => [input, outputs[output]]));
     const token = argmaxLast(outputs.logits);
     tokens.push(token);
+    onToken(token);
     if (token === card.eos_token_id) break;
     next = [token];
   }
   return tokens;
 }
 
-async function runDecoder(folder, manifest, ids, steps) {
+async function runDecoder(folder, manifest, ids, steps, onToken) {
   const session = await open(folder, 'model.onnx');
   let length = 0; // tokens seen so far (past + new): the mask covers all of them
   const feedsFor = (tokens) => {
@@ -121,10 +135,10 @@ async function runDecoder(folder, manifest, ids, steps) {
     };
   };
   const cache = cacheNames(manifest.graphs['model.onnx']);
-  return { tokens: await greedy(session, manifest.card, ids, steps, feedsFor, cache) };
+  return { tokens: await greedy(session, manifest.card, ids, steps, feedsFor, cache, onToken) };
 }
 
-async function runSeq2Seq(folder, manifest, ids, steps) {
+async function runSeq2Seq(folder, manifest, ids, steps, onToken) {
   const encoder = await open(folder, 'encoder.onnx');
   const decoder = await open(folder, 'decoder.onnx');
   const mask = int64(ids.map(() => 1), [1, ids.length]);
@@ -142,7 +156,7 @@ async function runSeq2Seq(folder, manifest, ids, steps) {
   });
   const cache = cacheNames(manifest.graphs['decoder.onnx']);
   const start = [manifest.card.bos_token_id];
-  return { tokens: await greedy(decoder, manifest.card, start, steps, feedsFor, cache) };
+  return { tokens: await greedy(decoder, manifest.card, start, steps, feedsFor, cache, onToken) };
 }
 
 async function runEncoder(folder, manifest, ids) {
@@ -162,14 +176,40 @@ async function runEncoder(folder, manifest, ids) {
   return { pooled: Array.from(outputs.pooler_output.data) };
 }
 
+// --text: the ids of the text, and what to print as tokens come. A decoder's output starts
+// with the prompt (it continues it), a translation's does not: as `zoo run --text` prints.
+async function textPrompt(folder, manifest, text) {
+  const tokenizer = await readTokenizer(folder);
+  if (tokenizer === null) {
+    throw new InputError(`${folder}: this export has no tokenizer (byte-tokenizer.json or ` +
+                         'tokenizer.json); pass token ids with --ids');
+  }
+  const stream = textStream(tokenizer);
+  const write = (piece) => process.stdout.write(piece);
+  return {
+    ids: tokenizer.encode(text),
+    start: () => manifest.family === 'decoder' && write(text),
+    onToken: (token) => write(stream.push(token)),
+    end: () => write(`${stream.end()}\n`),
+  };
+}
+
 async function main() {
   const args = parseArgs(process.argv.slice(2));
   const manifest = await readManifest(args.folder);
-  checkIds(args.ids, args.steps, manifest);
   const runners = { decoder: runDecoder, 'encoder-decoder': runSeq2Seq, encoder: runEncoder };
   const run = runners[manifest.family];
   if (!run) throw new InputError(`${args.folder}: unknown family ${manifest.family}`);
-  console.log(JSON.stringify(await run(args.folder, manifest, args.ids, args.steps)));
+  const text = args.text === null ? null : await textPrompt(args.folder, manifest, args.text);
+  const ids = text === null ? args.ids : text.ids;
+  checkIds(ids, args.steps, manifest);
+  if (text === null || manifest.family === 'encoder') { // an encoder's answer is a vector
+    console.log(JSON.stringify(await run(args.folder, manifest, ids, args.steps, () => {})));
+    return;
+  }
+  text.start();
+  await run(args.folder, manifest, ids, args.steps, text.onToken);
+  text.end();
 }
 
 main().catch((error) => {

@@ -1,12 +1,22 @@
-// Greedy generation with a zoo decoder or encoder-decoder export in the browser
-// (docs/onnx-contract.md). An encoder-decoder's source is encoded once: its cross-attention
-// keys/values (encoder.onnx's present.*.encoder.*) are fed unchanged to every decoder step.
+// Text generation with a zoo decoder or encoder-decoder export in the browser
+// (docs/onnx-contract.md): a prompt typed as text, the answer shown as it comes, with the
+// tokens/s ONNX Runtime Web gives. The text goes through the export's own tokenizer
+// (tokenizer.mjs: byte-tokenizer.json or tokenizer.json, the ids Python gives); token ids can
+// still be typed instead (the raw path). An encoder-decoder's source is encoded once: its
+// cross-attention keys/values (encoder.onnx's present.*.encoder.*) are fed unchanged to every
+// decoder step.
 //
-// ONNX Runtime Web is served from ./node_modules/onnxruntime-web/dist (npm ci --ignore-scripts
-// in this folder); nothing comes from a CDN. Every failure ends on the page as one line in
-// #error and body[data-state=error], so a test (check-page.mjs) or a person never waits forever.
+// ONNX Runtime Web and @huggingface/tokenizers are served from ./node_modules (npm ci
+// --ignore-scripts in this folder); nothing comes from a CDN. Every failure ends on the page
+// as one line in #error and body[data-state=error], so a test (check-page.mjs) or a person
+// never waits forever.
+
+import { pick, seeded } from './sampling.mjs';
+import { golden, loadTokenizer, textStream } from './tokenizer.mjs';
 
 const ORT_DIST = new URL('./node_modules/onnxruntime-web/dist/', import.meta.url);
+const TOKENIZERS = new URL('./node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs',
+                           import.meta.url);
 const FORMAT_VERSION = 1; // the manifest format this page (and the Python side) reads
 
 const $ = (id) => document.getElementById(id);
@@ -64,7 +74,7 @@ async function readManifest(folder) {
   return manifest;
 }
 
-function parseIds(text, card, steps, seq2seq) {
+function parseIds(text, card) {
   const clean = text.replace(/\s/g, '');
   if (!/^-?\d+(,-?\d+)*$/.test(clean)) {
     throw new PageError(`ids ${text}: expected comma-separated integers`);
@@ -74,22 +84,29 @@ function parseIds(text, card, steps, seq2seq) {
   if (bad !== undefined) {
     throw new PageError(`token ids should be in 0..${card.vocab_size - 1}, got ${bad}`);
   }
-  // A decoder attends over prompt + new tokens; the encoder-decoder's target is bos + new tokens.
-  const longest = seq2seq ? Math.max(ids.length, steps + 1) : ids.length + steps;
-  if (!(steps >= 1) || longest > card.max_positions) {
-    throw new PageError(`prompt of ${ids.length} plus ${steps} new tokens: should be at least ` +
-                        `one new token and at most max_positions=${card.max_positions} in all`);
-  }
   return ids;
 }
 
-// The bytes of one exported file, checked against the manifest's sha256 as the Python side
-// does (a partial copy fails here with its name, not deep inside ONNX Runtime). crypto.subtle
-// exists only in secure contexts (https, localhost, 127.0.0.1); elsewhere the check is skipped.
-async function fetchChecked(url, entry) {
+// A decoder attends over prompt + new tokens; the encoder-decoder's target is bos + new tokens.
+function checkPrompt(ids, card, steps, seq2seq) {
+  if (ids.length === 0) throw new PageError('an empty prompt: type some text');
+  const longest = seq2seq ? Math.max(ids.length, steps + 1) : ids.length + steps;
+  if (!(steps >= 1) || longest > card.max_positions) {
+    throw new PageError(`prompt of ${ids.length} tokens plus ${steps} new tokens: should be at ` +
+                        `least one new token and at most max_positions=${card.max_positions} ` +
+                        'in all');
+  }
+}
+
+// The bytes of one exported file (null for an `optional` one that is not there), checked
+// against the manifest's sha256 as the Python side does (a partial copy fails here with its
+// name, not deep inside ONNX Runtime). crypto.subtle exists only in secure contexts (https,
+// localhost, 127.0.0.1); elsewhere the check is skipped.
+async function fetchChecked(url, entry, optional = false) {
   const response = await fetch(url).catch((error) => {
     throw new PageError(`${url}: cannot fetch it: ${error.message}`);
   });
+  if (optional && response.status === 404) return null; // an optional file that is not there
   if (!response.ok) {
     throw new PageError(`${url}: HTTP ${response.status} (listed in manifest.json but missing?)`);
   }
@@ -107,21 +124,28 @@ async function fetchChecked(url, entry) {
 // Integer inputs are int64 (BigInt64Array in JavaScript).
 const int64 = (values, dims) => new ort.Tensor('int64', BigInt64Array.from(values, BigInt), dims);
 
-// Greedy pick from the last position of logits (1, T, vocab); the first maximum wins, as in numpy.
-function argmaxLast(logits) {
+// The logits of the last position of (1, T, vocab): what the next token is picked from.
+function lastRow(logits) {
   const vocab = logits.dims[2];
-  const row = logits.data.subarray((logits.dims[1] - 1) * vocab, logits.dims[1] * vocab);
-  let best = 0;
-  for (let i = 1; i < vocab; i++) if (row[i] > row[best]) best = i;
-  return best;
+  return logits.data.subarray((logits.dims[1] - 1) * vocab, logits.dims[1] * vocab);
 }
 
-function showToken(token, ms) {
-  const span = document.createElement('span');
-  span.className = 'token';
-  span.dataset.id = token;
-  span.innerHTML = `${token} <small>${ms.toFixed(1)} ms</small>`;
-  $('tokens').append(span);
+// The export's tokenizer (or null): its files fetched from the folder (a 404: not there) and
+// checked against the manifest's sha256; the library is loaded only for a tokenizer.json.
+async function readTokenizer(folder, manifest) {
+  const read = async (name) => {
+    const bytes = await fetchChecked(new URL(name, folder).href, manifest.files[name], true);
+    return bytes === null ? null : new TextDecoder().decode(bytes);
+  };
+  const library = () => import(TOKENIZERS.href).then((module) => module.Tokenizer, (error) => {
+    throw new PageError(`could not load @huggingface/tokenizers from ${TOKENIZERS.pathname} ` +
+                        `(run npm ci --ignore-scripts in examples/web): ${error.message}`);
+  });
+  try {
+    return await loadTokenizer(read, library);
+  } catch (error) {
+    throw error instanceof PageError ? error : new PageError(`${folder}${error.message}`);
+  }
 }
 
 // One session per graph; the encoder-decoder's graphs share weights.onnx.data, fetched once.
@@ -178,15 +202,68 @@ async function seq2seqSteps(folder, manifest, ids) {
   return { session, feedsFor, first: [manifest.card.bos_token_id], graph };
 }
 
-async function generate(folder, idsText, steps) {
-  setState('loading', 'loading ONNX Runtime Web and the manifest...');
+// What the form asks for, checked: numbers in range, ids parsed (the raw path) or text.
+function readForm() {
+  const number = (id, test, expected) => {
+    const value = Number($(id).value);
+    if ($(id).value.trim() === '' || !test(value)) {
+      throw new PageError(`${$(id).labels[0].firstChild.textContent.trim()}: ` +
+                          `${JSON.stringify($(id).value)}, expected ${expected}`);
+    }
+    return value;
+  };
+  return {
+    folder: new URL($('model').value.replace(/\/*$/, '/'), location.href), // files resolve inside
+    text: $('text').value,
+    ids: $('ids').value.trim(),
+    steps: number('steps', (n) => Number.isInteger(n) && n >= 1, 'a whole number >= 1'),
+    temperature: number('temperature', (n) => n >= 0, 'a number >= 0 (0: greedy)'),
+    topK: number('topk', (n) => Number.isInteger(n) && n >= 0, 'a whole number >= 0 (0: all)'),
+    seed: number('seed', Number.isInteger, 'a whole number'),
+  };
+}
+
+// The prompt's ids, and the text it shows as: typed text goes through the export's tokenizer;
+// typed ids (the raw path) are used as they are.
+function promptOf(request, tokenizer, card) {
+  if (request.ids) {
+    const ids = parseIds(request.ids, card);
+    return { ids, shown: tokenizer ? tokenizer.decode(ids) : '' };
+  }
+  if (!tokenizer) {
+    throw new PageError(`${request.folder}: this export has no tokenizer (byte-tokenizer.json ` +
+                        'or tokenizer.json); type token ids instead');
+  }
+  return { ids: tokenizer.encode(request.text), shown: request.text };
+}
+
+// Hand the browser the turn so the new text is painted (a message, not setTimeout, which
+// nested calls stretch to 4 ms).
+const paint = () => new Promise((resolve) => {
+  const channel = new MessageChannel();
+  channel.port1.onmessage = resolve;
+  channel.port2.postMessage(null);
+});
+
+async function generate(request) {
+  setState('loading', 'loading ONNX Runtime Web, the manifest and the tokenizer...');
   await loadOrt();
-  const manifest = await readManifest(folder);
-  const card = manifest.card;
+  const manifest = await readManifest(request.folder);
+  const { card } = manifest;
   const seq2seq = manifest.family === 'encoder-decoder';
-  const ids = parseIds(idsText, card, steps, seq2seq);
+  const tokenizer = await readTokenizer(request.folder, manifest);
+  const { ids, shown } = promptOf(request, tokenizer, card);
+  checkPrompt(ids, card, request.steps, seq2seq);
   const { session, feedsFor, first, graph } = await (seq2seq ? seq2seqSteps : decoderSteps)(
-    folder, manifest, ids);
+    request.folder, manifest, ids);
+
+  // A decoder's text continues the prompt (shown first, as `zoo run --text` prints it); a
+  // translation's does not. Without a tokenizer the raw path shows the ids.
+  $('prompt').textContent = seq2seq ? '' : shown;
+  const stream = tokenizer ? textStream(tokenizer) : { push: (id) => `${id} `, end: () => '' };
+  const run = { tokens: [], stepMs: [] };
+  window.zooRun = run;
+  const random = seeded(request.seed);
 
   // First step: the whole prompt (or the start token), past length 0: cache tensors of shape
   // (1, n_heads, 0, head_dim).
@@ -195,27 +272,37 @@ async function generate(folder, idsText, steps) {
   let past = Object.fromEntries(cache.map(([name]) =>
     [name, new ort.Tensor('float32', new Float32Array(0), [1, card.n_heads, 0, headDim])]));
   let next = first;
-  const times = [];
-  setState('running', `generating ${steps} tokens (${manifest.name})...`);
-  for (let step = 0; step < steps; step++) {
+  setState('running', `generating up to ${request.steps} tokens (${manifest.name})...`);
+  for (let step = 0; step < request.steps; step++) {
     const feeds = { ...feedsFor(next), ...past };
-    const start = performance.now();
+    const start = performance.now(); // around the awaited run: what a token costs
     const outputs = await session.run(feeds);
-    times.push(performance.now() - start);
+    const token = pick(lastRow(outputs.logits), request, random);
+    run.stepMs.push(performance.now() - start);
     past = Object.fromEntries(cache.map(([input, output]) => [input, outputs[output]]));
     if (step === 0 && !seq2seq) showAttention(graph, outputs, ids, card);
-    const token = argmaxLast(outputs.logits);
-    showToken(token, times.at(-1));
+    run.tokens.push(token);
+    $('generated').textContent += stream.push(token);
+    showSpeed(run, seq2seq ? 'source' : 'prompt', ids.length, false);
     if (token === card.eos_token_id) break;
     next = [token];
-    // Yield to the browser so each token is painted as it comes.
-    await new Promise((resolve) => setTimeout(resolve, 0));
+    await paint();
   }
-  const later = times.slice(1);
-  const perToken = later.length ? later.reduce((a, b) => a + b, 0) / later.length : times[0];
-  const what = seq2seq ? `source of ${ids.length}` : `prompt of ${ids.length}`;
-  setState('done', `${times.length} tokens; first step (${what}) ` +
-                   `${times[0].toFixed(1)} ms, then ${perToken.toFixed(2)} ms per token`);
+  $('generated').textContent += stream.end();
+  showSpeed(run, seq2seq ? 'source' : 'prompt', ids.length, true);
+}
+
+// Tokens/s from the measured steps: the first step reads the whole prompt, so it is shown on
+// its own and the rate is that of the steps after it (one new token each).
+function showSpeed(run, what, length, done) {
+  const [first, ...later] = run.stepMs;
+  const laterMs = later.reduce((a, b) => a + b, 0);
+  run.tokensPerSecond = later.length && laterMs > 0 ? (1000 * later.length) / laterMs : null;
+  run.totalMs = first + laterMs;
+  const rate = run.tokensPerSecond === null ? '' : `, then ${run.tokensPerSecond.toFixed(1)} ` +
+    `tokens/s (${(laterMs / later.length).toFixed(2)} ms per token)`;
+  setState(done ? 'done' : 'running', `${run.tokens.length} tokens; first step (${what} of ` +
+           `${length} tokens) ${first.toFixed(1)} ms${rate}`);
 }
 
 // An export made with --attentions also outputs attentions.{i} (1, H, T, T) for the prompt:
@@ -265,15 +352,13 @@ function showError(error) {
 }
 
 async function start() {
-  $('tokens').replaceChildren();
+  for (const id of ['prompt', 'generated', 'attention-title', 'error']) $(id).textContent = '';
   $('attention').replaceChildren();
-  $('attention-title').textContent = '';
   window.zooAttention = null;
-  $('error').textContent = '';
+  window.zooRun = null;
   $('generate').disabled = true;
   try {
-    const folder = $('model').value.replace(/\/*$/, '/'); // a folder: resolve files inside it
-    await generate(new URL(folder, location.href), $('ids').value, Number($('steps').value));
+    await generate(readForm());
   } catch (error) {
     showError(error);
   } finally {
@@ -290,8 +375,16 @@ $('form').addEventListener('submit', (event) => {
   start();
 });
 
+// For the golden tests (check-page.mjs --golden): the page's tokenizer, read from the folder
+// in the form, encodes texts and decodes id lists. The folder may hold only tokenizer files.
+window.zooGolden = async (input) => {
+  const tokenizer = await readTokenizer(readForm().folder, { files: {} });
+  return tokenizer && { kind: tokenizer.kind, ...golden(tokenizer, input) };
+};
+
+// URL parameters fill the form (?model=...&text=...&run=1 starts at once).
 const params = new URLSearchParams(location.search);
-for (const field of ['model', 'ids', 'steps']) {
+for (const field of ['model', 'text', 'ids', 'steps', 'temperature', 'topk', 'seed']) {
   if (params.has(field)) $(field).value = params.get(field);
 }
 if (params.get('run') === '1') start();

@@ -40,6 +40,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """ZOO_EXPORT_LOG=FILE: append one line per torch.onnx.export (seconds, test) to FILE. A
+    tiny card's trace takes seconds (torch.export's symbolic shapes) and dominates the suite's
+    time, so this is how to see which tests pay for exports."""
+    import os
+
+    log = os.environ.get("ZOO_EXPORT_LOG")
+    if not log:
+        return
+    import time
+
+    import torch.onnx
+
+    traced = torch.onnx.export
+
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return traced(*args, **kwargs)
+        finally:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+            with open(log, "a", encoding="utf-8") as file:
+                file.write(f"{time.perf_counter() - start:.1f}\t{test}\n")
+
+    torch.onnx.export = logged
+
+
 def card(name: str, **overrides: object) -> Card:
     return CATALOG.get(name, overrides or None)
 

@@ -266,20 +266,18 @@ def test_altered_weights_fail_the_parity_check(exported: dict[str, Path],
 
 
 def test_zoo_export_and_parity_cli(tmp_path: Path) -> None:
+    """A built folder through `zoo export` (a card name through it: tests/test_embeddings.py)."""
     runner = CliRunner()
-    out = tmp_path / "gpt"
-    result = runner.invoke(main, ["export", "gpt-tiny", "--onnx", "-o", str(out)])
+    built, out = tmp_path / "built", tmp_path / "bert"
+    assert runner.invoke(main, ["build", "bert-tiny", "-o", str(built)]).exit_code == 0
+    result = runner.invoke(main, ["export", str(built), "--onnx", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert "parity: PASSED" in result.stdout
-    again = runner.invoke(main, ["export", "gpt-tiny", "--onnx", "-o", str(out)])
+    assert json.loads((out / MANIFEST).read_text())["name"] == "bert-tiny"
+    again = runner.invoke(main, ["export", str(built), "--onnx", "-o", str(out)])
     assert again.exit_code == 2 and "already exists" in again.stderr
     result = runner.invoke(main, ["parity", str(out)])
     assert result.exit_code == 0 and "parity: PASSED" in result.stdout
-    built = tmp_path / "built"
-    assert runner.invoke(main, ["build", "bert-tiny", "-o", str(built)]).exit_code == 0
-    result = runner.invoke(main, ["export", str(built), "--onnx", "-o", str(tmp_path / "b")])
-    assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "b" / MANIFEST).read_text())["name"] == "bert-tiny"
 
 
 def test_zoo_run_prints_ids_and_encoder_predictions(exported: dict[str, Path]) -> None:

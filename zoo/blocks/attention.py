@@ -21,22 +21,29 @@ KeyValue = tuple[torch.Tensor, torch.Tensor]
 
 def build_mask(
     key_padding: torch.Tensor | None, query_length: int, key_length: int, causal: bool,
-    device: torch.device | None = None,
+    device: torch.device | None = None, dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor | None:
-    """Boolean mask (B|1, 1, T, S), True where a query may attend a key.
+    """Additive mask (B|1, 1, T, S): 0 where a query may attend a key, the dtype's lowest
+    value where it may not. Built once per forward and added to every layer's scores: one Add
+    per layer in the graph, where a boolean mask cost a Where (select) per layer.
 
     `key_padding` is (B, S) with 1 for real tokens. With `causal`, the T queries are the last T of
     the S positions (the first S - T are the cache), so query i sees keys j <= S - T + i.
+    A large finite value, not -inf: a row with every key masked (a padding query) becomes
+    uniform instead of NaN.
     """
-    mask = None
+    allowed = None
     if causal:
         query_positions = torch.arange(query_length, device=device) + (key_length - query_length)
         key_positions = torch.arange(key_length, device=device)
-        mask = (key_positions[None, :] <= query_positions[:, None])[None, None]  # (1, 1, T, S)
+        allowed = (key_positions[None, :] <= query_positions[:, None])[None, None]  # (1,1,T,S)
     if key_padding is not None:
         padding = key_padding.bool()[:, None, None, :]  # (B, 1, 1, S)
-        mask = padding if mask is None else mask & padding
-    return mask
+        allowed = padding if allowed is None else allowed & padding
+    if allowed is None:
+        return None
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return zero.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 def padded_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -64,8 +71,12 @@ class AttentionCore(Protocol):
 
 
 class DotProductCore:
-    """softmax(Q K^T / sqrt(head_dim)) V, with the cache appended by concatenation. Given a
-    `record` list, it also appends each call's probabilities (B, nh, T, S) to it."""
+    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation.
+    Given a `record` list, it also appends each call's probabilities (B, nh, T, S) to it.
+
+    The scale multiplies Q, which feeds the MatMul directly: ONNX Runtime folds a scalar Mul on
+    a MatMul input into the kernel (FusedMatMul's alpha) when it loads the graph, so it costs
+    nothing, where a Div of the (B, nh, T, S) scores stayed a kernel of its own."""
 
     def __init__(self, record: list[torch.Tensor] | None = None) -> None:
         self.record = record
@@ -74,7 +85,7 @@ class DotProductCore:
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
-        query = a.split_heads(a.query(x))
+        query = a.split_heads(a.query(x)) * (1.0 / math.sqrt(a.head_dim))
         if source is None:  # cross-attention: the source's keys and values, projected once
             assert past is not None
             key, value = past
@@ -85,11 +96,9 @@ class DotProductCore:
             if past is not None:
                 key = torch.cat([past[0], key], dim=2)
                 value = torch.cat([past[1], value], dim=2)
-        scores = query @ key.transpose(-2, -1) / math.sqrt(a.head_dim)  # (B, nh, T, S)
+        scores = query @ key.transpose(-2, -1)  # (B, nh, T, S)
         if mask is not None:
-            # A large finite value, not -inf: a row with every key masked (a padding query)
-            # becomes uniform instead of NaN.
-            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            scores = scores + mask
         probabilities = scores.softmax(dim=-1)
         if self.record is not None:
             self.record.append(probabilities)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from registry.errors import ZooError
+from zoo.blocks.feedforward import gelu_erf
 
 
 @dataclass
@@ -57,7 +58,7 @@ class MLMHead(nn.Module):
         self.output = LMHead(d_model, vocab_size, tied, bias=True)
 
     def forward(self, x: torch.Tensor, inputs: HeadInputs) -> torch.Tensor:
-        return self.output(self.norm(F.gelu(self.transform(x))), inputs.token_embedding)
+        return self.output(self.norm(gelu_erf(self.transform(x))), inputs.token_embedding)
 
 
 class Pooler(nn.Module):

@@ -56,9 +56,9 @@ class Decoder(nn.Module):
         past_length = past_key_values[0][0].shape[2] if past_key_values else 0
         if position_ids is None:
             position_ids = padded_positions(input_ids, None, past_length)
-        mask = build_mask(attention_mask, length, past_length + length, causal=True,
-                              device=input_ids.device)
         x = self.embeddings(input_ids, position_ids)
+        mask = build_mask(attention_mask, length, past_length + length, causal=True,
+                          device=input_ids.device, dtype=x.dtype)  # once, added in every layer
         rotary = self.embeddings.position.rotary(position_ids)
         presents = []
         for index, layer in enumerate(self.layers):

@@ -48,7 +48,7 @@ class EncoderDecoder(nn.Module):
         position_ids = padded_positions(input_ids, attention_mask)
         x = self.source_embeddings(input_ids, position_ids)
         rotary = self.source_embeddings.position.rotary(position_ids)
-        mask = build_mask(attention_mask, length, length, causal=False)
+        mask = build_mask(attention_mask, length, length, causal=False, dtype=x.dtype)
         for layer in self.encoder_layers:
             x, _ = layer(x, mask, rotary=rotary)
         return self.encoder_norm(x) if self.encoder_norm is not None else x
@@ -75,8 +75,9 @@ class EncoderDecoder(nn.Module):
         x = embeddings(input_ids, position_ids)
         rotary = embeddings.position.rotary(position_ids)
         self_mask = build_mask(None, length, past_length + length, causal=True,
-                                   device=input_ids.device)
-        cross_mask = build_mask(memory_mask, length, cross[0][0].shape[2], causal=False)
+                               device=input_ids.device, dtype=x.dtype)
+        cross_mask = build_mask(memory_mask, length, cross[0][0].shape[2], causal=False,
+                                dtype=x.dtype)
         presents = []
         for index, layer in enumerate(self.decoder_layers):
             past = past_key_values[index] if past_key_values else None

@@ -17,8 +17,9 @@ def run_sequence(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     tokens, so left and right padding give each row's unpadded result."""
     length = input_ids.shape[1]
     position_ids = padded_positions(input_ids, attention_mask)
-    mask = build_mask(attention_mask, length, length, causal=causal, device=input_ids.device)
     x = model.embeddings(input_ids, position_ids, token_type_ids)
+    mask = build_mask(attention_mask, length, length, causal=causal, device=input_ids.device,
+                      dtype=x.dtype)  # once per forward, added in every layer
     rotary = model.embeddings.position.rotary(position_ids)
     for layer in model.layers:
         x, _ = layer(x, mask, rotary=rotary)

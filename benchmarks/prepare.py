@@ -1,0 +1,65 @@
+"""The same random weights for every engine: Hugging Face models built from their configs
+(seeded), saved as safetensors, imported by the zoo and exported by both exporters.
+
+Run inside benchmarks/.venv (benchmarks/setup.sh): Optimum needs transformers < 4.58.
+Everything lands under one work folder; an engine's files are made once and reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+SEED = 0
+MODELS = {"bert-base": "fill-mask", "gpt2-small": "text-generation-with-past"}
+
+
+def hf_folder(name: str, work: Path) -> Path:
+    """bert-base-uncased's or gpt2's shape, random weights from SEED, as a local HF folder."""
+    from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+
+    folder = work / f"hf-{name}"
+    if (folder / "model.safetensors").exists():
+        return folder
+    torch.manual_seed(SEED)
+    if name == "bert-base":
+        model = BertForMaskedLM(BertConfig())  # bert-base-uncased: 12 x 768, vocab 30522
+    else:
+        model = GPT2LMHeadModel(GPT2Config())  # gpt2: 12 x 768, vocab 50257
+    model.eval().save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def zoo_export(name: str, work: Path, optimize: bool) -> Path:
+    """`zoo import` of the HF folder, then `zoo export` (parity-checked against PyTorch)."""
+    from export.pipeline import export_and_verify
+    from zoo.files.importers import import_checkpoint
+    from zoo.files.sources import load_source
+
+    built = work / f"zoo-{name}"
+    if not (built / "model.safetensors").exists():
+        import_checkpoint(hf_folder(name, work), built, force=True)
+    out = work / f"zoo-{name}-{'optimize' if optimize else 'default'}"
+    if not (out / "manifest.json").exists():
+        model, card = load_source(str(built), (), SEED, None)
+        export_and_verify(model, card, out, force=True, source_folder=built, optimize=optimize)
+    return out
+
+
+def optimum_export(name: str, work: Path) -> Path:
+    """Optimum's exporter with its defaults, as a new user runs `optimum-cli export onnx`."""
+    from optimum.exporters.onnx import main_export
+
+    out = work / f"optimum-{name}"
+    if not (out / "model.onnx").exists():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            logging.disable(logging.WARNING)
+            main_export(str(hf_folder(name, work)), out, task=MODELS[name])
+            logging.disable(logging.NOTSET)
+    return out

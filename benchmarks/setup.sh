@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Makes benchmarks/.venv: the peers' stack (Optimum's exporter, ONNX Runtime GenAI) beside the
+# zoo. Its own environment because optimum-onnx wants an older transformers than the tests do;
+# none of this is in the project's test extra.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+venv="$here/.venv"
+python="${PYTHON:-python3}"
+
+"$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install --quiet)
+"${pip[@]}" --upgrade pip
+# torch pinned: a bare requirement pulls the multi-GB CUDA build.
+"${pip[@]}" "torch==2.13.0" \
+    "transformers<4.58" "huggingface-hub<1.0" "optimum-onnx" \
+    "onnxruntime==1.31.1" "onnxruntime-genai" \
+    onnx onnxscript safetensors pyyaml numpy tokenizers click
+# The zoo itself, from this checkout, without its dependency list (torch, onnxruntime-gpu).
+"${pip[@]}" --no-deps -e "$root"
+"$venv/bin/python" - <<'PY'
+import importlib.metadata as md
+for name in ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai"):
+    print(f"{name}=={md.version(name)}")
+PY

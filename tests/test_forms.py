@@ -1,0 +1,110 @@
+"""Graphs fast by construction (issue #14): what a plain ONNX Runtime session makes of an
+export, and the PyTorch forms behind it, each against a reference written independently.
+
+The session's own optimized graph (SessionOptions.optimized_model_filepath, default options
+otherwise) is read back: that is what an embedder runs. Speed itself is benchmarked, not
+tested (benchmarks/peers.py, BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+
+from export.onnx.forms import residual_sums
+from tests.conftest import card
+from zoo.blocks.attention import Attention, build_mask
+from zoo.blocks.feedforward import GeluFeedForward
+
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
+
+def test_gelu_block_equals_torch_exact_gelu() -> None:
+    torch.manual_seed(0)
+    block = GeluFeedForward(8, 16, dropout=0.0, bias=True).eval()
+    x = torch.randn(2, 5, 8) * 3
+    hidden = x @ block.up.weight.T + block.up.bias
+    expected = torch.nn.GELU()(hidden) @ block.down.weight.T + block.down.bias  # erf GELU
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_additive_mask_attention_equals_torch_sdpa_with_a_boolean_mask() -> None:
+    """Causal and left padding, past of 2: torch's scaled_dot_product_attention is the
+    reference; padded query rows (every key masked) are not compared."""
+    torch.manual_seed(0)
+    attention = Attention(16, 4, dropout=0.0, bias=True).eval()
+    x, past = torch.randn(2, 3, 16), (torch.randn(2, 4, 2, 4), torch.randn(2, 4, 2, 4))
+    padding = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    mask = build_mask(padding, 3, 5, causal=True)
+    with torch.no_grad():
+        out, _ = attention(x, mask=mask, past=past)
+        q = attention.split_heads(attention.query(x))
+        k = torch.cat([past[0], attention.split_heads(attention.key(x))], dim=2)
+        v = torch.cat([past[1], attention.split_heads(attention.value(x))], dim=2)
+        allowed = torch.ones(3, 5).tril(diagonal=2).bool()[None, None] & padding.bool()[
+            :, None, None, :]
+        merged = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        expected = attention.out(merged.transpose(1, 2).reshape(2, 3, 16))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    assert mask.dtype == torch.float32 and set(mask.unique().tolist()) == {
+        0.0, torch.finfo(torch.float32).min}
+
+
+def test_residual_sums_turn_only_the_add_that_feeds_a_norm() -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    bias = numpy_helper.from_array(np.ones(4, np.float32), "bias")
+    nodes = [helper.make_node("Add", ["x", "bias"], ["biased"]),  # a bias add: stays
+             helper.make_node("Add", ["biased", "y"], ["summed"]),  # the residual: Sum
+             helper.make_node("LayerNormalization", ["summed", "bias"], ["out"])]
+    value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 4])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [value("x"), value("y")],
+                                                [value("out")], [bias]))
+    assert residual_sums(model) == 1
+    assert [node.op_type for node in model.graph.node] == ["Add", "Sum", "LayerNormalization"]
+
+
+def _session_graph(path: Path, tmp_path: Path) -> Counter:
+    """Operator counts of the graph a default CPU session runs."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "session.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt-tiny"])
+def test_a_default_session_runs_the_fast_forms(name: str, shared_export, tmp_path: Path) -> None:
+    """No SkipLayerNormalization (its CPU kernel is the slow one), no per-layer Where or Div:
+    the mask is built once and the scale rides in the attention MatMul; BERT's GELU runs as
+    BiasGelu."""
+    folder, _ = shared_export(name)
+    ops = _session_graph(folder / "model.onnx", tmp_path)
+    layers = card(name)["n_layers"]
+    assert ops["SkipLayerNormalization"] == 0
+    assert ops["Sum"] >= layers
+    assert ops["Where"] <= 1 and ops["Div"] <= 1
+    assert ops["FusedMatMul"] == layers  # Q K^T with the scale as its alpha
+    if card(name)["activation"] == "gelu":  # every layer's, and the MLM head's transform
+        assert ops["BiasGelu"] == layers + 1 and ops["Erf"] == 0
+
+
+def test_scale_and_mask_are_one_multiply_and_one_add_per_layer() -> None:
+    """The scale is 1/sqrt(head_dim) on Q (the reference: the paper's formula, spelled out)."""
+    torch.manual_seed(1)
+    attention = Attention(16, 2, dropout=0.0, bias=False).eval()
+    x = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        out, _ = attention(x)
+        q, k, v = (attention.split_heads(layer(x)) for layer in
+                   (attention.query, attention.key, attention.value))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
+        expected = attention.out((weights @ v).transpose(1, 2).reshape(1, 3, 16))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)

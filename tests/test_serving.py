@@ -31,6 +31,7 @@ from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH
 from export.serving.genai_tokenizer import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
 from registry import open_catalog
+from tests.conftest import SharedExport
 from zoo.build import build_model
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
@@ -43,7 +44,9 @@ tritonclient = pytest.importorskip("tritonclient")
 transformers = pytest.importorskip("transformers")
 
 NEW_TOKENS = 24
-ONE_LAYER = {"n_layers": 1}  # the Triton configs need each family's graphs, not depth
+# The encoder and encoder-decoder exports are the session's shared ones, so this file runs in
+# the worker that holds them (tests/conftest.py: shared_export).
+pytestmark = pytest.mark.xdist_group("shared-exports")
 
 
 def model_config_schema() -> ModuleType:
@@ -57,18 +60,18 @@ def model_config_schema() -> ModuleType:
     return module
 
 
-def export_folder(source: Path | str, out: Path, optimize: bool = False,
-                  overrides: dict[str, int] | None = None) -> Path:
+def export_folder(source: Path, out: Path, optimize: bool = False) -> Path:
     """An export without the parity grid (tests/test_export.py proves that): the reference
     here is the zoo's own generate() on the same files."""
-    model, card = load_source(str(source), overrides=overrides)
-    extra = tokenizer_files(Path(source)) if Path(source).is_dir() else []
+    model, card = load_source(str(source))
+    extra = tokenizer_files(source)
     export_onnx(model, card, out, extra_files=extra, variant=Variant(optimize=optimize))
     return out
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport
+            ) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("serving")
     card = open_catalog().get("gpt-tiny")
     trained = root / "gpt-tiny-trained"
@@ -81,9 +84,8 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "gpt-tiny": export_folder(trained, root / "gpt-tiny-onnx"),
         "gpt-tiny-optimized": export_folder(trained, root / "gpt-tiny-opt", optimize=True),
         "gpt2": export_folder(gpt2, root / "gpt2-onnx"),
-        "bert-tiny": export_folder("bert-tiny", root / "bert-onnx", overrides=ONE_LAYER),
-        "transformer-tiny": export_folder("transformer-tiny", root / "t5-onnx",
-                                          overrides=ONE_LAYER),
+        "bert-tiny": shared_export("bert-tiny")[0],  # only read: Triton configs of each
+        "transformer-tiny": shared_export("transformer-tiny")[0],  # family's graphs
     }
 
 

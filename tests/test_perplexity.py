@@ -48,7 +48,7 @@ def ids() -> list[int]:
     return random_ids(card("gpt-tiny"), 1, TOKENS, seed=3)[0].tolist()
 
 
-@pytest.mark.parametrize("window", [None, 50])
+@pytest.mark.parametrize("window", [None, 70])  # both leave a short last window
 def test_ort_perplexity_matches_torch_cross_entropy(shared_export, ids: list[int],
                                                     window: int | None) -> None:
     folder, _ = shared_export("gpt-tiny")

@@ -512,20 +512,55 @@ def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force:
                    "--task classify).")
 @click.option("--task", type=click.Choice(["reverse"]),
               help="An encoder-decoder: reverse = held-out runs of the shipped text's words.")
+@click.option("--text", "text_file", type=click.Path(dir_okay=False),
+              help="A decoder: perplexity on this UTF-8 text (use text it did not train on).")
+@click.option("--window", type=int, help="--text: tokens per window [max_positions].")
 @click.option("--count", default=200, show_default=True, help="--task: held-out inputs.")
 @click.option("--beams", default=1, show_default=True, help="--task: beam search width.")
 @click.option("--provider", type=PROVIDER, default="cpu", show_default=True)
-def evaluate_command(folder: str, data: str | None, task: str | None, count: int, beams: int,
-                     provider: str) -> None:
+def evaluate_command(folder: str, data: str | None, task: str | None, text_file: str | None,
+                     window: int | None, count: int, beams: int, provider: str) -> None:
     """Score an export OUT with ONNX Runtime: a classifier on labelled rows (--data), with the
-    rows where its prediction equals PyTorch's; or an encoder-decoder's exact-match accuracy on
-    held-out inputs (--task reverse)."""
-    if (data is None) == (task is None):
-        raise ZooError("give --data FILE (a classifier) or --task reverse (an encoder-decoder)")
+    rows where its prediction equals PyTorch's; an encoder-decoder's exact-match accuracy on
+    held-out inputs (--task reverse); or a decoder's perplexity on a text (--text)."""
+    if sum(option is not None for option in (data, task, text_file)) != 1:
+        raise ZooError("give one of --data FILE (a classifier), --task reverse (an "
+                       "encoder-decoder) or --text FILE (a decoder)")
     if data is not None:
         evaluate_classifier(folder, data, provider)
+    elif text_file is not None:
+        evaluate_text(folder, text_file, window, provider)
     else:
         evaluate_task(folder, task, count, beams, provider)
+
+
+def evaluate_text(folder: str, text_file: str, window: int | None, provider: str) -> None:
+    from export.checks.perplexity import score_text
+    from export.families import family_of
+    from export.runtime.sessions import Runtime
+    from zoo.files.tokenizer import load_tokenizer
+    from zoo.training.data import read_text_tokens
+
+    runtime = Runtime(Path(folder), provider)
+    family = family_of(runtime.card)
+    if not (family.generates and family.continues_prompt):
+        raise ZooError(f"{folder}: a {runtime.card.family} export; --text scores a decoder's "
+                       "next-token predictions")
+    tokenizer = load_tokenizer(Path(folder))
+    if tokenizer is None:
+        raise ZooError(f"{folder}: this export has no tokenizer to read the text with")
+    ids = read_text_tokens(Path(text_file), tokenizer, 1).tolist()
+
+    shown = [-1]
+
+    def progress(done: int, total: int) -> None:  # about ten lines, whatever the length
+        if 10 * done // total > shown[0]:
+            shown[0] = 10 * done // total
+            click.echo(f"perplexity: {done}/{total} windows", err=True)
+
+    result = score_text(runtime, ids, window, progress)
+    click.echo(f"{text_file}: perplexity {result.perplexity:.3f} ({result.nats_per_token:.4f} "
+               f"nats/token, {result.predictions} predictions; ONNX Runtime)")
 
 
 def evaluate_classifier(folder: str, data: str, provider: str) -> None:

@@ -1,0 +1,73 @@
+"""Quantization on the demo's trained classifier (issue #14): accuracy, macro-F1, predictions
+that match the fp32 export, and sentence-embedding cosine to fp32, for each export given:
+
+    make demo-classify                     # out/demo-classify/classifier and data/eval.jsonl
+    C=out/demo-classify
+    zoo export $C/classifier --onnx --quantize int8 -o $C/int8
+    zoo export $C/classifier --onnx --quantize int4 -o $C/int4
+    PYTHONPATH=. .venv/bin/python benchmarks/quantized_classifier.py \
+        --data $C/data/eval.jsonl $C/onnx $C/int8 $C/int4
+
+The first export is the reference (fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from export.runtime.classify import run_sequences  # noqa: E402
+from export.runtime.sessions import Runtime  # noqa: E402
+from zoo.files.tokenizer import load_tokenizer  # noqa: E402
+from zoo.training.labelled import label_ids, read_rows  # noqa: E402
+from zoo.training.scores import scores  # noqa: E402
+
+BATCH = 16
+
+
+def outputs(folder: Path, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sentence embeddings and predicted labels of every prompt, through ONNX Runtime."""
+    runtime = Runtime(folder)
+    parts = [run_sequences(runtime, prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)]
+    embeddings = np.concatenate([part.embeddings for part in parts]).astype(np.float64)
+    labels = np.concatenate([part.probabilities.argmax(-1) for part in parts])
+    return embeddings, labels
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="labelled rows (JSONL/CSV)")
+    parser.add_argument("exports", type=Path, nargs="+", help="fp32 export first")
+    args = parser.parse_args()
+    reference = Runtime(args.exports[0]).card
+    tokenizer = load_tokenizer(args.exports[0])
+    if tokenizer is None or not reference["num_labels"]:
+        print(f"error: {args.exports[0]}: not a classifier export with a tokenizer",
+              file=sys.stderr)
+        return 2
+    rows = read_rows(args.data)
+    truth = label_ids(rows, reference["labels"], reference["num_labels"])
+    limit = reference["max_positions"]
+    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
+    names = reference["labels"] or [str(i) for i in range(reference["num_labels"])]
+    base_vectors, base_labels = outputs(args.exports[0], prompts)
+    print("| export | accuracy | macro-F1 | same label as fp32 | embedding cosine to fp32: "
+          "mean / min |\n| --- | --- | --- | --- | --- |")
+    for folder in args.exports:
+        vectors, labels = outputs(folder, prompts)
+        result = scores(truth, labels.tolist(), names)
+        cosine = (vectors * base_vectors).sum(1) / (np.linalg.norm(vectors, axis=1)
+                                                    * np.linalg.norm(base_vectors, axis=1))
+        print(f"| {folder} | {result['accuracy']:.3f} | {result['macro_f1']:.3f} | "
+              f"{int((labels == base_labels).sum())}/{len(labels)} | "
+              f"{cosine.mean():.6f} / {cosine.min():.6f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,6 +22,9 @@ from tests.conftest import card, random_ids
 from zoo.build import build_model
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
+# Reads the session's shared gpt-tiny export, in the worker that holds it.
+pytestmark = pytest.mark.xdist_group("shared-exports")
+
 TOKENS = 300  # windows of 128, 128 and 44 on gpt-tiny: the short last window is covered
 
 

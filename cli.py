@@ -7,6 +7,7 @@ need it, so `zoo list` and `zoo show` answer at once.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -348,7 +349,14 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
     ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int64)
     mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
-    tokens = generate(runtime, ids, mask, max_new_tokens, sampling, runtime.card["eos_token_id"])
+    eos = runtime.card["eos_token_id"]
+    start = time.perf_counter()
+    tokens = generate(runtime, ids, mask, max_new_tokens, sampling, eos)
+    if len(prompts) > 1:  # a batch of users: what they got per second, together
+        made = sum(list(row).index(eos) + 1 if eos in row else len(row) for row in tokens.tolist())
+        seconds = time.perf_counter() - start
+        click.echo(f"{len(prompts)} prompts: {made} new tokens (each up to its eos) in "
+                   f"{seconds:.2f} s, {made / seconds:.1f} tokens/s aggregate", err=True)
     continues = family_of(runtime.card).continues_prompt  # a translation does not
     for index, row in enumerate(tokens):
         if texts:

@@ -42,9 +42,11 @@ Run = Callable[[], object]
 PACKAGES = ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai")
 
 
-def interleaved(runs: dict[str, Run], rounds: int) -> dict[str, dict[str, float]]:
-    """Median, p10 and p90 seconds per engine, after one warm-up run each."""
-    for run in runs.values():
+def interleaved(runs: dict[str, Run], rounds: int,
+                warm_up: bool = True) -> dict[str, dict[str, float]]:
+    """Median, p10 and p90 seconds per engine, after one warm-up run each (unless the caller
+    has just run each, e.g. to check its output)."""
+    for run in runs.values() if warm_up else ():
         run()
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -287,6 +288,8 @@ def test_zoo_run_prints_ids_and_encoder_predictions(exported: dict[str, Path]) -
     assert result.exit_code == 0, result.output
     rows = [line.split(",") for line in result.stdout.strip().splitlines()]
     assert len(rows) == 2 and all(len(row) == 6 for row in rows)
+    assert re.search(r"^2 prompts: ([1-9]|1[0-2]) new tokens .* tokens/s aggregate$", result.stderr,
+                     re.M), result.stderr
     mask = card("bert-tiny")["mask_token_id"]
     result = runner.invoke(main, ["run", str(exported["bert-tiny"]), "--ids", f"1,2,{mask},4"])
     assert result.exit_code == 0, result.output

@@ -163,3 +163,72 @@ def test_narrow_beams_lie_between_greedy_and_the_optimum_and_rows_are_independen
         beam = sequence_score(prompt, tuple(narrow[row].tolist()), EOS)
         assert sequence_score(prompt, tuple(greedy[row].tolist()), EOS) <= beam + 1e-9
         assert beam <= best + 1e-9
+
+
+class CountingSession(PrefixSession):
+    """PrefixSession that records how many rows each step is fed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step_rows: list[int] = []
+
+    def step(self, token: np.ndarray) -> np.ndarray:
+        self.step_rows.append(len(token))
+        return super().step(token)
+
+
+def fed_every_step(ids: np.ndarray, length: int, sampling: Sampling, eos: int) -> np.ndarray:
+    """The reference: every row is fed every step, finished or not, and each row draws with
+    Generator.choice in row order (the loop before finished rows left the batch)."""
+    rng, session = np.random.default_rng(sampling.seed), PrefixSession()
+    logits, done, tokens = session.prefill(ids, None), np.zeros(len(ids), bool), []
+    for _ in range(length):
+        if sampling.temperature == 0:
+            picked = logits.argmax(axis=-1)
+        else:
+            probs = np.exp(log_softmax(logits / sampling.temperature))
+            picked = np.array([rng.choice(VOCAB, p=row / row.sum()) for row in probs])
+        token = np.where(done, eos, picked)
+        done |= token == eos
+        tokens.append(token)
+        logits = session.step(token)
+    return np.stack(tokens, axis=1)
+
+
+PROMPTS = np.array([[1, 2, 3], [2, 2, 4], [3, 1, 0], [4, 4, 4], [0, 1, 2], [1, 1, 1]])
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.5, seed=4)])
+def test_finished_rows_leave_the_batch_and_tokens_do_not_change(sampling: Sampling) -> None:
+    length = 12
+    expected = fed_every_step(PROMPTS, length, sampling, EOS)
+    session = CountingSession()
+    got = decode(session, PROMPTS, None, length, sampling, EOS)
+    np.testing.assert_array_equal(got, expected)
+    finished_at = [list(row).index(EOS) if EOS in row else length for row in expected.tolist()]
+    assert min(finished_at) < length - 1, "no row finished early: the case tests nothing"
+    # Step s (feeding token s) runs only the rows whose eos, if any, comes after token s.
+    live = [sum(end > s for end in finished_at) for s in range(length - 1)]
+    assert session.step_rows == [n for n in live if n > 0]
+    if sampling.temperature == 0:  # greedy: each row is what it is alone
+        for row, prompt in enumerate(PROMPTS):
+            np.testing.assert_array_equal(
+                decode(PrefixSession(), prompt[None], None, length, sampling, EOS)[0], got[row])
+
+
+def test_a_rows_samples_do_not_depend_on_when_other_rows_finish() -> None:
+    """Row 0 finishing at once (its logits make eos certain) leaves the other rows' draws."""
+    sampling, length = Sampling(temperature=1.5, seed=9), 10
+
+    class EosFirstRow(PrefixSession):
+        def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+            logits = super().prefill(ids, mask)
+            if ids[0].tolist() == [5, 5, 5]:
+                logits[0] = np.where(np.arange(VOCAB) == EOS, 50.0, -50.0)
+            return logits
+
+    plain = decode(EosFirstRow(), PROMPTS, None, length, sampling, EOS)
+    early = decode(EosFirstRow(), np.vstack([[5, 5, 5], PROMPTS[1:]]), None, length, sampling,
+                   EOS)
+    assert (early[0] == EOS).all() and not (plain[0] == EOS).all()
+    np.testing.assert_array_equal(early[1:], plain[1:])

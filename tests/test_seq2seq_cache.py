@@ -144,3 +144,19 @@ def test_padded_batch_rows_equal_each_source_alone(export) -> None:
         for row, source in enumerate(SOURCES):
             alone = generate(runtime, np.array([source]), None, 10, sampling)
             np.testing.assert_array_equal(batched[row], alone[0])
+
+
+def test_sources_that_end_leave_the_batch_with_their_cross_cache(export) -> None:
+    """An eos that ends some rows early (random weights: a token greedy reaches) makes the
+    session drop those rows, cross cache and source mask included; each row is still what
+    its source gives alone."""
+    folder, _ = export
+    runtime = Runtime(folder)
+    ids, mask = right_padded(SOURCES, card(NAME, **UNTIED)["pad_token_id"])
+    free = generate(runtime, ids, mask, 10).tolist()
+    eos = next(t for t in free[0][:5] if any(t not in row for row in free[1:]))
+    batched = generate(runtime, ids, mask, 10, eos=eos)
+    assert (batched[0, -1] == eos) and any(eos not in row for row in batched.tolist())
+    for row, source in enumerate(SOURCES):
+        alone = generate(runtime, np.array([source]), None, 10, eos=eos)
+        np.testing.assert_array_equal(batched[row], alone[0])

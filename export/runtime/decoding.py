@@ -4,8 +4,9 @@ Runtime): they hold the cache and masks between steps.
 `prefill` runs the prompt (or, for the encoder-decoder, encodes the source and feeds the start
 token) and returns the next-token logits; `step` feeds one token per row; `expand` repeats
 each row `beams` times and `reorder` keeps or duplicates rows within those groups (beam
-search). Prompts in a batch are left-padded: position ids count real tokens only, so a padded
-row computes exactly what it would alone.
+search), or keeps a subset of the rows (finished rows leave the batch). Prompts in a batch
+are left-padded: position ids count real tokens only, so a padded row computes exactly what it
+would alone.
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ class Seq2SeqSession:
         self.source_mask = self.source_mask[rows]
 
     def reorder(self, rows: np.ndarray) -> None:
-        """Only the self cache moves: the beams of one source share its cross cache, and
-        beam search picks rows within a source's beams."""
+        """Beam search picks rows within a source's beams, which share its cross cache: only
+        the self cache moves. Fewer rows: finished sources leave (no beams), cross cache too."""
         self.past = [p[rows] for p in self.past]
+        if len(rows) < len(self.source_mask):
+            self.cross = {name: value[rows] for name, value in self.cross.items()}
+            self.source_mask = self.source_mask[rows]

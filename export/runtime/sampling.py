@@ -38,7 +38,8 @@ def check_new_tokens(new_tokens: int) -> None:
         raise ZooError(f"--max-new-tokens {new_tokens}: should be >= 1")
 
 
-def _pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> np.ndarray:
+def _pick(logits: np.ndarray, sampling: Sampling, uniforms: np.ndarray) -> np.ndarray:
+    """One token per row; `uniforms` holds each row's draw in [0, 1) (unused when greedy)."""
     if sampling.temperature == 0:
         return logits.argmax(axis=-1)
     scaled = logits.astype(np.float64) / sampling.temperature
@@ -54,32 +55,53 @@ def _pick(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> n
         outside = np.cumsum(sorted_probs, axis=-1) - sorted_probs >= sampling.top_p
         np.put_along_axis(probs, order, np.where(outside, 0.0, sorted_probs), axis=-1)
         probs /= probs.sum(axis=-1, keepdims=True)
-    return np.array([rng.choice(len(row), p=row) for row in probs])
+    # Inverse CDF, exactly as Generator.choice(p=row) turns its one random() into a token.
+    cdf = np.cumsum(probs, axis=-1)
+    cdf /= cdf[:, -1:]
+    return np.array([row.searchsorted(u, side="right") for row, u in zip(cdf, uniforms,
+                                                                          strict=True)])
+
+
+def _compaction(keep: np.ndarray) -> np.ndarray:
+    """The rows to keep, in an order that moves fewest: each dropped row's slot below the new
+    batch size is refilled from a kept row above it (the shared cache copies only those)."""
+    kept = np.flatnonzero(keep)
+    rows = np.arange(len(kept))
+    holes = np.flatnonzero(~keep[: len(kept)])
+    rows[holes] = kept[kept >= len(kept)]
+    return rows
 
 
 def decode(session: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
            sampling: Sampling, eos: int | None) -> np.ndarray:
     """New tokens (B, new_tokens) from an open session; rows that reach `eos` are padded with
-    it afterwards."""
+    it afterwards and leave the batch (`session.reorder` to the live rows), so later steps
+    cost only the rows still generating.
+
+    Sampling draws one uniform per prompt per step for every prompt, finished or not (as the
+    loop did when it still fed finished rows): a row's draws, hence its tokens, never depend
+    on when the other rows finish."""
     if sampling.beams > 1:
         return _beam_search(session, ids, mask, new_tokens, sampling.beams, eos)
     rng = np.random.default_rng(sampling.seed)
     logits = session.prefill(ids, mask)
-    done = np.zeros(len(ids), bool)
-    tokens = []
+    batch = len(ids)
+    result = np.full((batch, new_tokens), 0 if eos is None else eos, np.int64)
+    live = np.arange(batch)  # live[i]: the prompt that session row i generates
     for index in range(new_tokens):
-        token = np.where(done, eos if eos is not None else 0, _pick(logits, sampling, rng))
-        tokens.append(token)
-        if eos is not None:
-            done |= token == eos
-            if done.all():
+        uniforms = rng.random(batch) if sampling.temperature > 0 else np.zeros(batch)
+        token = _pick(logits, sampling, uniforms[live])
+        result[live, index] = token
+        if index + 1 == new_tokens:
+            break
+        if eos is not None and (token == eos).any():
+            keep = token != eos
+            if not keep.any():
                 break
-        if index + 1 < new_tokens:
-            logits = session.step(token)
-    result = np.stack(tokens, axis=1)
-    if result.shape[1] < new_tokens:  # every row ended early
-        fill = np.full((len(ids), new_tokens - result.shape[1]), eos, np.int64)
-        result = np.concatenate([result, fill], axis=1)
+            rows = _compaction(keep)
+            session.reorder(rows)
+            live, token = live[rows], token[rows]
+        logits = session.step(token)
     return result
 
 

@@ -7,7 +7,8 @@ with the OrtValues bound to the session. A step writes the new token into those 
 nothing is copied or allocated per step except the logits handed back to the caller.
 
 Same interface as decoding.DecoderSession (prefill, step, reorder), so generate() drives it
-unchanged; tests check it picks the same tokens as the plain loop.
+unchanged; rows that finish leave by `reorder` to fewer rows, which binds the first rows of the
+same buffers; tests check it picks the same tokens as the plain loop.
 """
 
 from __future__ import annotations
@@ -28,22 +29,32 @@ class SharedCacheSession:
         self.capacity = min(capacity or card["max_positions"], card["max_positions"])
         self.past_inputs = past_names(card["n_layers"], CACHE_INPUT)
         self.past_outputs = past_names(card["n_layers"], CACHE_OUTPUT)
-        self.batch = 0
+        self.batch = 0  # rows bound now
+        self.held = 0  # rows the buffers hold
 
     def _allocate(self, batch: int) -> None:
-        """Buffers and bindings for `batch` rows; zeroed, so unused slots hold no stale rows."""
-        self.batch = batch
+        """Buffers for `batch` rows; zeroed, so unused slots hold no stale rows."""
+        self.held = batch
         shape = cache_shape(self.card, batch, self.capacity)
         self.buffers = [np.zeros(shape, np.float32) for _ in self.past_inputs]
-        self.logits = np.zeros((batch, self.card["vocab_size"]), np.float32)
-        self.ids = np.zeros((batch, 1), np.int64)
-        self.positions = np.zeros((batch, 1), np.int64)
-        self.seqlens = np.zeros(batch, np.int32)
+        self.full_logits = np.zeros((batch, self.card["vocab_size"]), np.float32)
+        self.full_ids = np.zeros((batch, 1), np.int64)
+        self.full_positions = np.zeros((batch, 1), np.int64)
+        self.full_seqlens = np.zeros(batch, np.int32)
         self.total = np.array(self.capacity, np.int32)  # > 1: marks a decoding step
+        self._bind(batch)
+
+    def _bind(self, batch: int) -> None:
+        """Bind the first `batch` rows of every buffer (contiguous views: no copy), so a batch
+        that shrinks as rows finish runs in the buffers it has."""
+        self.batch = batch
+        self.logits = self.full_logits[:batch]
+        self.ids, self.positions = self.full_ids[:batch], self.full_positions[:batch]
+        self.seqlens = self.full_seqlens[:batch]
         self.lengths = np.zeros(batch, np.int64)  # tokens held per row
         self.binding = self.graph.session.io_binding()
         # Keep the OrtValues alive as long as the binding that refers to them.
-        self.values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.buffers]
+        self.values = [ort.OrtValue.ortvalue_from_numpy(a[:batch]) for a in self.buffers]
         for name_in, name_out, value in zip(self.past_inputs, self.past_outputs, self.values,
                                             strict=True):
             self.binding.bind_ortvalue_input(name_in, value)
@@ -74,8 +85,10 @@ class SharedCacheSession:
         if width > self.capacity:
             raise ZooError(f"prompt of {width} tokens exceeds the cache capacity "
                            f"{self.capacity}")
-        if self.batch != len(ids):
+        if len(ids) > self.held:
             self._allocate(len(ids))
+        elif self.batch != len(ids):
+            self._bind(len(ids))
         compact = np.zeros((len(ids), width), np.int64)
         for row, (tokens, keep) in enumerate(zip(ids, mask, strict=True)):
             compact[row, : lengths[row]] = tokens[keep.astype(bool)]
@@ -102,13 +115,21 @@ class SharedCacheSession:
         return logits
 
     def reorder(self, rows: np.ndarray) -> None:
-        """Beam search: keep/duplicate rows (the batch may grow from B to B * beams)."""
-        kept = [buffer[rows] for buffer in self.buffers]
+        """Keep/duplicate rows: beam search (the batch may grow from B to B * beams), or
+        finished rows leaving (it shrinks). In place when it does not grow: only the rows
+        whose slot changes are copied."""
         lengths = self.lengths[rows]
-        if len(rows) != self.batch:
+        if len(rows) > self.held:
+            kept = [buffer[rows] for buffer in self.buffers]
             self._allocate(len(rows))
-        for buffer, rows_kept in zip(self.buffers, kept, strict=True):
-            buffer[...] = rows_kept
+            for buffer, rows_kept in zip(self.buffers, kept, strict=True):
+                buffer[...] = rows_kept
+        else:
+            moved = np.flatnonzero(rows != np.arange(len(rows)))
+            for buffer in self.buffers:
+                buffer[moved] = buffer[rows[moved]]  # the right side is a copy: no overlap
+            if len(rows) != self.batch:
+                self._bind(len(rows))
         self.lengths[:] = lengths
         self._bind_step_inputs()
 

@@ -18,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -292,6 +293,21 @@ class QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
+@contextmanager
+def serving(root: Path) -> Iterator[str]:
+    """`root` over HTTP at the URL yielded, while the block runs. Port 0: the system picks a
+    free port; the server runs in this process, so it ends with it."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
 @pytest.fixture(scope="module")
 def attention_export(browser_ready: None, shared_export: SharedExport) -> Path:
     return shared_export("gpt-tiny", "attentions")[0]
@@ -311,14 +327,8 @@ def server(browser_ready: None, exported: dict[str, Path], attention_export: Pat
     (root / "empty").mkdir()
     broken = Path(shutil.copytree(with_text["gpt-tiny"], root / "broken"))  # all but one file
     (broken / "model.onnx").unlink()
-    # Port 0: the system picks a free port; the server runs in this process, so it ends with it.
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    with serving(root) as url:
+        yield url
 
 
 def processes_using(path: Path) -> list[str]:

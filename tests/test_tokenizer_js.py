@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
-from functools import partial
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -30,11 +27,11 @@ from tokenizers import (
 from tests.test_node_web import (
     NODE_DIR,
     WEB_DIR,
-    QuietHandler,
     browser_problem,
     node_problem,
     require,
     run_node,
+    serving,
 )
 from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
 from zoo.training.data import SHIPPED_TEXT
@@ -201,13 +198,8 @@ def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
     (root / "web").symlink_to(WEB_DIR)
     for name, folder in folders.items():
         (root / name).symlink_to(folder)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    with serving(root) as url:
+        yield url
 
 
 def test_page_tokenizer_gives_python_ids_and_text(server: str, folders: dict[str, Path],

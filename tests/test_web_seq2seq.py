@@ -4,10 +4,7 @@ tests/test_node_web.py needs, and skips (or fails under ZOO_REQUIRE_NODE_WEB=1) 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from functools import partial
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,12 +13,12 @@ from tests.conftest import SharedExport
 from tests.test_node_web import (
     PROMPTS,
     WEB_DIR,
-    QuietHandler,
     browser_problem,
     engines,
     open_page,
     python_tokens,
     require,
+    serving,
 )
 
 NAME = "transformer-tiny"
@@ -36,13 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport
     root = tmp_path_factory.mktemp("web-seq2seq")
     (root / "t2t").symlink_to(shared_export(NAME)[0])
     (root / "web").symlink_to(WEB_DIR)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(QuietHandler, directory=str(root)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/", root / "t2t"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    with serving(root) as url:
+        yield url, root / "t2t"
 
 
 def test_page_translates_with_the_tokens_python_gives(server: tuple[str, Path],

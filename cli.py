@@ -314,7 +314,7 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
 
     from export.families import family_of
     from export.runtime.encode import encode
-    from export.runtime.generate import generate
+    from export.runtime.generate import generate, left_padded
     from export.runtime.sampling import Sampling
     from export.runtime.sessions import Runtime
     from zoo.files.tokenizer import load_tokenizer
@@ -344,10 +344,7 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
                                  in zip(prediction.tokens, prediction.probabilities, strict=True))
                 click.echo(f"masked position {prediction.position}: {best}")
         return
-    width = max(len(prompt) for prompt in prompts)
-    pad = runtime.card["pad_token_id"]
-    ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int64)
-    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
+    ids, mask = left_padded(prompts, runtime.card["pad_token_id"])
     sampling = Sampling(temperature, top_k, top_p, seed, beams)
     eos = runtime.card["eos_token_id"]
     start = time.perf_counter()

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 from peers import Run, interleaved, machine  # noqa: E402
 from prepare import hf_folder, zoo_export  # noqa: E402
 
-from export.runtime.generate import generate  # noqa: E402
+from export.runtime.generate import generate, left_padded  # noqa: E402
 from export.runtime.sessions import Runtime  # noqa: E402
 
 PAD = 0  # not among the prompts' ids (3..49999); GenAI finds the padding by this id
@@ -40,13 +40,6 @@ def prompts(seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     lengths = [SHORTEST, LONGEST, *rng.integers(SHORTEST, LONGEST + 1, USERS - 2).tolist()]
     return [rng.integers(3, 50000, n).tolist() for n in lengths]
-
-
-def left_padded(batch: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    width = max(map(len, batch))
-    ids = np.array([[PAD] * (width - len(p)) + p for p in batch], np.int64)
-    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in batch], np.int64)
-    return ids, mask
 
 
 def until_eos(rows: list[list[int]], eos: int | None) -> list[list[int]]:
@@ -143,7 +136,7 @@ def main() -> None:
     optimized = zoo_export("gpt2-small", args.work, optimize=True)
     runtime = Runtime(optimized)
     batch = prompts(args.seed)
-    ids, mask = left_padded(batch)
+    ids, mask = left_padded(batch, PAD)
     alone = [generate(runtime, np.array([p]), None, args.tokens)[0].tolist() for p in batch]
     for name, eos in (("no eos", None), ("early eos", early_eos(alone, args.tokens))):
         runs: dict[str, Run] = {

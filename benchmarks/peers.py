@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -37,6 +36,7 @@ sys.path.insert(0, str(HERE))
 from prepare import hf_folder, optimum_export, zoo_export  # noqa: E402
 
 from export.bench.genai_vs_zoo import cpu_flags, genai_runner, zoo_runner  # noqa: E402
+from export.bench.machine import cpu_name  # noqa: E402
 
 Run = Callable[[], object]
 PACKAGES = ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai")
@@ -182,7 +182,7 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], new_tokens: int) -> lis
 
 
 def machine() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
+    return {"cpu": cpu_name(), "flags": cpu_flags(),
             "cores": os.cpu_count(), "load_1min": os.getloadavg()[0],
             "versions": {name: version(name) for name in PACKAGES}}
 

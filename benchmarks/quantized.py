@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from export.bench.genai_vs_zoo import cpu_flags  # noqa: E402
+from export.bench.machine import cpu_name  # noqa: E402
 from export.checks.perplexity import TextScore, score_text, top1_agreement  # noqa: E402
 from export.families import family_of  # noqa: E402
 from export.runtime.engines import TorchEngine  # noqa: E402
@@ -144,7 +145,7 @@ def measure(folders: dict[str, Path], held: Path, rounds: int) -> dict:
 
 
 def machine() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "cpu_flags": cpu_flags(),
+    return {"cpu": cpu_name(), "cpu_flags": cpu_flags(),
             "cores": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "python": platform.python_version(),
             "versions": {name: import_module(name).__version__ for name in PACKAGES}}

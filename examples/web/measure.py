@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import numpy as np
 WEB = Path(__file__).resolve().parent
 sys.path.insert(0, str(WEB.parents[1]))  # the zoo, when run from a checkout
 
+from export.bench.machine import cpu_name  # noqa: E402
 from export.runtime.generate import generate  # noqa: E402
 from export.runtime.sessions import Runtime  # noqa: E402
 
@@ -63,13 +63,6 @@ def python(folder: Path, steps: int) -> tuple[float, float, list[int]]:
     return 1000 * first, (steps - 1) / (whole - first), tokens
 
 
-def cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("exports", nargs="+", type=Path)
@@ -80,7 +73,7 @@ def main() -> None:
     chromium = subprocess.run(["/usr/bin/chromium", "--version"], capture_output=True,
                               text=True).stdout.strip()
     web_ort = json.loads((WEB / "node_modules/onnxruntime-web/package.json").read_text())
-    print(f"CPU: {cpu()}; Python onnxruntime {onnxruntime.__version__}; {chromium}; "
+    print(f"CPU: {cpu_name()}; Python onnxruntime {onnxruntime.__version__}; {chromium}; "
           f"onnxruntime-web {web_ort['version']} (WASM, one thread); node "
           f"{subprocess.run(['node', '--version'], capture_output=True, text=True).stdout.strip()}")
     with tempfile.TemporaryDirectory() as root:

@@ -31,6 +31,15 @@ def _check_length(engine: Engine, prompt_length: int, new_tokens: int) -> None:
                        f"tokens exceeds max_positions={limit}")
 
 
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, attention_mask) of prompts of any lengths, padded on the left: the layout
+    `generate` takes, so every row's next token sits in the last column."""
+    width = max(len(prompt) for prompt in prompts)
+    ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int64)
+    mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
+    return ids, mask
+
+
 def generate(
     engine: Engine,
     ids: np.ndarray,

@@ -3,8 +3,11 @@ helpers for random inputs."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +24,33 @@ TINY_CARDS = CATALOG.names("*-tiny")
 FULL_CARDS = [name for name in ALL_CARDS if name not in TINY_CARDS]
 
 
+def on_shared(name: str) -> pytest.MarkDecorator:
+    """The mark of a test that reads `shared_export(name, ...)`: it runs in that card's worker
+    group, where the card's exports are made once (see pytest_collection_modifyitems)."""
+    return pytest.mark.xdist_group(f"shared-{name}")
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The group a test runs in under --dist loadgroup: its file, or the group its mark names.
+    A test marked with a `shared-` group and parametrized by a tiny card goes to that card's
+    group instead, so each card's exports are traced in one worker and the cards' groups are
+    spread over the workers (one group for all shared exports made one worker the suite's
+    critical path)."""
+    mark = item.get_closest_marker("xdist_group")
+    group = mark.args[0] if mark else item.nodeid.split("::")[0]
+    if group.startswith("shared-") and hasattr(item, "callspec"):
+        cards = [value for value in item.callspec.params.values()
+                 if isinstance(value, str) and value in TINY_CARDS]
+        group = f"shared-{cards[0]}" if cards else group
+    return group
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `make test` (pytest-xdist, --dist loadgroup) each test file runs in one worker, so
-    its module fixtures are made once, and the files marked `xdist_group("shared-exports")`
-    share one worker, so the session's exports are made once. pytest-xdist groups by a suffix
-    on the node id, which pytest 9.2 no longer lets it set (pytest-xdist#1386): set it here.
+    its module fixtures are made once, and the tests of one card's group share a worker, so
+    that card's shared exports are made once. pytest-xdist groups by a suffix on the node id,
+    which pytest 9.2 no longer lets it set (pytest-xdist#1386): set it here.
     """
     from _pytest.nodeid import coerce_node_id
 
@@ -35,9 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "@" in item.nodeid.rpartition("]")[2]:
             continue  # a pytest on which xdist's own suffix works
-        mark = item.get_closest_marker("xdist_group")
-        group = mark.args[0] if mark else item.nodeid.split("::")[0]
-        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+        item._id = coerce_node_id(f"{item.nodeid}@{xdist_group(item)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -91,10 +113,19 @@ SharedExport = Callable[..., tuple[Path, Any]]
 
 
 @pytest.fixture(scope="session")
-def shared_export(tmp_path_factory: pytest.TempPathFactory) -> SharedExport:
+def shared_traces() -> dict[tuple, onnx.ModelProto]:
+    """This worker's traced graphs, for traces_reused."""
+    return {}
+
+
+@pytest.fixture(scope="session")
+def shared_export(tmp_path_factory: pytest.TempPathFactory,
+                  shared_traces: dict[tuple, onnx.ModelProto]) -> SharedExport:
     """`shared_export(name, variant="plain")` -> (folder, report): a tiny card built with seed 1
     and exported (with its check) once per session, on first use, for every test that only
-    reads it. A test that alters an export copies it first."""
+    reads it. A test that alters an export copies it first. Under xdist a test reading a card's
+    export must run in that card's group (mark `on_shared(name)` or a card parameter), or the
+    card is traced again in another worker: that is a failure here, not a silent cost."""
     from export.pipeline import export_and_verify
     from zoo.build import build_model
 
@@ -102,14 +133,71 @@ def shared_export(tmp_path_factory: pytest.TempPathFactory) -> SharedExport:
     made: dict[tuple[str, str], tuple[Path, Any]] = {}
 
     def get(name: str, variant: str = "plain") -> tuple[Path, Any]:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+        group = test.rpartition("@")[2] if "@" in test.rpartition("]")[2] else None
+        if group is not None and group != f"shared-{name}":
+            pytest.fail(f"{test} reads shared_export({name!r}) but runs in group {group!r}: "
+                        f"mark it on_shared({name!r})")
         if (name, variant) not in made:
             folder = root / f"{name}-{variant}"
-            report = export_and_verify(build_model(card(name), seed=1), card(name), folder,
-                                       **VARIANTS[variant])
+            with traces_reused(shared_traces):
+                report = export_and_verify(build_model(card(name), seed=1), card(name), folder,
+                                           **VARIANTS[variant])
             made[name, variant] = folder, report
         return made[name, variant]
 
     return get
+
+
+@contextmanager
+def traces_reused(traces: dict[tuple, onnx.ModelProto]) -> Iterator[None]:
+    """Within the block, a graph traced again (the same wrapper class, file, names, opset and
+    weights) is the proto traced before: torch.onnx's export is deterministic
+    (tests/test_same_bytes.py), so the variants (optimize, int8, int4) of a shared export
+    reuse its trace instead of paying torch.export's seconds again, and what they do after the
+    trace runs as it does for a user. Only for code no test has patched: the key cannot see a
+    patched forward."""
+    import export.families.decoder
+    import export.onnx.writer
+    from export.onnx.trace import export_graph
+
+    def reused(graph: torch.nn.Module, args: tuple, shapes: tuple, names: tuple[list, list],
+               opset: int, path: Path) -> onnx.ModelProto:
+        weights = hashlib.sha256()
+        for tensor in graph.state_dict().values():
+            weights.update(tensor.detach().contiguous().numpy().tobytes())
+        key = (type(graph).__qualname__, path.name, repr(names), opset, weights.hexdigest())
+        if key not in traces:
+            traces[key] = export_graph(graph, args, shapes, names, opset, path)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(traces[key])  # callers edit the proto they get (metadata, variants)
+        return copy
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (export.onnx.writer, export.families.decoder):
+            patch.setattr(module, "export_graph", reused)
+        yield
+
+
+class Lazy(Mapping[str, Path]):
+    """A module fixture's {card: folder} whose folders are made on first use, so a test of one
+    card's group never makes (traces) another card's."""
+
+    def __init__(self, names: Iterable[str], make: Callable[[str], Path]) -> None:
+        self.names, self.make, self.made = tuple(names), make, {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.names:
+            raise KeyError(name)
+        if name not in self.made:
+            self.made[name] = self.make(name)
+        return self.made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def count_module_parameters(model: torch.nn.Module) -> int:

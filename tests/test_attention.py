@@ -20,13 +20,21 @@ from cli import main
 from export.families import family_of
 from export.inspect.attention import Request, draw_attention
 from export.runtime.sessions import Runtime
-from tests.conftest import TINY_CARDS, SharedExport, card, prompt_feeds, random_ids
+from tests.conftest import (
+    TINY_CARDS,
+    Lazy,
+    SharedExport,
+    card,
+    on_shared,
+    prompt_feeds,
+    random_ids,
+)
 from zoo.blocks.attention import recorded_attentions
 from zoo.build import build_model
 
-# The tests that read the session's shared exports run in one pytest-xdist worker, so each
-# export is made once (tests/conftest.py: shared_export).
-pytestmark = pytest.mark.xdist_group("shared-exports")
+# The tests that read the session's shared exports run in their card's pytest-xdist group, so
+# each export is made once (tests/conftest.py: shared_export, on_shared).
+pytestmark = on_shared("gpt-tiny")
 
 GROUPS = {"gpt-tiny": ("attentions",), "bert-tiny": ("attentions",),
           "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
@@ -65,15 +73,15 @@ def test_recorded_maps_are_probabilities_that_respect_masks(name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def attention_exports(shared_export: SharedExport) -> dict[str, Path]:
-    folders = {}
-    for name in TINY_CARDS:
+def attention_exports(shared_export: SharedExport) -> Lazy:
+    def made(name: str) -> Path:
         folder, report = shared_export(name, "attentions")
         labels = {row.output for row in report.rows}
         for group in GROUPS[name]:  # the grid compared every group (with and without a past)
             assert any(label.endswith(f"{group}.*") for label in labels), labels
-        folders[name] = folder
-    return folders
+        return folder
+
+    return Lazy(TINY_CARDS, made)
 
 
 @pytest.mark.parametrize("name", TINY_CARDS)
@@ -154,6 +162,7 @@ def test_the_pictures_hold_the_maps_in_grid_order(attention_exports: dict,
         np.testing.assert_allclose(image, outputs[f"attentions.{layer}"][0, head], atol=1e-6)
 
 
+@on_shared("transformer-tiny")
 def test_torch_and_onnx_engines_draw_the_same_cross_attention(attention_exports: dict,
                                                               tmp_path: Path) -> None:
     folder = attention_exports["transformer-tiny"]
@@ -193,6 +202,7 @@ def test_bad_requests_are_one_line_and_write_nothing(args: list[str], message: s
     assert not png.exists()
 
 
+@on_shared("bert-tiny")
 def test_an_export_without_attentions_and_an_unwritable_path_are_refused(
         tmp_path: Path, shared_export: SharedExport) -> None:
     plain, _ = shared_export("bert-tiny")

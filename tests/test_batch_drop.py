@@ -15,9 +15,9 @@ from export.runtime.generate import generate, open_session
 from export.runtime.sampling import Sampling, decode
 from export.runtime.sessions import Runtime
 from export.runtime.shared_cache import SharedCacheSession
-from tests.conftest import SharedExport, card
+from tests.conftest import SharedExport, card, on_shared
 
-pytestmark = pytest.mark.xdist_group("shared-exports")
+pytestmark = on_shared("gpt-tiny")
 
 STEPS = 20
 PAD = card("gpt-tiny")["pad_token_id"]

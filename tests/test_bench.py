@@ -32,14 +32,17 @@ from tests.conftest import (
     SharedExport,
     assert_weights_stored_once,
     card,
+    on_shared,
     stored_tensor_bytes,
 )
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
-# The tests that read the session's shared exports run in one pytest-xdist worker, so each
-# export is made once (tests/conftest.py: shared_export).
-pytestmark = pytest.mark.xdist_group("shared-exports")
+# The tests that read the session's shared exports run in their card's pytest-xdist group, so
+# each export is made once (tests/conftest.py: shared_export, on_shared); the tests that make
+# their own export run in this file's group, wherever a worker is free.
+pytestmark = on_shared("gpt-tiny")
+OWN_EXPORT = pytest.mark.xdist_group("tests/test_bench.py")
 
 VARIANTS = ["optimize", "int8", "int4"]
 
@@ -187,6 +190,7 @@ def test_quantized_exports_hold_the_quantized_operators_and_are_smaller(
     assert stored_tensor_bytes(folder) <= stored_tensor_bytes(plain) - sum(saved.values()) + 1024
 
 
+@on_shared("bert-tiny")
 def test_missing_attention_fusion_is_reported(exports) -> None:
     folder, report = exports("bert-tiny", "optimize")
     not_fused = json.loads((folder / MANIFEST).read_text())["optimization"]["not_fused"]
@@ -269,6 +273,7 @@ def test_zoo_bench_decoder_writes_every_figure(exports, tmp_path: Path) -> None:
     assert "tokens_per_s" in result["measurements"]["greedy_64"]["ort"]
 
 
+@OWN_EXPORT
 def test_zoo_bench_exports_a_card_name_first(tmp_path: Path) -> None:
     result = bench_json(tmp_path, "gpt-tiny", "--no-optimize")  # to a temporary folder
     check_result(result, "decoder")
@@ -276,6 +281,7 @@ def test_zoo_bench_exports_a_card_name_first(tmp_path: Path) -> None:
     assert result["export"]["shared_cache_graph"] is False
 
 
+@on_shared("transformer-tiny")
 def test_zoo_bench_encoder_decoder_writes_every_figure(exports, tmp_path: Path) -> None:
     folder, _ = exports("transformer-tiny", "optimize")
     result = bench_json(tmp_path, str(folder))
@@ -288,6 +294,7 @@ def test_zoo_bench_encoder_decoder_writes_every_figure(exports, tmp_path: Path) 
             "decode_source_128_speedup_over_before_ort"} <= set(result["summary"])
 
 
+@OWN_EXPORT
 def test_shared_cache_graph_follows_other_blocks(tmp_path: Path) -> None:
     """Rotary positions (applied before GroupQueryAttention), RMSNorm and SwiGLU, no biases."""
     variant = card("gpt-tiny", position="rotary", norm="rmsnorm", activation="swiglu",

@@ -27,17 +27,19 @@ from export.runtime.sampling import Sampling
 from export.runtime.sessions import OrtError, Runtime, cuda_active
 from tests.conftest import (
     TINY_CARDS,
+    Lazy,
     SharedExport,
     assert_weights_stored_once,
     card,
+    on_shared,
 )
 from zoo.build import build_model
 from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
 
-# The tests that read the session's shared exports run in one pytest-xdist worker, so each
-# export is made once (tests/conftest.py: shared_export).
-pytestmark = pytest.mark.xdist_group("shared-exports")
+# The tests that read the session's shared exports run in their card's pytest-xdist group, so
+# each export is made once (tests/conftest.py: shared_export, on_shared).
+pytestmark = on_shared("gpt-tiny")
 
 CUDA = cuda_active()
 GPT_TINY = card("gpt-tiny").fields
@@ -45,9 +47,9 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="ONNX Runtime's CUDA provider i
 
 
 @pytest.fixture(scope="module")
-def exported(shared_export: SharedExport) -> dict[str, Path]:
+def exported(shared_export: SharedExport) -> Lazy:
     """Each tiny card's plain export (made once per session; export runs the parity check)."""
-    return {name: shared_export(name)[0] for name in TINY_CARDS}
+    return Lazy(TINY_CARDS, lambda name: shared_export(name)[0])
 
 
 def copy_export(source: Path, tmp_path: Path) -> Path:
@@ -74,7 +76,7 @@ def empty_past_feeds(fields: dict) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
-                                                            exported: dict[str, Path]) -> None:
+                                                            exported: Lazy) -> None:
     folder = exported[name]
     for file in family_of(card(name)).contract(card(name)):
         onnx.checker.check_model(str(folder / file), full_check=True)
@@ -91,7 +93,7 @@ def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
 
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_inputs_and_outputs_follow_the_contract_with_dynamic_axes(
-        name: str, exported: dict[str, Path]) -> None:
+        name: str, exported: Lazy) -> None:
     for file, (inputs, outputs) in family_of(card(name)).contract(card(name)).items():
         model = onnx.load(str(exported[name] / file), load_external_data=False)
         assert [i.name for i in model.graph.input] == inputs
@@ -108,7 +110,7 @@ def test_inputs_and_outputs_follow_the_contract_with_dynamic_axes(
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "transformer-tiny"])
 def test_greedy_tokens_identical_and_batched_padding_equals_one_at_a_time(
-        name: str, exported: dict[str, Path]) -> None:
+        name: str, exported: Lazy) -> None:
     torch_engine, ort_engine = engines(exported[name])
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 60, length).tolist() for length in (5, 2, 7)]
@@ -128,7 +130,7 @@ def test_greedy_tokens_identical_and_batched_padding_equals_one_at_a_time(
 
 @pytest.mark.parametrize("name", ["gpt-tiny", "transformer-tiny"])
 def test_left_padded_rows_compute_the_same_logits_as_alone(name: str,
-                                                           exported: dict[str, Path]) -> None:
+                                                           exported: Lazy) -> None:
     """Tokens of an untrained model are a weak check; compare the next-token logits."""
     runtime = Runtime(exported[name])
     prompts = [[5, 6, 7, 8, 9], [10, 11]]
@@ -143,7 +145,7 @@ def test_left_padded_rows_compute_the_same_logits_as_alone(name: str,
         np.testing.assert_allclose(alone.step(np.array([12 + row]))[0], second[row], atol=1e-5)
 
 
-def test_sampling_is_seeded_and_identical_between_backends(exported: dict[str, Path]) -> None:
+def test_sampling_is_seeded_and_identical_between_backends(exported: Lazy) -> None:
     torch_engine, ort_engine = engines(exported["gpt-tiny"])
     prompt = np.array([[5, 6, 7, 8]])
     sampling = Sampling(temperature=1.5, top_k=50, top_p=0.95, seed=7)
@@ -167,7 +169,7 @@ def sequence_log_prob(engine: TorchEngine, prompt: np.ndarray, tokens: np.ndarra
     return float(log_probs[positions, ids[0, positions + 1]].sum())
 
 
-def test_beam_search_finds_at_least_the_greedy_likelihood(exported: dict[str, Path]) -> None:
+def test_beam_search_finds_at_least_the_greedy_likelihood(exported: Lazy) -> None:
     torch_engine, ort_engine = engines(exported["gpt-tiny"])
     prompt = np.array([9, 10, 11])
     greedy = generate(ort_engine, prompt[None], None, 12)[0]
@@ -178,35 +180,36 @@ def test_beam_search_finds_at_least_the_greedy_likelihood(exported: dict[str, Pa
         sequence_log_prob(torch_engine, prompt, greedy) - 1e-6
 
 
-def test_enc_dec_beam_search_runs_on_both_backends(exported: dict[str, Path]) -> None:
+@on_shared("transformer-tiny")
+def test_enc_dec_beam_search_runs_on_both_backends(exported: Lazy) -> None:
     torch_engine, ort_engine = engines(exported["transformer-tiny"])
     source = np.array([[4, 5, 6, 7, 8]])
     a = generate(ort_engine, source, None, 10, Sampling(beams=3))
     np.testing.assert_array_equal(a, generate(torch_engine, source, None, 10, Sampling(beams=3)))
 
 
-def test_metadata_props_and_manifest_are_present_and_correct(exported: dict[str, Path]) -> None:
-    for name in TINY_CARDS:
-        folder = exported[name]
-        manifest = json.loads((folder / MANIFEST).read_text())
-        assert manifest["card"] == card(name).fields
-        assert manifest["opset"] == 18
-        assert {"torch", "onnx", "numpy"} <= set(manifest["versions"])
-        for file, entry in manifest["files"].items():
-            assert entry["sha256"] == sha256(folder / file)
-        for file in family_of(card(name)).contract(card(name)):
-            assert file in manifest["files"]
-            model = onnx.load(str(folder / file), load_external_data=False)
-            assert manifest["ir_version"] == model.ir_version
-            props = {p.key: p.value for p in model.metadata_props}
-            assert yaml.safe_load(props["zoo.card"])["d_model"] == card(name)["d_model"]
-            assert props["zoo.opset"] == "18"
-            assert json.loads(props["zoo.versions"])["torch"] == manifest["versions"]["torch"]
+@pytest.mark.parametrize("name", TINY_CARDS)
+def test_metadata_props_and_manifest_are_present_and_correct(name: str, exported: Lazy) -> None:
+    folder = exported[name]
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["card"] == card(name).fields
+    assert manifest["opset"] == 18
+    assert {"torch", "onnx", "numpy"} <= set(manifest["versions"])
+    for file, entry in manifest["files"].items():
+        assert entry["sha256"] == sha256(folder / file)
+    for file in family_of(card(name)).contract(card(name)):
+        assert file in manifest["files"]
+        model = onnx.load(str(folder / file), load_external_data=False)
+        assert manifest["ir_version"] == model.ir_version
+        props = {p.key: p.value for p in model.metadata_props}
+        assert yaml.safe_load(props["zoo.card"])["d_model"] == card(name)["d_model"]
+        assert props["zoo.opset"] == "18"
+        assert json.loads(props["zoo.versions"])["torch"] == manifest["versions"]["torch"]
 
 
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_every_weight_is_stored_once_across_all_onnx_files(name: str,
-                                                           exported: dict[str, Path]) -> None:
+                                                           exported: Lazy) -> None:
     tiny = card(name)
     sinusoids = tiny["position"] == "sinusoidal"
     assert_weights_stored_once(exported[name],
@@ -215,7 +218,7 @@ def test_every_weight_is_stored_once_across_all_onnx_files(name: str,
 
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_the_parity_grid_runs_sizes_the_trace_never_saw(name: str,
-                                                       exported: dict[str, Path]) -> None:
+                                                       exported: Lazy) -> None:
     """torch.export specialises what it traced; the grid must run other sizes on every
     dynamic axis of every graph, including 1 (the size export most likes to fix)."""
     family = family_of(card(name))
@@ -237,7 +240,7 @@ def test_the_parity_grid_runs_sizes_the_trace_never_saw(name: str,
             assert 0 in sizes and max(sizes) > 0, f"{file} past: {sizes}"
 
 
-def test_tampered_file_is_detected(exported: dict[str, Path], tmp_path: Path) -> None:
+def test_tampered_file_is_detected(exported: Lazy, tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
     with (folder / "model.onnx").open("ab") as stream:
         stream.write(b"\0")
@@ -248,7 +251,7 @@ def test_tampered_file_is_detected(exported: dict[str, Path], tmp_path: Path) ->
     assert "model.onnx: sha256 does not match" in result.stderr
 
 
-def test_altered_weights_fail_the_parity_check(exported: dict[str, Path],
+def test_altered_weights_fail_the_parity_check(exported: Lazy,
                                               tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
     model = onnx.load(str(folder / "model.onnx"))
@@ -266,6 +269,7 @@ def test_altered_weights_fail_the_parity_check(exported: dict[str, Path],
     assert result.stderr.startswith("error: parity failed")
 
 
+@pytest.mark.xdist_group("tests/test_export.py")  # its own export: any worker
 def test_zoo_export_and_parity_cli(tmp_path: Path) -> None:
     """A built folder through `zoo export` (a card name through it: tests/test_embeddings.py)."""
     runner = CliRunner()
@@ -281,17 +285,21 @@ def test_zoo_export_and_parity_cli(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "parity: PASSED" in result.stdout
 
 
-def test_zoo_run_prints_ids_and_encoder_predictions(exported: dict[str, Path]) -> None:
-    runner = CliRunner()
-    result = runner.invoke(main, ["run", str(exported["gpt-tiny"]), "--ids", "1,2,3",
-                                  "--ids", "4,5", "--max-new-tokens", "6"])
+def test_zoo_run_prints_ids_and_the_aggregate_speed(exported: Lazy) -> None:
+    result = CliRunner().invoke(main, ["run", str(exported["gpt-tiny"]), "--ids", "1,2,3",
+                                       "--ids", "4,5", "--max-new-tokens", "6"])
     assert result.exit_code == 0, result.output
     rows = [line.split(",") for line in result.stdout.strip().splitlines()]
     assert len(rows) == 2 and all(len(row) == 6 for row in rows)
     assert re.search(r"^2 prompts: ([1-9]|1[0-2]) new tokens .* tokens/s aggregate$", result.stderr,
                      re.M), result.stderr
+
+
+@on_shared("bert-tiny")
+def test_zoo_run_prints_encoder_predictions(exported: Lazy) -> None:
     mask = card("bert-tiny")["mask_token_id"]
-    result = runner.invoke(main, ["run", str(exported["bert-tiny"]), "--ids", f"1,2,{mask},4"])
+    result = CliRunner().invoke(main, ["run", str(exported["bert-tiny"]), "--ids",
+                                       f"1,2,{mask},4"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("pooled: ")
     assert len(result.stdout.splitlines()[0].split()) == 1 + card("bert-tiny")["d_model"]
@@ -312,7 +320,7 @@ def test_zoo_run_prints_ids_and_encoder_predictions(exported: dict[str, Path]) -
     (["export", "gpt-tiny", "--onnx", "--opset", "26", "-o", "{tmp}/x"], "--opset 26"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path,
-                                            exported: dict[str, Path]) -> None:
+                                            exported: Lazy) -> None:
     args = [a.format(tmp=tmp_path, gpt=exported["gpt-tiny"]) for a in args]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2, result.output
@@ -323,7 +331,7 @@ def test_bad_input_gives_one_line_and_exit_2(args: list[str], message: str, tmp_
     assert not (tmp_path / "x").exists()
 
 
-def test_truncated_onnx_is_reported_in_one_line(exported: dict[str, Path],
+def test_truncated_onnx_is_reported_in_one_line(exported: Lazy,
                                                tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
     onnx_file = folder / "model.onnx"
@@ -337,7 +345,7 @@ def test_truncated_onnx_is_reported_in_one_line(exported: dict[str, Path],
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_manifest_from_a_newer_format_is_refused(exported: dict[str, Path],
+def test_manifest_from_a_newer_format_is_refused(exported: Lazy,
                                                 tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
     manifest = json.loads((folder / MANIFEST).read_text())
@@ -357,7 +365,7 @@ def test_manifest_from_a_newer_format_is_refused(exported: dict[str, Path],
      f"axis 1 should be {GPT_TINY['n_heads']}"),
 ])
 def test_feeds_are_validated_before_onnx_runtime(change, message: str,
-                                                 exported: dict[str, Path]) -> None:
+                                                 exported: Lazy) -> None:
     runtime = Runtime(exported["gpt-tiny"])
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.ones((1, 2), np.int64),
              "position_ids": np.array([[0, 1]]), **empty_past_feeds(GPT_TINY)}
@@ -370,7 +378,7 @@ def test_feeds_are_validated_before_onnx_runtime(change, message: str,
 
 @pytest.mark.skipif(CUDA, reason="checks the error on a machine without CUDA")
 def test_cuda_where_it_is_not_active_is_an_error_not_a_cpu_run(
-        exported: dict[str, Path], tmp_path: Path) -> None:
+        exported: Lazy, tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["run", str(exported["gpt-tiny"]), "--ids", "1",
                                        "--provider", "cuda"])
     assert result.exit_code == 2
@@ -384,7 +392,7 @@ def test_cuda_where_it_is_not_active_is_an_error_not_a_cpu_run(
 
 @needs_cuda
 @pytest.mark.parametrize("name", TINY_CARDS)
-def test_cuda_matches_cpu_and_pytorch(name: str, exported: dict[str, Path]) -> None:
+def test_cuda_matches_cpu_and_pytorch(name: str, exported: Lazy) -> None:
     torch_engine, cpu = engines(exported[name])
     cuda = Runtime(exported[name], "cuda")
     assert cuda.graphs[next(iter(cuda.graphs))].session.get_providers()[0] == \

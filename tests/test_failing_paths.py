@@ -15,6 +15,7 @@ from torch import nn
 
 import export.onnx.variants
 from cli import main
+from tests.conftest import SharedExport, on_shared, traces_reused
 from zoo.blocks.norms import LayerNorm
 
 
@@ -43,10 +44,14 @@ def test_an_export_that_computes_something_else_fails_parity(
                                        "parity failed")
 
 
+@on_shared("gpt-tiny")
 def test_a_quantization_that_lost_the_model_is_refused_by_the_gate(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_export: SharedExport,
+        shared_traces: dict) -> None:
     """The quantizer's output with every block scale negated: still MatMulNBits, still runs,
-    but the logits are nonsense; the agreement gate must catch it."""
+    but the logits are nonsense; the agreement gate must catch it. The fp32 graph is the
+    shared gpt-tiny export's trace (the same seed; only the quantizer is patched)."""
+    shared_export("gpt-tiny")
     real_quantize = export.onnx.variants.quantize
 
     def broken_quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]:
@@ -60,6 +65,8 @@ def test_a_quantization_that_lost_the_model_is_refused_by_the_gate(
 
     monkeypatch.setattr(export.onnx.variants, "quantize", broken_quantize)
     # (tests/test_bench.py exports the same card unbroken: it passes the gate)
-    assert_refused_and_nothing_written(["export", "gpt-tiny", "--onnx", "--quantize", "int8"],
-                                       tmp_path / "out", "quantized export disagrees with fp32")
+    with traces_reused(shared_traces):
+        assert_refused_and_nothing_written(
+            ["export", "gpt-tiny", "--onnx", "--seed", "1", "--quantize", "int8"],
+            tmp_path / "out", "quantized export disagrees with fp32")
 

@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from export.onnx.forms import residual_sums
-from tests.conftest import card
+from tests.conftest import card, on_shared
 from zoo.blocks.attention import Attention, build_mask
 from zoo.blocks.feedforward import GeluFeedForward
-
-pytestmark = pytest.mark.xdist_group("shared-exports")
 
 
 def test_gelu_block_equals_torch_exact_gelu() -> None:
@@ -80,7 +78,8 @@ def _session_graph(path: Path, tmp_path: Path) -> Counter:
     return Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "gpt-tiny"])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=on_shared(name))
+                                  for name in ("bert-tiny", "gpt-tiny")])
 def test_a_default_session_runs_the_fast_forms(name: str, shared_export, tmp_path: Path) -> None:
     """No SkipLayerNormalization (its CPU kernel is the slow one), no per-layer Where or Div:
     the mask is built once and the scale rides in the attention MatMul; BERT's GELU runs as

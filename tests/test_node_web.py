@@ -34,15 +34,15 @@ from export.runtime.encode import encode
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sessions import Runtime
-from tests.conftest import SharedExport, card, prompt_feeds
+from tests.conftest import Lazy, SharedExport, card, on_shared, prompt_feeds
 from zoo.files.atomic import sha256
 from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, ByteTokenizer
 from zoo.files.weights import load_built
 
 ROOT = Path(__file__).resolve().parents[1]
-# The tests that read the session's shared exports run in one pytest-xdist worker, so each
-# export is made once (tests/conftest.py: shared_export).
-pytestmark = pytest.mark.xdist_group("shared-exports")
+# The tests that read the session's shared exports run in their card's pytest-xdist group, so
+# each export is made once (tests/conftest.py: shared_export, on_shared).
+pytestmark = on_shared("gpt-tiny")
 
 NODE_DIR = ROOT / "examples" / "node"
 WEB_DIR = ROOT / "examples" / "web"
@@ -122,9 +122,9 @@ def browser_ready() -> None:
 
 
 @pytest.fixture(scope="module")
-def exported(shared_export: SharedExport) -> dict[str, Path]:
+def exported(shared_export: SharedExport) -> Lazy:
     """gpt-tiny, bert-tiny and transformer-tiny exported once per session (parity-checked)."""
-    return {name: shared_export(name)[0] for name in ("gpt-tiny", "bert-tiny", "transformer-tiny")}
+    return Lazy(("gpt-tiny", "bert-tiny", "transformer-tiny"), lambda name: shared_export(name)[0])
 
 
 def with_tokenizer(folder: Path, copy: Path, name: str, content: str) -> Path:
@@ -139,8 +139,7 @@ def with_tokenizer(folder: Path, copy: Path, name: str, content: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def with_text(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-              ) -> dict[str, Path]:
+def with_text(exported: Lazy, tmp_path_factory: pytest.TempPathFactory) -> Lazy:
     """The exports with their tokenizers: the byte tokenizer for gpt-tiny and bert-tiny (what
     a model trained here carries), words for transformer-tiny."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -149,16 +148,17 @@ def with_text(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactor
     words = json.dumps({"kind": "words", "words": WORDS[3:]})
     word_level = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="w0"))
     word_level.pre_tokenizer = pre_tokenizers.Whitespace()
-    return {
-        "gpt-tiny": with_tokenizer(exported["gpt-tiny"], root / "gpt", BYTE_TOKENIZER,
-                                   ByteTokenizer().to_json()),
-        "bert-tiny": with_tokenizer(exported["bert-tiny"], root / "bert", BYTE_TOKENIZER,
-                                    ByteTokenizer().to_json()),
-        "transformer-tiny": with_tokenizer(exported["transformer-tiny"], root / "t2t",
-                                           HF_TOKENIZER, word_level.to_str()),
-        "t2t-words": with_tokenizer(exported["transformer-tiny"], root / "t2t-words",
-                                    WORD_TOKENIZER, words),
+    made = {
+        "gpt-tiny": lambda: with_tokenizer(exported["gpt-tiny"], root / "gpt", BYTE_TOKENIZER,
+                                           ByteTokenizer().to_json()),
+        "bert-tiny": lambda: with_tokenizer(exported["bert-tiny"], root / "bert",
+                                            BYTE_TOKENIZER, ByteTokenizer().to_json()),
+        "transformer-tiny": lambda: with_tokenizer(exported["transformer-tiny"], root / "t2t",
+                                                   HF_TOKENIZER, word_level.to_str()),
+        "t2t-words": lambda: with_tokenizer(exported["transformer-tiny"], root / "t2t-words",
+                                            WORD_TOKENIZER, words),
     }
+    return Lazy(made, lambda name: made[name]())
 
 
 def zoo_run_text(folder: Path, text: str, steps: int) -> str:
@@ -184,7 +184,7 @@ def node_generate(folder: Path, ids: list[int], steps: int | None = None) -> dic
 
 @pytest.mark.parametrize("name, steps", [("gpt-tiny", 64), ("transformer-tiny", 32)])
 def test_node_greedy_tokens_equal_python_onnx_runtime_and_pytorch(
-        name: str, steps: int, node_ready: None, exported: dict[str, Path]) -> None:
+        name: str, steps: int, node_ready: None, exported: Lazy) -> None:
     runtime, torch_engine = engines(exported[name])
     for ids in PROMPTS:
         expected = python_tokens(runtime, ids, steps)
@@ -192,8 +192,9 @@ def test_node_greedy_tokens_equal_python_onnx_runtime_and_pytorch(
         assert node_generate(exported[name], ids, steps)["tokens"] == expected, ids
 
 
+@on_shared("bert-tiny")
 def test_node_pooled_vector_equals_python(node_ready: None,
-                                          exported: dict[str, Path]) -> None:
+                                          exported: Lazy) -> None:
     runtime, _ = engines(exported["bert-tiny"])
     for ids in PROMPTS:
         pooled, _ = encode(runtime, np.array(ids))
@@ -208,7 +209,7 @@ def test_node_pooled_vector_equals_python(node_ready: None,
 ])
 def test_node_text_prints_what_zoo_run_prints(name: str, text: str, steps: int,
                                               node_ready: None,
-                                              with_text: dict[str, Path]) -> None:
+                                              with_text: Lazy) -> None:
     """A decoder prints the prompt and its continuation, an encoder-decoder the translation,
     byte for byte as `zoo run --text` does (the text streamed as tokens come)."""
     expected = zoo_run_text(with_text[name], text, steps)
@@ -219,8 +220,9 @@ def test_node_text_prints_what_zoo_run_prints(name: str, text: str, steps: int,
     assert len(expected) > len(text) + 5 if name == "gpt-tiny" else expected.strip()
 
 
+@on_shared("bert-tiny")
 def test_node_text_gives_an_encoder_the_pooled_vector_of_its_ids(
-        node_ready: None, with_text: dict[str, Path]) -> None:
+        node_ready: None, with_text: Lazy) -> None:
     folder = with_text["bert-tiny"]
     for text in TEXTS:
         pooled, _ = encode(Runtime(folder), np.array(list(text.encode("utf-8"))))
@@ -270,12 +272,13 @@ def newer_format(folder: Path, tmp_path: Path) -> Path:
     ("gpt", "--text", "ROMEO:", "this export has no tokenizer"),
     ("gpt-text", "--text", "", "an empty prompt"),
     ("gpt-text", "--text", "x" * 100, "prompt of 100 plus 32 new tokens exceeds max_positions=128"),
-    ("t2t-text", "--text", "w3 Romeo", "words not in the vocabulary: romeo"),
+    pytest.param("t2t-text", "--text", "w3 Romeo", "words not in the vocabulary: romeo",
+                 marks=on_shared("transformer-tiny")),
 ])
 def test_node_bad_input_exits_non_zero_with_one_line(case: str, option: str, value: str,
                                                      message: str, node_ready: None,
-                                                     exported: dict[str, Path],
-                                                     with_text: dict[str, Path],
+                                                     exported: Lazy,
+                                                     with_text: Lazy,
                                                      tmp_path: Path) -> None:
     folder = {"empty": lambda: tmp_path, "gpt": lambda: exported["gpt-tiny"],
               "gpt-text": lambda: with_text["gpt-tiny"],
@@ -314,8 +317,8 @@ def attention_export(browser_ready: None, shared_export: SharedExport) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(browser_ready: None, exported: dict[str, Path], attention_export: Path,
-           with_text: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+def server(browser_ready: None, exported: Lazy, attention_export: Path,
+           with_text: Lazy, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[str]:
     """http://127.0.0.1:PORT/ serving a folder laid out as examples/web/README.md says: the page
     (with its node_modules) under web/, and the exports beside it."""
@@ -357,7 +360,7 @@ def open_page(server: str, tmp_path: Path, model: str, ids: list[int] | None, st
     return json.loads(result.stdout)
 
 
-def test_page_generates_the_same_tokens_as_python(server: str, exported: dict[str, Path],
+def test_page_generates_the_same_tokens_as_python(server: str, exported: Lazy,
                                                   tmp_path: Path) -> None:
     ids = PROMPTS[0]
     shown = open_page(server, tmp_path, "gpt", ids, 64)
@@ -368,7 +371,7 @@ def test_page_generates_the_same_tokens_as_python(server: str, exported: dict[st
     assert "ms per token" in shown["status"]
 
 
-def test_page_shows_the_text_zoo_run_prints(server: str, with_text: dict[str, Path],
+def test_page_shows_the_text_zoo_run_prints(server: str, with_text: Lazy,
                                             tmp_path: Path) -> None:
     """Text typed on the page gives, greedily, the text `zoo run --text` prints, with the
     speed measured: no more time than the whole page took, and no more than ten times

@@ -18,12 +18,12 @@ from cli import main
 from export.checks.perplexity import TextScore, score_text, text_windows, top1_agreement
 from export.runtime.sessions import Runtime
 from registry.errors import ZooError
-from tests.conftest import card, random_ids
+from tests.conftest import card, on_shared, random_ids
 from zoo.build import build_model
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 # Reads the session's shared gpt-tiny export, in the worker that holds it.
-pytestmark = pytest.mark.xdist_group("shared-exports")
+pytestmark = on_shared("gpt-tiny")
 
 TOKENS = 300  # windows of 128, 128 and 44 on gpt-tiny: the short last window is covered
 

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import re
 import shutil
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -31,7 +32,7 @@ from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH
 from export.serving.genai_tokenizer import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
 from registry import open_catalog
-from tests.conftest import SharedExport
+from tests.conftest import Lazy, SharedExport, on_shared
 from zoo.build import build_model
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
@@ -44,9 +45,9 @@ tritonclient = pytest.importorskip("tritonclient")
 transformers = pytest.importorskip("transformers")
 
 NEW_TOKENS = 24
-# The encoder and encoder-decoder exports are the session's shared ones, so this file runs in
-# the worker that holds them (tests/conftest.py: shared_export).
-pytestmark = pytest.mark.xdist_group("shared-exports")
+# The gpt-tiny exports here are this file's own (trained weights, a tokenizer); the encoder
+# and encoder-decoder ones are the session's shared exports, read by the tests marked
+# on_shared (tests/conftest.py).
 
 
 def model_config_schema() -> ModuleType:
@@ -69,24 +70,36 @@ def export_folder(source: Path, out: Path, optimize: bool = False) -> Path:
     return out
 
 
+# Only read (Triton configs of each family's graphs): the session's shared exports.
+FROM_SHARED = ("bert-tiny", "transformer-tiny")
+
+
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport
-            ) -> dict[str, Path]:
+def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport) -> Lazy:
+    """Made on first use, so a worker running only the shared cards' tests trains nothing."""
     root = tmp_path_factory.mktemp("serving")
-    card = open_catalog().get("gpt-tiny")
-    trained = root / "gpt-tiny-trained"
-    train(build_model(card, seed=0), card, TrainOptions(  # briefly: the weights are a
-        task="lm", out=trained, steps=5, batch_size=4, block_size=32, lr=1e-3,  # trained
-        checkpoint_every=5, seed=0))  # folder's, with its tokenizer; longer only costs time
-    gpt2 = import_checkpoint(hf_gpt2(root / "hf-gpt2"), root / "gpt2-imported") and \
-        root / "gpt2-imported"
-    return {
-        "gpt-tiny": export_folder(trained, root / "gpt-tiny-onnx"),
-        "gpt-tiny-optimized": export_folder(trained, root / "gpt-tiny-opt", optimize=True),
-        "gpt2": export_folder(gpt2, root / "gpt2-onnx"),
-        "bert-tiny": shared_export("bert-tiny")[0],  # only read: Triton configs of each
-        "transformer-tiny": shared_export("transformer-tiny")[0],  # family's graphs
+
+    def trained() -> Path:
+        folder = root / "gpt-tiny-trained"
+        if not folder.exists():
+            card = open_catalog().get("gpt-tiny")
+            train(build_model(card, seed=0), card, TrainOptions(  # briefly: the weights are a
+                task="lm", out=folder, steps=5, batch_size=4, block_size=32, lr=1e-3,  # trained
+                checkpoint_every=5, seed=0))  # folder's, with its tokenizer; longer only costs
+        return folder  # time
+
+    def gpt2() -> Path:
+        return import_checkpoint(hf_gpt2(root / "hf-gpt2"), root / "gpt2-imported") and \
+            root / "gpt2-imported"
+
+    made = {
+        "gpt-tiny": lambda: export_folder(trained(), root / "gpt-tiny-onnx"),
+        "gpt-tiny-optimized": lambda: export_folder(trained(), root / "gpt-tiny-opt",
+                                                    optimize=True),
+        "gpt2": lambda: export_folder(gpt2(), root / "gpt2-onnx"),
+        **{name: partial(lambda name: shared_export(name)[0], name) for name in FROM_SHARED},
     }
+    return Lazy(made, lambda name: made[name]())
 
 
 def hf_gpt2(folder: Path) -> Path:
@@ -154,7 +167,7 @@ DISTINCT_ROWS = {"gpt-tiny", "gpt-tiny-optimized"}  # the random GPT-2 repeats o
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
-def test_genai_picks_the_greedy_tokens_of_zoo_run(name: str, exports: dict[str, Path]) -> None:
+def test_genai_picks_the_greedy_tokens_of_zoo_run(name: str, exports: Lazy) -> None:
     folder = exports[name]
     expected = zoo_greedy(folder, PROMPTS[name], NEW_TOKENS)
     if name in DISTINCT_ROWS:  # a real batch: padding wrong on either side would show
@@ -162,7 +175,7 @@ def test_genai_picks_the_greedy_tokens_of_zoo_run(name: str, exports: dict[str, 
     assert genai_greedy(folder, PROMPTS[name], NEW_TOKENS) == expected
 
 
-def test_optimized_export_runs_the_shared_cache_graph_in_genai(exports: dict[str, Path]) -> None:
+def test_optimized_export_runs_the_shared_cache_graph_in_genai(exports: Lazy) -> None:
     config = json.loads((exports["gpt-tiny-optimized"] / GENAI_CONFIG).read_text())
     assert config["model"]["decoder"]["filename"] == GENAI_GRAPH
     assert config["search"]["past_present_share_buffer"] is True
@@ -176,7 +189,7 @@ def test_optimized_export_runs_the_shared_cache_graph_in_genai(exports: dict[str
 @pytest.mark.parametrize("name, prompt", [("gpt-tiny", "ROMEO:\nWhat say"),
                                           ("gpt2", "First Citizen: we are")])
 def test_genai_tokenizer_reads_and_writes_the_text_zoo_run_does(
-        name: str, prompt: str, exports: dict[str, Path]) -> None:
+        name: str, prompt: str, exports: Lazy) -> None:
     folder = exports[name]
     zoo_tokenizer = load_tokenizer(folder)  # the byte tokenizer, or tokenizers' tokenizer.json
     genai_tokenizer = og.Tokenizer(og.Model(str(folder)))
@@ -233,9 +246,11 @@ FAMILY_MODELS = {"gpt-tiny": ["gpt-tiny"], "gpt-tiny-optimized": ["gpt-tiny"],
                  "transformer-tiny": ["transformer-tiny-decoder", "transformer-tiny-encoder"]}
 
 
-@pytest.mark.parametrize("name", list(FAMILY_MODELS))
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=[on_shared(name)] if name in FROM_SHARED else [])
+    for name in FAMILY_MODELS])
 def test_triton_configs_parse_with_tritons_schema_and_match_the_graphs(
-        name: str, exports: dict[str, Path], tmp_path: Path) -> None:
+        name: str, exports: Lazy, tmp_path: Path) -> None:
     schema = model_config_schema()
     options = TritonOptions(max_batch_size=4, preferred_batch_sizes=(2, 4), kind="gpu",
                             instances=2)
@@ -268,7 +283,8 @@ def test_triton_configs_parse_with_tritons_schema_and_match_the_graphs(
         assert [i.name for i in session.get_inputs()] == [e.name for e in config.input]
 
 
-def test_zoo_triton_command_refuses_existing_and_bad_options(exports: dict[str, Path],
+@on_shared("bert-tiny")
+def test_zoo_triton_command_refuses_existing_and_bad_options(exports: Lazy,
                                                              tmp_path: Path) -> None:
     runner = CliRunner()
     folder, repository = str(exports["bert-tiny"]), str(tmp_path / "repo")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SharedExport
+from tests.conftest import SharedExport, on_shared
 from tests.test_node_web import (
     PROMPTS,
     WEB_DIR,
@@ -22,8 +22,8 @@ from tests.test_node_web import (
 )
 
 NAME = "transformer-tiny"
-# Reads the session's shared transformer-tiny export, with the other readers in one worker.
-pytestmark = pytest.mark.xdist_group("shared-exports")
+# Reads the session's shared transformer-tiny export, in the worker group that holds it.
+pytestmark = on_shared(NAME)
 
 
 @pytest.fixture(scope="module")

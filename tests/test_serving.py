@@ -32,7 +32,7 @@ from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH
 from export.serving.genai_tokenizer import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
 from registry import open_catalog
-from tests.conftest import Lazy, SharedExport, on_shared
+from tests.conftest import Lazy, SharedExport, on_shared, traces_reused
 from zoo.build import build_model
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
@@ -75,9 +75,15 @@ FROM_SHARED = ("bert-tiny", "transformer-tiny")
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport) -> Lazy:
-    """Made on first use, so a worker running only the shared cards' tests trains nothing."""
+def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport,
+            shared_traces: dict) -> Lazy:
+    """Made on first use, so a worker running only the shared cards' tests trains nothing.
+    The trained gpt-tiny's plain and --optimize exports share one trace of model.onnx."""
     root = tmp_path_factory.mktemp("serving")
+
+    def exported(source: Path, out: Path, optimize: bool = False) -> Path:
+        with traces_reused(shared_traces):
+            return export_folder(source, out, optimize)
 
     def trained() -> Path:
         folder = root / "gpt-tiny-trained"
@@ -93,9 +99,8 @@ def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExpor
             root / "gpt2-imported"
 
     made = {
-        "gpt-tiny": lambda: export_folder(trained(), root / "gpt-tiny-onnx"),
-        "gpt-tiny-optimized": lambda: export_folder(trained(), root / "gpt-tiny-opt",
-                                                    optimize=True),
+        "gpt-tiny": lambda: exported(trained(), root / "gpt-tiny-onnx"),
+        "gpt-tiny-optimized": lambda: exported(trained(), root / "gpt-tiny-opt", optimize=True),
         "gpt2": lambda: export_folder(gpt2(), root / "gpt2-onnx"),
         **{name: partial(lambda name: shared_export(name)[0], name) for name in FROM_SHARED},
     }

@@ -26,12 +26,13 @@ from google.protobuf import text_format
 import cli
 from export.onnx.variants import Variant
 from export.onnx.writer import export_onnx
-from export.runtime.generate import generate
+from export.runtime.generate import generate, left_padded
 from export.runtime.sessions import Runtime
-from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH
+from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
 from export.serving.genai_tokenizer import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
 from registry import open_catalog
+from registry.errors import ZooError
 from tests.conftest import Lazy, SharedExport, on_shared, traces_reused
 from zoo.build import build_model
 from zoo.files.importers import import_checkpoint
@@ -144,11 +145,15 @@ def zoo_greedy(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[
     return [until_eos(row.tolist(), card["eos_token_id"]) for row in rows]
 
 
-def genai_greedy(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """GenAI's own loop: it pads a batch on the right with pad_token_id."""
+def genai_greedy(folder: Path, prompts: list[list[int]], new_tokens: int,
+                 left: bool = False) -> list[list[int]]:
+    """GenAI's own loop on a batch padded as `genai_batch` pads it (on the right with
+    pad_token_id), or `left`-padded as the zoo pads (what GenAI does not read as padding)."""
     config = json.loads((folder / GENAI_CONFIG).read_text())["model"]
-    width = max(len(p) for p in prompts)
-    rows = np.array([p + [config["pad_token_id"]] * (width - len(p)) for p in prompts], np.int32)
+    rows = genai_batch(prompts, config["pad_token_id"])
+    if left:
+        rows = left_padded(prompts, config["pad_token_id"])[0].astype(np.int32)
+    width = rows.shape[1]
     model = og.Model(str(folder))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=width + new_tokens, batch_size=len(prompts),
@@ -178,6 +183,29 @@ def test_genai_picks_the_greedy_tokens_of_zoo_run(name: str, exports: Lazy) -> N
     if name in DISTINCT_ROWS:  # a real batch: padding wrong on either side would show
         assert len({tuple(row) for row in expected}) == len(expected)
     assert genai_greedy(folder, PROMPTS[name], NEW_TOKENS) == expected
+
+
+@pytest.mark.parametrize("name", sorted(DISTINCT_ROWS))
+def test_genai_batch_gives_each_row_what_its_prompt_gives_alone(name: str,
+                                                                exports: Lazy) -> None:
+    """On both graphs GenAI runs (the contract's; the shared-buffer GroupQueryAttention one),
+    a batch fed as `genai_batch` feeds it gives each row GenAI's tokens for that prompt alone.
+    Left-padded, GenAI reads the leading pad ids as tokens: every padded row changes (what
+    benchmarks/batch.py once fed it; 15 of its 16 rows differed)."""
+    folder, prompts = exports[name], PROMPTS[name]
+    alone = [genai_greedy(folder, [prompt], NEW_TOKENS)[0] for prompt in prompts]
+    assert len({tuple(row) for row in alone}) == len(alone)
+    assert genai_greedy(folder, prompts, NEW_TOKENS) == alone
+    left = genai_greedy(folder, prompts, NEW_TOKENS, left=True)
+    width = max(map(len, prompts))
+    assert [a == b for a, b in zip(left, alone, strict=True)] == [
+        len(prompt) == width for prompt in prompts]
+
+
+def test_genai_batch_refuses_a_prompt_ending_in_the_pad_id() -> None:
+    with pytest.raises(ZooError, match="trailing pad id 0"):
+        genai_batch([[5, 6], [7, 0]], 0)
+    assert genai_batch([[5, 6, 7], [8]], 0).tolist() == [[5, 6, 7], [8, 0, 0]]
 
 
 def test_optimized_export_runs_the_shared_cache_graph_in_genai(exports: Lazy) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -54,6 +55,16 @@ class GenAIFiles:
         (Path(folder) / GENAI_CONFIG).write_text(json.dumps(self.config, indent=2) + "\n",
                                                  encoding="utf-8")
         return [GENAI_CONFIG, *write_genai_tokenizer(Path(folder), card)]
+
+
+def genai_batch(prompts: list[list[int]], pad: int) -> np.ndarray:
+    """Prompts as GenAI's `append_tokens` takes a batch: int32 (B, T), padded on the right.
+    GenAI finds padding only as trailing pad ids (it scans each row from the end); leading pad
+    ids are read as tokens with positions from 0, so a left-padded row is not its prompt alone."""
+    if any(not p or p[-1] == pad for p in prompts):
+        raise ZooError(f"GenAI would take a prompt's trailing pad id {pad} for padding")
+    width = max(len(p) for p in prompts)
+    return np.array([p + [pad] * (width - len(p)) for p in prompts], np.int32)
 
 
 def decoder_genai(card: Any, graphs: dict[str, onnx.ModelProto], kv_file: str) -> GenAIFiles:

@@ -150,7 +150,7 @@ def genai_greedy(folder: Path, prompts: list[list[int]], new_tokens: int,
     """GenAI's own loop on a batch padded as `genai_batch` pads it (on the right with
     pad_token_id), or `left`-padded as the zoo pads (what GenAI does not read as padding)."""
     config = json.loads((folder / GENAI_CONFIG).read_text())["model"]
-    rows = genai_batch(prompts, config["pad_token_id"])
+    rows = genai_batch(folder, prompts)
     if left:
         rows = left_padded(prompts, config["pad_token_id"])[0].astype(np.int32)
     width = rows.shape[1]
@@ -202,10 +202,12 @@ def test_genai_batch_gives_each_row_what_its_prompt_gives_alone(name: str,
         len(prompt) == width for prompt in prompts]
 
 
-def test_genai_batch_refuses_a_prompt_ending_in_the_pad_id() -> None:
-    with pytest.raises(ZooError, match="trailing pad id 0"):
-        genai_batch([[5, 6], [7, 0]], 0)
-    assert genai_batch([[5, 6, 7], [8]], 0).tolist() == [[5, 6, 7], [8, 0, 0]]
+def test_genai_batch_pads_with_the_configs_pad_id_and_refuses_a_prompt_ending_in_it(
+        tmp_path: Path) -> None:
+    (tmp_path / GENAI_CONFIG).write_text(json.dumps({"model": {"pad_token_id": 9}}))
+    assert genai_batch(tmp_path, [[5, 6, 7], [8]]).tolist() == [[5, 6, 7], [8, 9, 9]]
+    with pytest.raises(ZooError, match="trailing pad id 9"):
+        genai_batch(tmp_path, [[5, 6], [7, 9]])
 
 
 def test_optimized_export_runs_the_shared_cache_graph_in_genai(exports: Lazy) -> None:

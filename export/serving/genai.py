@@ -57,10 +57,13 @@ class GenAIFiles:
         return [GENAI_CONFIG, *write_genai_tokenizer(Path(folder), card)]
 
 
-def genai_batch(prompts: list[list[int]], pad: int) -> np.ndarray:
-    """Prompts as GenAI's `append_tokens` takes a batch: int32 (B, T), padded on the right.
-    GenAI finds padding only as trailing pad ids (it scans each row from the end); leading pad
-    ids are read as tokens with positions from 0, so a left-padded row is not its prompt alone."""
+def genai_batch(folder: Path, prompts: list[list[int]]) -> np.ndarray:
+    """Prompts as GenAI's `append_tokens` takes a batch for the export in `folder`: int32
+    (B, T), padded on the right with its genai_config's pad_token_id. GenAI finds padding only
+    as trailing ids equal to that one (it scans each row from the end): leading pad ids, or any
+    other id, are read as tokens with positions from 0, and the row is no longer its prompt."""
+    pad = json.loads((Path(folder) / GENAI_CONFIG).read_text(encoding="utf-8"))["model"][
+        "pad_token_id"]
     if any(not p or p[-1] == pad for p in prompts):
         raise ZooError(f"GenAI would take a prompt's trailing pad id {pad} for padding")
     width = max(len(p) for p in prompts)

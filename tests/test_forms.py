@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from export.onnx.forms import residual_sums
+from export.onnx.forms import fused_projections, residual_sums
 from tests.conftest import card, on_shared
 from zoo.blocks.attention import Attention, build_mask
-from zoo.blocks.feedforward import GeluFeedForward
+from zoo.blocks.feedforward import GeluFeedForward, gelu_tanh
 
 
 def test_gelu_block_equals_torch_exact_gelu() -> None:
@@ -32,6 +32,11 @@ def test_gelu_block_equals_torch_exact_gelu() -> None:
     expected = torch.nn.GELU()(hidden) @ block.down.weight.T + block.down.bias  # erf GELU
     with torch.no_grad():
         torch.testing.assert_close(block(x), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_gelu_tanh_equals_torch_tanh_gelu() -> None:
+    x = torch.linspace(-8, 8, 4001)
+    torch.testing.assert_close(gelu_tanh(x), F.gelu(x, approximate="tanh"), atol=1e-6, rtol=1e-5)
 
 
 def test_additive_mask_attention_equals_torch_sdpa_with_a_boolean_mask() -> None:
@@ -83,7 +88,7 @@ def _session_graph(path: Path, tmp_path: Path) -> Counter:
 def test_a_default_session_runs_the_fast_forms(name: str, shared_export, tmp_path: Path) -> None:
     """No SkipLayerNormalization (its CPU kernel is the slow one), no per-layer Where or Div:
     the mask is built once and the scale rides in the attention MatMul; BERT's GELU runs as
-    BiasGelu."""
+    BiasGelu, GPT-2's as FastGelu; each layer's Q, K and V are one MatMul and a Split."""
     folder, _ = shared_export(name)
     ops = _session_graph(folder / "model.onnx", tmp_path)
     layers = card(name)["n_layers"]
@@ -93,6 +98,54 @@ def test_a_default_session_runs_the_fast_forms(name: str, shared_export, tmp_pat
     assert ops["FusedMatMul"] == layers  # Q K^T with the scale as its alpha
     if card(name)["activation"] == "gelu":  # every layer's, and the MLM head's transform
         assert ops["BiasGelu"] == layers + 1 and ops["Erf"] == 0
+    if card(name)["activation"] == "gelu_tanh":
+        assert ops["FastGelu"] == layers and ops["Tanh"] == 0
+    assert ops["Split"] == layers
+
+
+def _projections(bias: bool) -> onnx.ModelProto:
+    """x @ Wq + bq, x @ Wk + bk, x @ Wv + bv (ONNX's MatMul/Add), and one MatMul of another
+    input that must stay apart."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    tensors, nodes, outputs = [], [], []
+    for index, width in enumerate((4, 4, 6)):
+        tensors.append(numpy_helper.from_array(rng.standard_normal((4, width), np.float32),
+                                               f"w{index}"))
+        nodes.append(helper.make_node("MatMul", ["x", f"w{index}"], [f"m{index}"]))
+        outputs.append(helper.make_tensor_value_info(f"m{index}", TensorProto.FLOAT,
+                                                     [2, 3, width]))
+        if bias:
+            tensors.append(numpy_helper.from_array(rng.standard_normal(width).astype(np.float32),
+                                                   f"b{index}"))
+            nodes.append(helper.make_node("Add", [f"b{index}", f"m{index}"], [f"y{index}"]))
+            outputs[-1] = helper.make_tensor_value_info(f"y{index}", TensorProto.FLOAT,
+                                                        [2, 3, width])
+    nodes.append(helper.make_node("MatMul", ["z", "w0"], ["other"]))
+    outputs.append(helper.make_tensor_value_info("other", TensorProto.FLOAT, [2, 3, 4]))
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 3, 4])
+              for name in ("x", "z")]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, tensors)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_projections_give_the_same_outputs(bias: bool) -> None:
+    """One MatMul (+ one Add) + Split in place of three, outputs equal to the unfused graph's
+    (the reference: the same graph before the rewrite, run by ONNX Runtime)."""
+    model = _projections(bias)
+    feeds = {name: np.random.default_rng(1).standard_normal((2, 3, 4), np.float32)
+             for name in ("x", "z")}
+    run = lambda m: ort.InferenceSession(m.SerializeToString(),  # noqa: E731
+                                         providers=["CPUExecutionProvider"]).run(None, feeds)
+    expected = run(model)
+    assert fused_projections(model) == 2
+    onnx.checker.check_model(model, full_check=True)
+    ops = Counter(node.op_type for node in model.graph.node)
+    assert ops == Counter({"MatMul": 2, "Split": 1, **({"Add": 1, "Concat": 1} if bias else {})})
+    for got, want in zip(run(model), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_scale_and_mask_are_one_multiply_and_one_add_per_layer() -> None:

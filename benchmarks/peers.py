@@ -42,17 +42,27 @@ Run = Callable[[], object]
 PACKAGES = ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai")
 
 
+# Before each timed run: the engine that ran before leaves its threads spinning for a while
+# (ONNX Runtime's intra-op pool, PyTorch's OpenMP), and back to back they slowed the next
+# engine by up to 1.5x (gpt2-small 1x32: 152 ms back to back, 95-113 ms after a pause).
+PAUSE_S = 0.05
+
+
 def interleaved(runs: dict[str, Run], rounds: int,
                 warm_up: bool = True) -> dict[str, dict[str, float]]:
     """Median, p10 and p90 seconds per engine, after one warm-up run each (unless the caller
-    has just run each, e.g. to check its output)."""
+    has just run each, e.g. to check its output). Each round starts one engine later, so no
+    engine always follows the same one."""
     for run in runs.values() if warm_up else ():
         run()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
+    names = list(runs)
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            time.sleep(PAUSE_S)
             start = time.perf_counter()
-            run()
+            runs[name]()
             times[name].append(time.perf_counter() - start)
     return {name: {"median": statistics.median(values),
                    "p10": float(np.percentile(values, 10)),

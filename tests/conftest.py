@@ -45,6 +45,12 @@ def xdist_group(item: pytest.Item) -> str:
     return group
 
 
+def group_in(nodeid: str) -> str | None:
+    """The xdist group a node id carries as its `@group` suffix (after any parameters), if any."""
+    suffix = nodeid.rpartition("]")[2]
+    return suffix.rpartition("@")[2] if "@" in suffix else None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `make test` (pytest-xdist, --dist loadgroup) each test file runs in one worker, so
@@ -57,7 +63,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        if "@" in item.nodeid.rpartition("]")[2]:
+        if group_in(item.nodeid) is not None:
             continue  # a pytest on which xdist's own suffix works
         item._id = coerce_node_id(f"{item.nodeid}@{xdist_group(item)}")
 
@@ -134,7 +140,7 @@ def shared_export(tmp_path_factory: pytest.TempPathFactory,
 
     def get(name: str, variant: str = "plain") -> tuple[Path, Any]:
         test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
-        group = test.rpartition("@")[2] if "@" in test.rpartition("]")[2] else None
+        group = group_in(test)
         if group is not None and group != f"shared-{name}":
             pytest.fail(f"{test} reads shared_export({name!r}) but runs in group {group!r}: "
                         f"mark it on_shared({name!r})")

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import re
 import shutil
-from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -99,13 +98,13 @@ def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExpor
         return import_checkpoint(hf_gpt2(root / "hf-gpt2"), root / "gpt2-imported") and \
             root / "gpt2-imported"
 
-    made = {
+    own = {
         "gpt-tiny": lambda: exported(trained(), root / "gpt-tiny-onnx"),
         "gpt-tiny-optimized": lambda: exported(trained(), root / "gpt-tiny-opt", optimize=True),
         "gpt2": lambda: export_folder(gpt2(), root / "gpt2-onnx"),
-        **{name: partial(lambda name: shared_export(name)[0], name) for name in FROM_SHARED},
     }
-    return Lazy(made, lambda name: made[name]())
+    return Lazy([*own, *FROM_SHARED],
+                lambda name: shared_export(name)[0] if name in FROM_SHARED else own[name]())
 
 
 def hf_gpt2(folder: Path) -> Path:
@@ -150,9 +149,8 @@ def genai_greedy(folder: Path, prompts: list[list[int]], new_tokens: int,
     """GenAI's own loop on a batch padded as `genai_batch` pads it (on the right with
     pad_token_id), or `left`-padded as the zoo pads (what GenAI does not read as padding)."""
     config = json.loads((folder / GENAI_CONFIG).read_text())["model"]
-    rows = genai_batch(folder, prompts)
-    if left:
-        rows = left_padded(prompts, config["pad_token_id"])[0].astype(np.int32)
+    rows = left_padded(prompts, config["pad_token_id"])[0].astype(np.int32) if left else \
+        genai_batch(folder, prompts)
     width = rows.shape[1]
     model = og.Model(str(folder))
     params = og.GeneratorParams(model)

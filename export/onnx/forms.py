@@ -132,18 +132,23 @@ def _names_used(graph: onnx.GraphProto) -> set[str]:
     for node in graph.node:
         used.update(node.input)
         for attribute in node.attribute:
-            for subgraph in [attribute.g, *attribute.graphs] if attribute.HasField("g") or \
-                    attribute.graphs else ():
+            subgraphs = [attribute.g] if attribute.HasField("g") else []
+            for subgraph in [*subgraphs, *attribute.graphs]:
                 used |= _names_used(subgraph)
     return used
 
 
-def _drop_unused(graph: onnx.GraphProto) -> None:
-    """Initializers nobody reads any more, and the value_info of tensors no node writes."""
+def drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Initializers nobody reads any more (a rewrite or the quantizer replaced their reader)."""
     used = _names_used(graph)
     kept = [tensor for tensor in graph.initializer if tensor.name in used]
     del graph.initializer[:]
     graph.initializer.extend(kept)
+
+
+def _drop_unused(graph: onnx.GraphProto) -> None:
+    """Initializers nobody reads any more, and the value_info of tensors no node writes."""
+    drop_unused_initializers(graph)
     written = {name for node in graph.node for name in node.output}
     info = [entry for entry in graph.value_info if entry.name in written]
     del graph.value_info[:]

@@ -17,6 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from export.logs import quiet_loggers
+from export.onnx.forms import drop_unused_initializers
 from export.onnx.optimize import ensure_ms_opset
 from registry.errors import ZooError, first_line
 
@@ -84,13 +85,5 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
     quantized = quantizer.model.model
     ensure_ms_opset(quantized)
     count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
-    _drop_unused_initializers(quantized)
+    drop_unused_initializers(quantized.graph)
     return quantized, count
-
-
-def _drop_unused_initializers(model: onnx.ModelProto) -> None:
-    used = {name for node in model.graph.node for name in node.input}
-    used |= {output.name for output in model.graph.output}
-    keep = [tensor for tensor in model.graph.initializer if tensor.name in used]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)

@@ -665,11 +665,12 @@ def import_command(source: str, out: str, force: bool) -> None:
 @click.option("--quantize", type=click.Choice(["int8", "int4"]),
               help="When exporting NAME or a built folder: --quantize it.")
 @click.option("--profile", is_flag=True, help="Add ONNX Runtime's per-operator times.")
+@click.option("--seed", default=0, show_default=True, help="Seed when building a card.")
 @click.option("--force", is_flag=True, help="Overwrite an existing --json file.")
 @registry_option
 def bench(source: str, provider: str, threads: int | None, json_path: str | None,
-          repeats: int, optimize: bool, quantize: str | None, profile: bool, force: bool,
-          registries: tuple[str, ...]) -> None:
+          repeats: int, optimize: bool, quantize: str | None, profile: bool, seed: int,
+          force: bool, registries: tuple[str, ...]) -> None:
     """Time PyTorch eager against ONNX Runtime on the same weights, scaled by the machine's
     own limits (one large matmul, a 1 GiB read) measured in the same run.
 
@@ -683,7 +684,7 @@ def bench(source: str, provider: str, threads: int | None, json_path: str | None
         raise ZooError("--repeats and --threads should be >= 1")
     from export.bench.run import BenchOptions, render, run_bench, write_json
 
-    options = BenchOptions(provider, threads, repeats, optimize, quantize, profile)
+    options = BenchOptions(provider, threads, repeats, optimize, quantize, profile, seed)
     result = run_bench(source, registries, options,
                        lambda message: click.echo(message, err=True))
     click.echo(render(result))

@@ -34,6 +34,7 @@ from tests.conftest import (
     card,
     on_shared,
     stored_tensor_bytes,
+    traces_reused,
 )
 from zoo.build import build_model
 from zoo.files.weights import load_built
@@ -273,9 +274,16 @@ def test_zoo_bench_decoder_writes_every_figure(exports, tmp_path: Path) -> None:
     assert "tokens_per_s" in result["measurements"]["greedy_64"]["ort"]
 
 
-@OWN_EXPORT
-def test_zoo_bench_exports_a_card_name_first(tmp_path: Path) -> None:
-    result = bench_json(tmp_path, "gpt-tiny", "--no-optimize")  # to a temporary folder
+@on_shared("gpt-tiny")
+def test_zoo_bench_exports_a_card_name_first(tmp_path: Path, shared_export: SharedExport,
+                                             shared_traces: dict) -> None:
+    """To a temporary folder; `--seed 1` builds the shared export's weights, so its graph is
+    the one this worker traced already (no new trace is the proof that the seed was used)."""
+    shared_export("gpt-tiny")
+    traced = len(shared_traces)
+    with traces_reused(shared_traces):
+        result = bench_json(tmp_path, "gpt-tiny", "--no-optimize", "--seed", "1")
+    assert len(shared_traces) == traced
     check_result(result, "decoder")
     assert result["export"]["optimized"] is False
     assert result["export"]["shared_cache_graph"] is False

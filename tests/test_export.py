@@ -407,3 +407,19 @@ def test_gpt2_small_export_stores_weights_once(tmp_path: Path) -> None:
     export_and_verify(build_model(gpt2), gpt2, tmp_path / "gpt2")
     onnx_bytes = (tmp_path / "gpt2" / "model.onnx").stat().st_size
     assert onnx_bytes <= 1.01 * (tmp_path / "gpt2" / WEIGHTS).stat().st_size
+
+
+def test_exports_share_torchs_function_table_and_leave_torch_as_it_was() -> None:
+    """torch.onnx builds its table of ONNX functions (about 1.1 s) on every export: within the
+    zoo's exports it is built once per opset, and torch's own method is back afterwards, so
+    other exporters in the process (which may add custom translations) get a fresh table."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from export.onnx.trace import registry_built_once
+
+    torchs_own = ONNXRegistry.__dict__["from_torchlib"]
+    with registry_built_once():
+        first = ONNXRegistry.from_torchlib(opset_version=18)
+        assert ONNXRegistry().from_torchlib(opset_version=18) is first  # as torch.onnx calls it
+    assert ONNXRegistry.__dict__["from_torchlib"] is torchs_own
+    assert ONNXRegistry.from_torchlib(opset_version=18) is not first

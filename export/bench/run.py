@@ -2,9 +2,9 @@
 with the machine's own limits measured in that run (bench/machine.py), every figure a median
 over repeated runs after warm-up with its spread (bench/timing.py).
 
-NAME (a card, built with seed 0) or a built folder is exported to a temporary folder first
-(--optimize by default, since this measures speed); an export folder is used as it is, with the
-reference weights it carries for the PyTorch side.
+NAME (a card, built with --seed, 0 by default) or a built folder is exported to a temporary
+folder first (--optimize by default, since this measures speed); an export folder is used as it
+is, with the reference weights it carries for the PyTorch side.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class BenchOptions:
     optimize: bool = True
     quantize: str | None = None
     profile: bool = False
+    seed: int = 0  # when building a card
 
 
 def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, work: Path,
@@ -57,7 +58,7 @@ def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, wo
         model, card = load_built(folder)  # the reference weights the export carries
         return folder, model, card
     progress(f"loading {source}...")
-    model, card = load_source(source, registries)
+    model, card = load_source(source, registries, options.seed)
     out = work / "export"
     export_and_verify(model, card, out, progress=progress, optimize=options.optimize,
                       quantize=options.quantize)

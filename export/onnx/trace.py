@@ -4,7 +4,10 @@ from the family's GraphIO, so names, axes and examples cannot drift apart."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -79,12 +82,45 @@ def trace_inputs(io: GraphIO, card: Card) -> tuple[tuple, tuple]:
     return tuple(args), tuple(shapes)
 
 
+_REGISTRIES: dict[int, Any] = {}
+
+
+@contextmanager
+def registry_built_once() -> Iterator[None]:
+    """torch.onnx rebuilds its table of ONNX functions on every export (about 1.1 s of a tiny
+    card's 8 s: it parses every torchlib function's source again). It only reads the table
+    unless given a custom translation table, which the zoo never passes, so within our exports
+    one table per opset serves them all. torch's own method is back in place afterwards, and a
+    torch without this private seam simply builds the table each time."""
+    try:
+        from torch.onnx._internal.exporter._registration import ONNXRegistry
+    except ImportError:
+        yield
+        return
+    build = ONNXRegistry.__dict__.get("from_torchlib")
+    if not isinstance(build, classmethod):
+        yield
+        return
+
+    def built_once(*_: Any, **kwargs: Any) -> Any:
+        opset = kwargs.get("opset_version", -1)
+        if opset not in _REGISTRIES:
+            _REGISTRIES[opset] = build.__func__(ONNXRegistry, **kwargs)
+        return _REGISTRIES[opset]
+
+    ONNXRegistry.from_torchlib = built_once
+    try:
+        yield
+    finally:
+        ONNXRegistry.from_torchlib = build
+
+
 def export_graph(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list, list],
                  opset: int, path: Path) -> onnx.ModelProto:
     """The ONNX proto of `graph` traced on `args`, in the forms ONNX Runtime runs fastest
     (export/onnx/forms.py); a failure is one ExportError line."""
     with warnings.catch_warnings(), quiet_loggers("torch.onnx", "onnxscript", "torch.export"), \
-            torch.no_grad():
+            torch.no_grad(), registry_built_once():
         warnings.simplefilter("ignore")  # the exporter's own chatter; failures still raise
         try:
             program = torch.onnx.export(

@@ -5,11 +5,12 @@ ONNX export, ONNX Runtime GenAI, and the zoo's exports, every ONNX graph in a pl
     benchmarks/setup.sh                                  # once: benchmarks/.venv
     benchmarks/.venv/bin/python benchmarks/peers.py --json peers.json
 
-Rows: bert-base forward at batch 1 and 8 x 128; gpt2-small prefill (batch 1, prompts of 32
-and 512) and greedy decoding (prompt 32, 64 new tokens). Engines are timed interleaved (one
-run of each per round), so the shared machine's drifting load weighs on all alike; the ratios
-are the result. Outputs are checked first: encoder logits within 1e-4 of PyTorch, the same
-greedy tokens from every engine.
+Rows: bert-base forward at batch 1 and 8 x 128; gpt2-small prefill (batch 1 x 32, 1 x 512,
+4 x 32: each graph's first call, and the first call of the zoo's `generate`) and greedy
+decoding (prompt 32, 64 new tokens). Engines are timed interleaved (one run of each per
+round), so the shared machine's drifting load weighs on all alike; the ratios are the result.
+Outputs are checked first: encoder logits within 1e-4 of PyTorch, the same greedy tokens from
+every engine, the same next token from every prefill.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ from prepare import hf_folder, optimum_export, zoo_export  # noqa: E402
 
 from export.bench.genai_vs_zoo import cpu_flags, genai_runner, zoo_runner  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
+from export.runtime.generate import open_session  # noqa: E402
+from export.runtime.sessions import Runtime  # noqa: E402
 
 Run = Callable[[], object]
+FIRST_CALL = "zoo generate's first call (model_kv.onnx)"
 PACKAGES = ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai")
 
 
@@ -155,11 +159,21 @@ def gpt2_rows(work: Path, rounds: int, prompt_length: int, new_tokens: int) -> l
     for batch, length in ((1, 32), (1, 512), (4, 32)):
         ids = np.random.default_rng(length).integers(3, 50000, (batch, length)).astype(np.int64)
         runs: dict[str, Run] = {"hf-pytorch": lambda i=ids: hf_prefill(hf, i)}
+        next_tokens = {}
         for name, session in sessions.items():
             feeds = decoder_feeds(session, ids, None, 0)
             runs[name] = lambda s=session, f=feeds: s.run(["logits"], f)
+            next_tokens[name] = session.run(["logits"], feeds)[0][:, -1].argmax(-1).tolist()
+        # What `generate` runs first: the shared-cache graph, whose logits are the last
+        # token's only (the contract graph and Optimum's return every position's).
+        first_call = open_session(Runtime(optimized), capacity=length + new_tokens)
+        runs[FIRST_CALL] = lambda s=first_call, i=ids: s.prefill(i, None)
+        next_tokens[FIRST_CALL] = first_call.prefill(ids, None).argmax(-1).tolist()
         rows.append({"work": f"gpt2-small prefill, batch {batch} x {length}",
-                     "seconds": interleaved(runs, rounds)})
+                     "seconds": interleaved(runs, rounds),
+                     "same_next_tokens_as_optimum": {
+                         name: tokens == next_tokens["optimum"]
+                         for name, tokens in next_tokens.items()}})
     prompt = [int(i) for i in np.random.default_rng(0).integers(3, 50000, prompt_length)]
     runs = {
         "hf-pytorch generate": lambda: hf_greedy(hf, prompt, new_tokens),

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -345,19 +346,44 @@ def processes_using(path: Path) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class Page:
+    """A page that generates from `ids` (the raw path) or `text`, greedy; `screenshot`: where
+    to save it, if anywhere."""
+    model: str
+    ids: list[int] | None
+    steps: int
+    text: str | None = None
+    screenshot: Path | None = None
+
+    def args(self, server: str) -> list[str]:
+        """check-page.mjs's arguments for this page: its URL, then its --screenshot if any."""
+        prompt = {"text": self.text} if self.ids is None else {"ids": ",".join(map(str, self.ids))}
+        query = urlencode({"model": f"../{self.model}/", **prompt, "steps": self.steps, "run": 1})
+        shot = ["--screenshot", str(self.screenshot)] if self.screenshot else []
+        return [f"{server}web/index.html?{query}", *shot]
+
+
+def open_pages(server: str, tmp_path: Path, pages: list[Page]) -> list[dict]:
+    """What each page shows, in order, all from one Chromium: a launch takes seconds here, a
+    page (a new tab in it) far less."""
+    profile = tmp_path / "chromium-profile"  # a new empty user-data-dir for each launch
+    profile.mkdir()
+    args = [arg for page in pages for arg in page.args(server)]
+    # --timeout-ms bounds each page; 20 s more for the launch, as for one page before.
+    result = run_node(WEB_DIR / "check-page.mjs", *args, "--user-data-dir", str(profile),
+                      "--timeout-ms", "40000", timeout=20 + 40 * len(pages))
+    assert result.returncode == 0, result.stderr
+    assert processes_using(profile) == [], "Chromium is still running"
+    shown = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(shown) == len(pages), result.stdout
+    return shown
+
+
 def open_page(server: str, tmp_path: Path, model: str, ids: list[int] | None, steps: int,
               text: str | None = None, screenshot: Path | None = None) -> dict:
     """What the page shows after generating from `ids` (the raw path) or `text`, greedy."""
-    profile = tmp_path / "chromium-profile"  # a new empty user-data-dir for each page
-    profile.mkdir()
-    prompt = {"text": text} if ids is None else {"ids": ",".join(map(str, ids))}
-    query = urlencode({"model": f"../{model}/", **prompt, "steps": steps, "run": 1})
-    shot = ["--screenshot", str(screenshot)] if screenshot else []
-    result = run_node(WEB_DIR / "check-page.mjs", f"{server}web/index.html?{query}",
-                      "--user-data-dir", str(profile), "--timeout-ms", "40000", *shot)
-    assert result.returncode == 0, result.stderr
-    assert processes_using(profile) == [], "Chromium is still running"
-    return json.loads(result.stdout)
+    return open_pages(server, tmp_path, [Page(model, ids, steps, text, screenshot)])[0]
 
 
 def test_page_generates_the_same_tokens_as_python(server: str, exported: Lazy,
@@ -376,24 +402,24 @@ def test_page_shows_the_text_zoo_run_prints(server: str, with_text: Lazy,
     """Text typed on the page gives, greedily, the text `zoo run --text` prints, with the
     speed measured: no more time than the whole page took, and no more than ten times
     Python ONNX Runtime's native tokens/s on one thread (WASM is slower; a timer that missed
-    the run would show far more). The screenshot is kept beside the test's files (and in
+    the run would show far more). Each text's screenshot is kept beside the test's files (and in
     $ZOO_ARTIFACTS when set)."""
     runtime = Runtime(with_text["gpt-tiny"], "cpu", 1)
     start = time.perf_counter()
     generate(runtime, np.array([PROMPTS[0]]), None, 64)
     native = 64 / (time.perf_counter() - start)
-    for index, text in enumerate(TEXTS):
-        (tmp_path / str(index)).mkdir()
-        screenshot = tmp_path / str(index) / "page.png"
-        shown = open_page(server, tmp_path / str(index), "gpt-text", None, 64, text, screenshot)
+    shots = [tmp_path / f"page-{index}.png" for index in range(len(TEXTS))]
+    pages = [Page("gpt-text", None, 64, text, shot)
+             for text, shot in zip(TEXTS, shots, strict=True)]
+    for text, shot, shown in zip(TEXTS, shots, open_pages(server, tmp_path, pages), strict=True):
         assert shown["state"] == "done", shown["error"]
         assert shown["text"] + "\n" == zoo_run_text(with_text["gpt-tiny"], text, 64)
         assert 0 < shown["tokensPerSecond"] < 10 * native
         assert f"{shown['tokensPerSecond']:.1f} tokens/s" in shown["status"]
         assert 0 < shown["totalMs"] <= shown["wallMs"]
-        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if os.environ.get("ZOO_ARTIFACTS"):
-            shutil.copy(screenshot, Path(os.environ["ZOO_ARTIFACTS"]) / f"page-{index}.png")
+            shutil.copy(shot, Path(os.environ["ZOO_ARTIFACTS"]) / shot.name)
 
 
 def test_page_draws_the_attention_python_computes(server: str, attention_export: Path,
@@ -402,7 +428,7 @@ def test_page_draws_the_attention_python_computes(server: str, attention_export:
     behind the drawing equal Python ONNX Runtime's on the same graph; a plain export draws
     nothing."""
     ids = PROMPTS[0]
-    shown = open_page(server, tmp_path, "gpt-att", ids, 4)
+    shown, plain = open_pages(server, tmp_path, [Page("gpt-att", ids, 4), Page("gpt", ids, 4)])
     assert shown["state"] == "done", shown
     tiny = card("gpt-tiny")
     layer = tiny["n_layers"] - 1
@@ -411,22 +437,34 @@ def test_page_draws_the_attention_python_computes(server: str, attention_export:
     outputs = Runtime(attention_export).run("model.onnx", prompt_feeds(tiny, ids))
     np.testing.assert_allclose(np.asarray(drawn["heads"]), outputs[f"attentions.{layer}"][0],
                                atol=1e-5)
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    assert open_page(server, plain, "gpt", ids, 4)["attention"] is None
+    assert plain["attention"] is None
 
 
-@pytest.mark.parametrize("model, ids, text, message", [
-    ("empty", None, "ROMEO:", "not an export (no manifest.json: HTTP 404)"),
-    ("broken", None, "ROMEO:", "model.onnx: HTTP 404"),
-    ("gpt", [1, 999], None, "token ids should be in 0..259, got 999"),
-    ("gpt", None, "ROMEO:", "this export has no tokenizer"),
-    ("gpt-text", None, "x" * 121, "prompt of 121 tokens plus 8 new tokens: should be at least "
-                                  "one new token and at most max_positions=128"),
-])
-def test_page_shows_the_error_instead_of_hanging(model: str, ids: list[int] | None,
-                                                 text: str | None, message: str,
-                                                 server: str, tmp_path: Path) -> None:
-    shown = open_page(server, tmp_path, model, ids, 8, text)
+# Each a page that must show its error (the message, in it) rather than hang.
+ERROR_PAGES = {
+    "no-manifest": (Page("empty", None, 8, "ROMEO:"),
+                    "not an export (no manifest.json: HTTP 404)"),
+    "missing-file": (Page("broken", None, 8, "ROMEO:"), "model.onnx: HTTP 404"),
+    "id-out-of-range": (Page("gpt", [1, 999], 8), "token ids should be in 0..259, got 999"),
+    "no-tokenizer": (Page("gpt", None, 8, "ROMEO:"), "this export has no tokenizer"),
+    "too-long": (Page("gpt-text", None, 8, "x" * 121),
+                 "prompt of 121 tokens plus 8 new tokens: should be at least one new token and "
+                 "at most max_positions=128"),
+}
+
+
+@pytest.fixture(scope="module")
+def error_pages_shown(server: str, tmp_path_factory: pytest.TempPathFactory
+                      ) -> dict[str, dict]:
+    """What each of ERROR_PAGES shows, by case, all from one Chromium launch."""
+    pages = [page for page, _ in ERROR_PAGES.values()]
+    shown = open_pages(server, tmp_path_factory.mktemp("error-pages"), pages)
+    return dict(zip(ERROR_PAGES, shown, strict=True))
+
+
+@pytest.mark.parametrize("case", ERROR_PAGES)
+def test_page_shows_the_error_instead_of_hanging(case: str,
+                                                 error_pages_shown: dict[str, dict]) -> None:
+    shown, (_, message) = error_pages_shown[case], ERROR_PAGES[case]
     assert shown["state"] == "error" and shown["tokens"] == [] and shown["text"] == ""
     assert shown["error"].startswith("error: ") and message in shown["error"]

@@ -204,14 +204,18 @@ def server(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
 
 def test_page_tokenizer_gives_python_ids_and_text(server: str, folders: dict[str, Path],
                                                   tmp_path: Path) -> None:
-    """All four folders in one test: each page load starts a Chromium (seconds on 2 cores)."""
-    for name, kind, decode in CASES:
+    """All four folders in one Chromium (a launch takes seconds on 2 cores), a tab each."""
+    args = []
+    for name, _, decode in CASES:
         request = tmp_path / f"{name}.json"
         request.write_text(json.dumps({"texts": TEXTS, "ids": DECODE[decode]}))
-        profile = tmp_path / f"profile-{name}"
-        profile.mkdir()
-        result = run_node(WEB_DIR / "check-page.mjs", f"{server}web/index.html?model=../{name}/",
-                          "--golden", str(request), "--user-data-dir", str(profile))
-        assert result.returncode == 0, result.stderr
-        assert_same(json.loads(result.stdout), python_golden(folders[name], DECODE[decode]),
-                    kind)
+        args += [f"{server}web/index.html?model=../{name}/", "--golden", str(request)]
+    profile = tmp_path / "profile"
+    profile.mkdir()
+    result = run_node(WEB_DIR / "check-page.mjs", *args, "--user-data-dir", str(profile),
+                      timeout=20 + 40 * len(CASES))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(CASES), result.stdout
+    for line, (name, kind, decode) in zip(lines, CASES, strict=True):
+        assert_same(json.loads(line), python_golden(folders[name], DECODE[decode]), kind)

@@ -13,9 +13,10 @@ from tests.conftest import SharedExport, on_shared
 from tests.test_node_web import (
     PROMPTS,
     WEB_DIR,
+    Page,
     browser_problem,
     engines,
-    open_page,
+    open_pages,
     python_tokens,
     require,
     serving,
@@ -41,9 +42,9 @@ def test_page_translates_with_the_tokens_python_gives(server: tuple[str, Path],
                                                       tmp_path: Path) -> None:
     url, folder = server
     runtime, torch_engine = engines(folder)
-    for index, ids in enumerate(PROMPTS[:2]):
-        (tmp_path / str(index)).mkdir()
-        shown = open_page(url, tmp_path / str(index), "t2t", ids, 20)
+    prompts = PROMPTS[:2]
+    pages = open_pages(url, tmp_path, [Page("t2t", ids, 20) for ids in prompts])
+    for ids, shown in zip(prompts, pages, strict=True):
         assert shown["state"] == "done", shown["error"]
         expected = python_tokens(runtime, ids, 20)
         assert python_tokens(torch_engine, ids, 20) == expected

@@ -8,11 +8,13 @@
 //
 //   node check-page.mjs URL [--screenshot PNG] [URL [--screenshot PNG]]... \
 //                       [--user-data-dir DIR] [--timeout-ms 60000]
-//   node check-page.mjs URL --golden INPUT.json      (the page's tokenizer, as tokenize.mjs)
+//   node check-page.mjs URL --golden INPUT.json [URL --golden INPUT.json]...
+//                                                    (the page's tokenizer, as tokenize.mjs)
 //
 // One browser serves all the URLs (a launch takes seconds): each URL gets a new page (tab) of
 // it, closed once read. `--screenshot PNG` saves the page of the URL just before it; a URL
-// without one is not saved. `--timeout-ms` bounds each page. `--golden` takes one URL only.
+// without one is not saved. `--golden INPUT.json` likewise belongs to the URL before it: that
+// page's line is what its tokenizer gives for INPUT. `--timeout-ms` bounds each page.
 //
 // Drives the system's Chromium (Debian's /usr/bin/chromium, or $CHROMIUM) with playwright-core;
 // it never downloads a browser. The profile is a new empty folder (made here unless given),
@@ -27,26 +29,25 @@ import { chromium } from 'playwright-core';
 
 const ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync'];
-const USAGE = 'usage: node check-page.mjs URL [--screenshot PNG] [URL [--screenshot PNG]]... ' +
-  '[--user-data-dir DIR] [--timeout-ms MS] | URL --golden INPUT.json';
+const USAGE = 'usage: node check-page.mjs URL [--screenshot PNG | --golden INPUT.json] ' +
+  '[URL [--screenshot PNG | --golden INPUT.json]]... [--user-data-dir DIR] [--timeout-ms MS]';
 
 function parseArgs(argv) {
-  const args = { pages: [], userDataDir: null, timeoutMs: 60000, golden: null };
+  const args = { pages: [], userDataDir: null, timeoutMs: 60000 };
   for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--user-data-dir') args.userDataDir = argv[++i];
     else if (argv[i] === '--timeout-ms') args.timeoutMs = Number(argv[++i]);
-    else if (argv[i] === '--golden') args.golden = JSON.parse(readFileSync(argv[++i], 'utf8'));
-    else if (argv[i] === '--screenshot') {
-      // Belongs to the URL before it: a stray or second one would pair shots with wrong pages.
+    else if (argv[i] === '--screenshot' || argv[i] === '--golden') {
+      // Belongs to the URL before it: a stray or second one would pair it with a wrong page.
       const last = args.pages.at(-1);
-      if (!last || last.screenshot) {
-        throw new Error(`--screenshot PNG follows its URL, once; ${USAGE}`);
+      if (!last || last.screenshot || last.golden) {
+        throw new Error(`${argv[i]} follows its URL, once per URL; ${USAGE}`);
       }
-      last.screenshot = argv[++i];
-    } else args.pages.push({ url: argv[i], screenshot: null });
+      if (argv[i] === '--golden') last.golden = JSON.parse(readFileSync(argv[++i], 'utf8'));
+      else last.screenshot = argv[++i];
+    } else args.pages.push({ url: argv[i], screenshot: null, golden: null });
   }
   if (args.pages.length === 0) throw new Error(USAGE);
-  if (args.golden && args.pages.length !== 1) throw new Error(`--golden takes one URL; ${USAGE}`);
   return args;
 }
 
@@ -63,7 +64,7 @@ async function waitUntilFinished(page, logged, timeoutMs) {
 }
 
 // What one page shows once finished, or (with golden) what its tokenizer gives.
-async function readPage(page, { url, screenshot }, { timeoutMs, golden }) {
+async function readPage(page, { url, screenshot, golden }, { timeoutMs }) {
   const logged = []; // the page's console, shown only when something goes wrong
   page.on('console', (message) => logged.push(`${message.type()}: ${message.text()}`));
   page.on('pageerror', (error) => logged.push(`pageerror: ${error.message}`));

@@ -155,25 +155,7 @@ def gpt2_rows(work: Path, rounds: int, prompt_length: int, new_tokens: int) -> l
     sessions = {"optimum": plain_session(optimum / "model.onnx"),
                 "zoo": plain_session(default / "model.onnx"),
                 "zoo --optimize": plain_session(optimized / "model.onnx")}
-    rows = []
-    for batch, length in ((1, 32), (1, 512), (4, 32)):
-        ids = np.random.default_rng(length).integers(3, 50000, (batch, length)).astype(np.int64)
-        runs: dict[str, Run] = {"hf-pytorch": lambda i=ids: hf_prefill(hf, i)}
-        next_tokens = {}
-        for name, session in sessions.items():
-            feeds = decoder_feeds(session, ids, None, 0)
-            runs[name] = lambda s=session, f=feeds: s.run(["logits"], f)
-            next_tokens[name] = session.run(["logits"], feeds)[0][:, -1].argmax(-1).tolist()
-        # What `generate` runs first: the shared-cache graph, whose logits are the last
-        # token's only (the contract graph and Optimum's return every position's).
-        first_call = open_session(Runtime(optimized), capacity=length + new_tokens)
-        runs[FIRST_CALL] = lambda s=first_call, i=ids: s.prefill(i, None)
-        next_tokens[FIRST_CALL] = first_call.prefill(ids, None).argmax(-1).tolist()
-        rows.append({"work": f"gpt2-small prefill, batch {batch} x {length}",
-                     "seconds": interleaved(runs, rounds),
-                     "same_next_tokens_as_optimum": {
-                         name: tokens == next_tokens["optimum"]
-                         for name, tokens in next_tokens.items()}})
+    rows = prefill_rows(hf, sessions, Runtime(optimized), rounds, new_tokens)
     prompt = [int(i) for i in np.random.default_rng(0).integers(3, 50000, prompt_length)]
     runs = {
         "hf-pytorch generate": lambda: hf_greedy(hf, prompt, new_tokens),
@@ -190,6 +172,31 @@ def gpt2_rows(work: Path, rounds: int, prompt_length: int, new_tokens: int) -> l
                  "seconds": timings, "same_tokens_as_pytorch": agree,
                  "tokens_per_second": {name: new_tokens / t["median"]
                                        for name, t in timings.items()}})
+    return rows
+
+
+def prefill_rows(hf: torch.nn.Module, sessions: dict[str, ort.InferenceSession],
+                 optimized: Runtime, rounds: int, new_tokens: int) -> list[dict]:
+    """Each graph's first call on a prompt, and what `generate` runs first: the shared-cache
+    graph, whose logits are the last token's only (the contract graph and Optimum's return
+    every position's). Its sessions close on return, before the greedy rows."""
+    rows = []
+    for batch, length in ((1, 32), (1, 512), (4, 32)):
+        ids = np.random.default_rng(length).integers(3, 50000, (batch, length)).astype(np.int64)
+        runs: dict[str, Run] = {"hf-pytorch": lambda i=ids: hf_prefill(hf, i)}
+        next_tokens = {}
+        for name, session in sessions.items():
+            feeds = decoder_feeds(session, ids, None, 0)
+            runs[name] = lambda s=session, f=feeds: s.run(["logits"], f)
+            next_tokens[name] = session.run(["logits"], feeds)[0][:, -1].argmax(-1).tolist()
+        first_call = open_session(optimized, capacity=length + new_tokens)
+        runs[FIRST_CALL] = lambda s=first_call, i=ids: s.prefill(i, None)
+        next_tokens[FIRST_CALL] = first_call.prefill(ids, None).argmax(-1).tolist()
+        rows.append({"work": f"gpt2-small prefill, batch {batch} x {length}",
+                     "seconds": interleaved(runs, rounds),
+                     "same_next_tokens_as_optimum": {
+                         name: tokens == next_tokens["optimum"]
+                         for name, tokens in next_tokens.items()}})
     return rows
 
 

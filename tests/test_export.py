@@ -421,5 +421,6 @@ def test_exports_share_torchs_function_table_and_leave_torch_as_it_was() -> None
     with registry_built_once():
         first = ONNXRegistry.from_torchlib(opset_version=18)
         assert ONNXRegistry().from_torchlib(opset_version=18) is first  # as torch.onnx calls it
+        assert ONNXRegistry.from_torchlib(20) is ONNXRegistry.from_torchlib(20) is not first
     assert ONNXRegistry.__dict__["from_torchlib"] is torchs_own
     assert ONNXRegistry.from_torchlib(opset_version=18) is not first

@@ -82,13 +82,13 @@ def trace_inputs(io: GraphIO, card: Card) -> tuple[tuple, tuple]:
     return tuple(args), tuple(shapes)
 
 
-_REGISTRIES: dict[int, Any] = {}
+_REGISTRIES: dict[tuple, Any] = {}
 
 
 @contextmanager
 def registry_built_once() -> Iterator[None]:
-    """torch.onnx rebuilds its table of ONNX functions on every export (about 1.1 s of a tiny
-    card's 8 s: it parses every torchlib function's source again). It only reads the table
+    """torch.onnx rebuilds its table of ONNX functions on every export (about 2 s of a tiny
+    decoder's 10 s here: it parses every torchlib function's source again). It only reads the table
     unless given a custom translation table, which the zoo never passes, so within our exports
     one table per opset serves them all. torch's own method is back in place afterwards, and a
     torch without this private seam simply builds the table each time."""
@@ -102,13 +102,13 @@ def registry_built_once() -> Iterator[None]:
         yield
         return
 
-    def built_once(*_: Any, **kwargs: Any) -> Any:
-        opset = kwargs.get("opset_version", -1)
-        if opset not in _REGISTRIES:
-            _REGISTRIES[opset] = build.__func__(ONNXRegistry, **kwargs)
-        return _REGISTRIES[opset]
+    def built_once(cls: type, *args: Any, **kwargs: Any) -> Any:
+        key = (args, tuple(sorted(kwargs.items())))  # the opset, however it is passed
+        if key not in _REGISTRIES:
+            _REGISTRIES[key] = build.__func__(cls, *args, **kwargs)
+        return _REGISTRIES[key]
 
-    ONNXRegistry.from_torchlib = built_once
+    ONNXRegistry.from_torchlib = classmethod(built_once)
     try:
         yield
     finally:

@@ -118,6 +118,32 @@ VARIANTS: dict[str, dict[str, Any]] = {
 SharedExport = Callable[..., tuple[Path, Any]]
 
 
+# bert-tiny as a sentence classifier: tests/test_embeddings.py and tests/test_node_classify.py
+# both read it, from one worker (their files carry ON_CLASSIFIER), so it is exported once.
+BERT_CLASSIFIER = {"pooling": "mean", "normalize": True, "num_labels": 3, "mlm_head": False,
+                   "labels": ["low", "mid", "high"]}
+CLASSIFIER_SEED = 4
+ON_CLASSIFIER = pytest.mark.xdist_group("classifier")
+
+
+@pytest.fixture(scope="session")
+def classifier_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """BERT_CLASSIFIER exported the way a user does it, `zoo export bert-tiny --set ...`; only
+    read (a test that adds files copies it first)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from cli import main
+
+    out = tmp_path_factory.mktemp("classifier") / "bert-tiny-onnx"
+    sets = [f"--set={key}={json.dumps(value)}" for key, value in BERT_CLASSIFIER.items()]
+    result = CliRunner().invoke(main, ["export", "bert-tiny", "--onnx", "-o", str(out),
+                                       "--seed", str(CLASSIFIER_SEED), *sets])
+    assert result.exit_code == 0, result.output
+    return out
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> dict[tuple, onnx.ModelProto]:
     """This worker's traced graphs, for traces_reused."""

@@ -13,12 +13,13 @@ from click.testing import CliRunner
 
 import cli
 from export.onnx.manifest import read_manifest
-from tests.conftest import card
+from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card
 from zoo.build import build_model
 
+pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
+
 PROMPTS = [[72, 101, 108, 108, 111], [5, 6, 7], [72, 101, 108, 108, 111, 33, 33]]
-CLASSIFIER = {"pooling": "mean", "normalize": True, "num_labels": 3, "mlm_head": False,
-              "labels": ["low", "mid", "high"]}
+CLASSIFIER = BERT_CLASSIFIER
 
 
 def zoo(*args: str) -> str:
@@ -35,8 +36,8 @@ def export(tmp: Path, name: str, overrides: dict, seed: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bert_classifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export(tmp_path_factory.mktemp("classify"), "bert-tiny", CLASSIFIER, seed=4)
+def bert_classifier(classifier_export: Path) -> Path:
+    return classifier_export
 
 
 def reference(name: str, overrides: dict, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -77,7 +78,7 @@ def test_run_json_matches_each_text_alone(bert_classifier: Path) -> None:
     out = zoo("run", str(bert_classifier), "--json",
               *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))])
     data = json.loads(out)
-    vectors, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    vectors, probabilities = reference("bert-tiny", CLASSIFIER, seed=CLASSIFIER_SEED)
     np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
     np.testing.assert_allclose(data["probabilities"], probabilities, atol=1e-5)
     np.testing.assert_allclose(data["norms"], 1.0, atol=1e-5)
@@ -87,7 +88,7 @@ def test_run_json_matches_each_text_alone(bert_classifier: Path) -> None:
 
 def test_run_prints_top_labels_and_similarities(bert_classifier: Path) -> None:
     out = zoo("run", str(bert_classifier), "--ids", "72,101", "--ids", "5,6,7")
-    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=CLASSIFIER_SEED)
     lines = out.splitlines()
     assert lines[0] == "[0] '72,101'"
     names = [name for name, _ in (part.split() for part in lines[1].strip().split(", "))]
@@ -137,7 +138,7 @@ def test_evaluate_scores_the_export_and_compares_with_pytorch(bert_classifier: P
     folder = tmp_path / "export"
     shutil.copytree(bert_classifier, folder)
     (folder / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
-    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=4)
+    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=CLASSIFIER_SEED)
     best = probabilities.argmax(1)
     names = CLASSIFIER["labels"]
     labels = [names[best[0]], names[best[1]], names[(best[2] + 1) % 3]]

@@ -5,6 +5,7 @@ from ids and from text (the byte tokenizer a model trained here carries)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,35 +14,33 @@ from click.testing import CliRunner
 
 import cli
 from export.pipeline import export_and_verify
-from tests.conftest import card
+from tests.conftest import ON_CLASSIFIER, card
 from tests.test_node_web import NODE_DIR, node_problem, require, run_node
 from zoo.build import build_model
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 ROWS = ["72,101,108,108,111", "5,6,7", "72,101,108,108,111,33,33,33,33"]
 TEXTS = ["Either you must", "Confess yourselves wondrous malicious,", "Or be accusé 東 🙂"]
-MODELS = {
-    "bert-classifier": ("bert-tiny", {"pooling": "mean", "num_labels": 3, "mlm_head": False,
-                                      "labels": ["a", "b", "c"]}),
-    "gpt-embedder": ("gpt-tiny", {"pooling": "last", "normalize": True}),
-}
+EMBEDDER = card("gpt-tiny", pooling="last", normalize=True)
+MODELS = ["bert-classifier", "gpt-embedder"]
+pytestmark = ON_CLASSIFIER  # classifier_export is made once, in the worker of that group
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def exported(tmp_path_factory: pytest.TempPathFactory, classifier_export: Path
+             ) -> dict[str, Path]:
     require(node_problem())
     root = tmp_path_factory.mktemp("node-classify")
-    folders = {}
-    for key, (name, overrides) in MODELS.items():
-        resolved = card(name, **overrides)
-        folders[key] = root / key
-        export_and_verify(build_model(resolved, seed=1), resolved, folders[key])
-        (folders[key] / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())  # for --text
+    folders = {key: root / key for key in MODELS}
+    shutil.copytree(classifier_export, folders["bert-classifier"])
+    export_and_verify(build_model(EMBEDDER, seed=1), EMBEDDER, folders["gpt-embedder"])
+    for folder in folders.values():
+        (folder / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())  # for --text
     return folders
 
 
 @pytest.mark.parametrize("option", ["--ids", "--text"])
-@pytest.mark.parametrize("key", list(MODELS))
+@pytest.mark.parametrize("key", MODELS)
 def test_node_classify_equals_zoo_run(key: str, option: str, exported: dict[str, Path]) -> None:
     args = [arg for row in (ROWS if option == "--ids" else TEXTS) for arg in (option, row)]
     python = CliRunner().invoke(cli.main, ["run", str(exported[key]), "--json", *args])

@@ -118,6 +118,33 @@ VARIANTS: dict[str, dict[str, Any]] = {
 SharedExport = Callable[..., tuple[Path, Any]]
 
 
+# gpt-tiny trained briefly: tests/test_train.py's round trip and tests/test_serving.py both
+# export it, from one worker (their tests carry ON_TRAINED), so it is trained and traced once.
+ON_TRAINED = pytest.mark.xdist_group("trained-gpt-tiny")
+
+
+@pytest.fixture(scope="session")
+def trained_gpt_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
+    """() -> gpt-tiny after 5 steps on the shipped text: the folder `zoo train` leaves
+    (weights, config, byte tokenizer, checkpoints), trained on first call; only read. Briefly:
+    longer (30 steps at 3e-3) it greedily repeats one byte, and tests/test_serving.py needs
+    prompts that continue differently."""
+    out = tmp_path_factory.mktemp("trained") / "gpt-tiny-trained"
+
+    def folder() -> Path:
+        from zoo.build import build_model
+        from zoo.training.train import TrainOptions, train
+
+        if not out.exists():
+            tiny = card("gpt-tiny")
+            train(build_model(tiny, seed=0), tiny, TrainOptions(
+                task="lm", out=out, steps=5, batch_size=4, block_size=32, lr=1e-3,
+                checkpoint_every=5, seed=0))
+        return out
+
+    return folder
+
+
 # bert-tiny as a sentence classifier: tests/test_embeddings.py and tests/test_node_classify.py
 # both read it, from one worker (their files carry ON_CLASSIFIER), so it is exported once.
 BERT_CLASSIFIER = {"pooling": "mean", "normalize": True, "num_labels": 3, "mlm_head": False,

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -30,24 +31,23 @@ from export.runtime.sessions import Runtime
 from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
 from export.serving.genai_tokenizer import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
-from registry import open_catalog
 from registry.errors import ZooError
-from tests.conftest import Lazy, SharedExport, on_shared, traces_reused
-from zoo.build import build_model
+from tests.conftest import ON_TRAINED, Lazy, SharedExport, on_shared, traces_reused
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
 from zoo.files.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_files
 from zoo.training.data import SHIPPED_TEXT
-from zoo.training.train import TrainOptions, train
 
 og = pytest.importorskip("onnxruntime_genai")
 tritonclient = pytest.importorskip("tritonclient")
 transformers = pytest.importorskip("transformers")
 
 NEW_TOKENS = 24
-# The gpt-tiny exports here are this file's own (trained weights, a tokenizer); the encoder
-# and encoder-decoder ones are the session's shared exports, read by the tests marked
-# on_shared (tests/conftest.py).
+# The gpt-tiny exports here are this file's own (trained weights, a tokenizer), made in the
+# worker of the trained-gpt-tiny group; the encoder and encoder-decoder ones are the session's
+# shared exports, read by the tests marked on_shared (tests/conftest.py), which is the closer
+# mark for them.
+pytestmark = ON_TRAINED
 
 
 def model_config_schema() -> ModuleType:
@@ -76,31 +76,24 @@ FROM_SHARED = ("bert-tiny", "transformer-tiny")
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExport,
-            shared_traces: dict) -> Lazy:
+            shared_traces: dict, trained_gpt_tiny: Callable[[], Path]) -> Lazy:
     """Made on first use, so a worker running only the shared cards' tests trains nothing.
-    The trained gpt-tiny's plain and --optimize exports share one trace of model.onnx."""
+    The trained gpt-tiny's plain and --optimize exports share one trace of model.onnx (with
+    tests/test_train.py's round trip too: the same trained folder, in the same worker)."""
     root = tmp_path_factory.mktemp("serving")
 
     def exported(source: Path, out: Path, optimize: bool = False) -> Path:
         with traces_reused(shared_traces):
             return export_folder(source, out, optimize)
 
-    def trained() -> Path:
-        folder = root / "gpt-tiny-trained"
-        if not folder.exists():
-            card = open_catalog().get("gpt-tiny")
-            train(build_model(card, seed=0), card, TrainOptions(  # briefly: the weights are a
-                task="lm", out=folder, steps=5, batch_size=4, block_size=32, lr=1e-3,  # trained
-                checkpoint_every=5, seed=0))  # folder's, with its tokenizer; longer only costs
-        return folder  # time
-
     def gpt2() -> Path:
         return import_checkpoint(hf_gpt2(root / "hf-gpt2"), root / "gpt2-imported") and \
             root / "gpt2-imported"
 
     own = {
-        "gpt-tiny": lambda: exported(trained(), root / "gpt-tiny-onnx"),
-        "gpt-tiny-optimized": lambda: exported(trained(), root / "gpt-tiny-opt", optimize=True),
+        "gpt-tiny": lambda: exported(trained_gpt_tiny(), root / "gpt-tiny-onnx"),
+        "gpt-tiny-optimized": lambda: exported(trained_gpt_tiny(), root / "gpt-tiny-opt",
+                                               optimize=True),
         "gpt2": lambda: export_folder(gpt2(), root / "gpt2-onnx"),
     }
     return Lazy([*own, *FROM_SHARED],

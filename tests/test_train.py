@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from cli import main
 from export.pipeline import export_and_verify
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
-from tests.conftest import card
+from tests.conftest import ON_TRAINED, card, traces_reused
 from zoo.build import build_model
 from zoo.files.tokenizer import ByteTokenizer, load_tokenizer
 from zoo.files.weights import load_built
@@ -218,13 +219,17 @@ def test_two_process_torchrun_keeps_ranks_in_sync(tmp_path: Path) -> None:
     assert result.stdout.count("trained gpt-tiny") == 1  # only rank 0 reports
 
 
-def test_trained_model_round_trips_through_export_and_zoo_run_text(tmp_path: Path) -> None:
+@ON_TRAINED
+def test_trained_model_round_trips_through_export_and_zoo_run_text(
+        trained_gpt_tiny: Callable[[], Path], shared_traces: dict, tmp_path: Path) -> None:
+    """The trained folder's weights and tokenizer through export and `zoo run --text` (its
+    model.onnx trace is shared with tests/test_serving.py's export of the same weights)."""
     tiny = card("gpt-tiny")
-    model = build_model(tiny)
-    train(model, tiny, options(tmp_path / "trained", steps=30, lr=3e-3))
-    assert isinstance(load_tokenizer(tmp_path / "trained"), ByteTokenizer)
-    trained, loaded = load_built(tmp_path / "trained")
-    export_and_verify(trained, loaded, tmp_path / "onnx", source_folder=tmp_path / "trained")
+    folder = trained_gpt_tiny()
+    assert isinstance(load_tokenizer(folder), ByteTokenizer)
+    trained, loaded = load_built(folder)
+    with traces_reused(shared_traces):
+        export_and_verify(trained, loaded, tmp_path / "onnx", source_folder=folder)
     prompt = "ROMEO:"
     result = CliRunner().invoke(main, ["run", str(tmp_path / "onnx"), "--text", prompt,
                                        "--max-new-tokens", "40"])

@@ -153,22 +153,29 @@ CLASSIFIER_SEED = 4
 ON_CLASSIFIER = pytest.mark.xdist_group("classifier")
 
 
-@pytest.fixture(scope="session")
-def classifier_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """BERT_CLASSIFIER exported the way a user does it, `zoo export bert-tiny --set ...`; only
-    read (a test that adds files copies it first)."""
+def export_card(tmp: Path, name: str, overrides: dict[str, Any], seed: int) -> Path:
+    """`zoo export NAME --onnx --seed SEED --set FIELD=VALUE...`, as a user types it, into
+    tmp/NAME-onnx."""
     import json
 
     from click.testing import CliRunner
 
     from cli import main
 
-    out = tmp_path_factory.mktemp("classifier") / "bert-tiny-onnx"
-    sets = [f"--set={key}={json.dumps(value)}" for key, value in BERT_CLASSIFIER.items()]
-    result = CliRunner().invoke(main, ["export", "bert-tiny", "--onnx", "-o", str(out),
-                                       "--seed", str(CLASSIFIER_SEED), *sets])
+    out = tmp / f"{name}-onnx"
+    sets = [f"--set={key}={json.dumps(value)}" for key, value in overrides.items()]
+    result = CliRunner().invoke(main, ["export", name, "--onnx", "-o", str(out),
+                                       "--seed", str(seed), *sets])
     assert result.exit_code == 0, result.output
     return out
+
+
+@pytest.fixture(scope="session")
+def classifier_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """BERT_CLASSIFIER exported the way a user does it; only read (a test that adds files
+    copies it first)."""
+    return export_card(tmp_path_factory.mktemp("classifier"), "bert-tiny", BERT_CLASSIFIER,
+                       CLASSIFIER_SEED)
 
 
 @pytest.fixture(scope="session")

@@ -13,31 +13,18 @@ from click.testing import CliRunner
 
 import cli
 from export.onnx.manifest import read_manifest
-from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card
+from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card, export_card
 from zoo.build import build_model
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
 
 PROMPTS = [[72, 101, 108, 108, 111], [5, 6, 7], [72, 101, 108, 108, 111, 33, 33]]
-CLASSIFIER = BERT_CLASSIFIER
 
 
 def zoo(*args: str) -> str:
     result = CliRunner().invoke(cli.main, list(args))
     assert result.exit_code == 0, result.output
     return result.output
-
-
-def export(tmp: Path, name: str, overrides: dict, seed: int) -> Path:
-    out = tmp / f"{name}-onnx"
-    sets = [f"--set={key}={json.dumps(value)}" for key, value in overrides.items()]
-    zoo("export", name, "--onnx", "-o", str(out), "--seed", str(seed), *sets)
-    return out
-
-
-@pytest.fixture(scope="module")
-def bert_classifier(classifier_export: Path) -> Path:
-    return classifier_export
 
 
 def reference(name: str, overrides: dict, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -60,25 +47,25 @@ def reference(name: str, overrides: dict, seed: int) -> tuple[np.ndarray, np.nda
     return np.stack(vectors), np.stack(probabilities) if probabilities else None
 
 
-def test_export_declares_the_optimum_names(bert_classifier: Path) -> None:
-    graph = read_manifest(bert_classifier)["graphs"]["model.onnx"]
+def test_export_declares_the_optimum_names(classifier_export: Path) -> None:
+    graph = read_manifest(classifier_export)["graphs"]["model.onnx"]
     assert graph["outputs"] == ["last_hidden_state", "pooler_output", "sentence_embedding",
                                 "logits"]
     import onnx
 
-    model = onnx.load(str(bert_classifier / "model.onnx"))
+    model = onnx.load(str(classifier_export / "model.onnx"))
     shapes = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
               for o in model.graph.output}
     assert shapes["sentence_embedding"] == ["batch", 64]
     assert shapes["logits"] == ["batch", 3]
 
 
-def test_run_json_matches_each_text_alone(bert_classifier: Path) -> None:
+def test_run_json_matches_each_text_alone(classifier_export: Path) -> None:
     """A right-padded batch through ONNX Runtime equals every prompt computed unpadded."""
-    out = zoo("run", str(bert_classifier), "--json",
+    out = zoo("run", str(classifier_export), "--json",
               *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))])
     data = json.loads(out)
-    vectors, probabilities = reference("bert-tiny", CLASSIFIER, seed=CLASSIFIER_SEED)
+    vectors, probabilities = reference("bert-tiny", BERT_CLASSIFIER, seed=CLASSIFIER_SEED)
     np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
     np.testing.assert_allclose(data["probabilities"], probabilities, atol=1e-5)
     np.testing.assert_allclose(data["norms"], 1.0, atol=1e-5)
@@ -86,9 +73,9 @@ def test_run_json_matches_each_text_alone(bert_classifier: Path) -> None:
     assert data["labels"] == ["low", "mid", "high"]
 
 
-def test_run_prints_top_labels_and_similarities(bert_classifier: Path) -> None:
-    out = zoo("run", str(bert_classifier), "--ids", "72,101", "--ids", "5,6,7")
-    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=CLASSIFIER_SEED)
+def test_run_prints_top_labels_and_similarities(classifier_export: Path) -> None:
+    out = zoo("run", str(classifier_export), "--ids", "72,101", "--ids", "5,6,7")
+    _, probabilities = reference("bert-tiny", BERT_CLASSIFIER, seed=CLASSIFIER_SEED)
     lines = out.splitlines()
     assert lines[0] == "[0] '72,101'"
     names = [name for name, _ in (part.split() for part in lines[1].strip().split(", "))]
@@ -99,8 +86,8 @@ def test_run_prints_top_labels_and_similarities(bert_classifier: Path) -> None:
     assert lines[5].split()[1] == "+1.0000"
 
 
-def test_run_refuses_a_prompt_longer_than_max_positions(bert_classifier: Path) -> None:
-    result = CliRunner().invoke(cli.main, ["run", str(bert_classifier),
+def test_run_refuses_a_prompt_longer_than_max_positions(classifier_export: Path) -> None:
+    result = CliRunner().invoke(cli.main, ["run", str(classifier_export),
                                            "--ids", ",".join(["5"] * 129)])
     assert result.exit_code == 2, result.output
     assert "a prompt of 129 tokens exceeds max_positions=128" in result.output
@@ -117,7 +104,7 @@ def test_run_refuses_json_for_a_generator(tmp_path: Path) -> None:
 def test_decoder_embedder_export_and_run(tmp_path: Path) -> None:
     """A GPT-style mean-pooled embedder exports without cache and matches the formula."""
     overrides = {"pooling": "mean", "normalize": True}
-    folder = export(tmp_path, "gpt-tiny", overrides, seed=2)
+    folder = export_card(tmp_path, "gpt-tiny", overrides, seed=2)
     graph = read_manifest(folder)["graphs"]["model.onnx"]
     assert graph == {"inputs": ["input_ids", "attention_mask"],
                      "outputs": ["last_hidden_state", "sentence_embedding"]}
@@ -128,7 +115,7 @@ def test_decoder_embedder_export_and_run(tmp_path: Path) -> None:
     assert "probabilities" not in data
 
 
-def test_evaluate_scores_the_export_and_compares_with_pytorch(bert_classifier: Path,
+def test_evaluate_scores_the_export_and_compares_with_pytorch(classifier_export: Path,
                                                               tmp_path: Path) -> None:
     """Rows labelled with the reference's answer twice and a wrong one once: accuracy 2/3."""
     import shutil
@@ -136,11 +123,11 @@ def test_evaluate_scores_the_export_and_compares_with_pytorch(bert_classifier: P
     from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
     folder = tmp_path / "export"
-    shutil.copytree(bert_classifier, folder)
+    shutil.copytree(classifier_export, folder)
     (folder / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
-    _, probabilities = reference("bert-tiny", CLASSIFIER, seed=CLASSIFIER_SEED)
+    _, probabilities = reference("bert-tiny", BERT_CLASSIFIER, seed=CLASSIFIER_SEED)
     best = probabilities.argmax(1)
-    names = CLASSIFIER["labels"]
+    names = BERT_CLASSIFIER["labels"]
     labels = [names[best[0]], names[best[1]], names[(best[2] + 1) % 3]]
     rows = [{"text": bytes(prompt).decode(), "label": label}
             for prompt, label in zip(PROMPTS, labels, strict=True)]

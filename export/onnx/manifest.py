@@ -13,7 +13,7 @@ import onnx
 from export.onnx.contract import FORMAT_VERSION, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
-from registry.paths import display_path
+from registry.paths import display_path, inside
 from zoo.files.atomic import sha256
 
 PACKAGES = ("zoo", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy",
@@ -83,6 +83,7 @@ def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
     if found != FORMAT_VERSION:
         raise ManifestError(f"{display_path(path)}: format_version={found!r}, this zoo reads "
                             f"{FORMAT_VERSION}")
+    _check_names_inside(folder, manifest, display_path(path))
     if verify_files:
         for name, entry in manifest["files"].items():
             file = folder / name
@@ -92,3 +93,17 @@ def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
                 raise ManifestError(f"{display_path(file)}: sha256 does not match {MANIFEST} "
                                     "(changed after export)")
     return manifest
+
+
+def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> None:
+    """Every file the manifest names stays in the export folder (checked before any is read)."""
+    graphs = manifest.get("graphs", {})
+    if not isinstance(graphs, dict):
+        raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
+    generation = manifest.get("generation")
+    named = [("files", name) for name in manifest["files"]]
+    named += [("graphs", name) for name in graphs]
+    if isinstance(generation, dict) and "file" in generation:
+        named.append(("generation.file", generation["file"]))
+    for field, name in named:
+        inside(folder, name, where, field)

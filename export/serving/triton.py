@@ -27,6 +27,7 @@ import onnx
 
 from export.families import family_of
 from export.onnx.contract import MANIFEST
+from export.onnx.files import external_data_files
 from export.onnx.manifest import read_manifest
 from registry.catalog import Card
 from registry.errors import ZooError
@@ -110,17 +111,15 @@ def write_repository(export: Path, repository: Path, options: TritonOptions | No
 
 
 def _place_graph(source: Path, proto: onnx.ModelProto, version: Path) -> None:
-    data = sorted({entry.value for tensor in proto.graph.initializer
-                   if tensor.data_location == onnx.TensorProto.EXTERNAL
-                   for entry in tensor.external_data if entry.key == "location"})
+    data = external_data_files(source, proto)
     if not data:
         _link_or_copy(source, version / MODEL_FILE)
         return
     folder = version / MODEL_FILE  # a folder named model.onnx holding model.onnx and the data
     folder.mkdir()
     _link_or_copy(source, folder / MODEL_FILE)
-    for location in data:  # relative to the graph, as onnx writes it
-        _link_or_copy(source.parent / location, folder / location)
+    for location, path in data.items():  # relative to the graph, as onnx writes it
+        _link_or_copy(path, folder / location)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

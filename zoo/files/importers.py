@@ -19,12 +19,12 @@ import torch
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.layouts import LayoutMap, Rule, known_maps
-from registry.paths import display_path
+from registry.paths import display_path, inside
 from registry.schema import validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.sentence_transformers import MODULES, read_modules
-from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
+from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.files.weights import read_tensors, save_built
 
 SOURCE_CONFIG = "config.json"
@@ -63,8 +63,13 @@ def apply_rule(rule: Rule, tensor: torch.Tensor) -> list[torch.Tensor]:
 
 # --- reading the source folder -------------------------------------------------------------
 
+def source_file(folder: Path, name: str) -> Path:
+    """A file of the source folder, refused where it is a symlink out of it."""
+    return inside(folder, name, display_path(folder), "file")
+
+
 def read_config(folder: Path) -> dict[str, Any]:
-    path = folder / SOURCE_CONFIG
+    path = source_file(folder, SOURCE_CONFIG)
     where = display_path(path)
     if not path.is_file():
         raise CheckpointError(f"{where}: no such file (a Hugging Face model folder has one)")
@@ -96,7 +101,7 @@ def find_map(config: dict[str, Any], where: str) -> LayoutMap:
 
 
 def find_weights(folder: Path) -> Path:
-    path = folder / SOURCE_WEIGHTS
+    path = source_file(folder, SOURCE_WEIGHTS)
     if path.is_file():
         return path
     where = display_path(folder)
@@ -286,7 +291,7 @@ def map_tensors(layout: LayoutMap, named: dict[str, torch.Tensor], original: dic
 # --- the whole import ----------------------------------------------------------------------
 
 def read_tokenizer(folder: Path) -> HuggingFaceTokenizer | None:
-    path = folder / HF_TOKENIZER
+    path = source_file(folder, HF_TOKENIZER)
     return HuggingFaceTokenizer(path) if path.is_file() else None
 
 
@@ -304,6 +309,8 @@ def layout_tokenizer_files(layout: LayoutMap, folder: Path) -> list[str]:
     """The tokenizer files a layout names (MarianMT's sentencepiece models and vocabularies):
     the required ones, refused in one line where any is missing, then the optional present."""
     spec = layout["tokenizer_files"]
+    for name in spec.get("required", []) + spec.get("optional", []):
+        source_file(folder, name)
     missing = [name for name in spec.get("required", []) if not (folder / name).is_file()]
     if missing:
         raise CheckpointError(f"{display_path(folder)}: no {', '.join(missing)} (a "
@@ -336,6 +343,8 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
     weights_where = display_path(weights)
     tokenizer = read_tokenizer(source)
     text_files = layout_tokenizer_files(layout, source)
+    for name in text_files:  # opened and checked before it lands in OUT
+        check_tokenizer_file(source / name)
 
     tensors = read_tensors(weights)
     named, original, prefixes = normalised_tensors(layout, tensors, weights_where)

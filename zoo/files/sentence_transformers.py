@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
-from registry.paths import display_path
+from registry.paths import display_path, inside
 
 MODULES = "modules.json"
 POOLING_CONFIG = "config.json"
@@ -52,6 +52,14 @@ def _pooling(folder: Path) -> str:
     return modes[0]
 
 
+def _module_folder(folder: Path, path: object, where: str, index: int) -> Path:
+    """A module's folder, inside the model's own ("" is the model folder itself, as
+    sentence-transformers writes the Transformer's)."""
+    if path in ("", "."):
+        return folder
+    return inside(folder, path, where, f"modules[{index}].path")
+
+
 def read_modules(folder: Path) -> SentenceModules | None:
     """The folder's modules, or None when it is not a sentence-transformers folder."""
     path = Path(folder) / MODULES
@@ -62,9 +70,9 @@ def read_modules(folder: Path) -> SentenceModules | None:
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ZooError(f"{where}: should be a list of modules")
     body, fields = None, {"normalize": False}
-    for module in modules:
+    for index, module in enumerate(modules):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        place = Path(folder) / str(module.get("path", ""))
+        place = _module_folder(Path(folder), module.get("path", ""), where, index)
         if kind == "Transformer" and body is None:
             body = place
         elif kind == "Pooling" and "pooling" not in fields:

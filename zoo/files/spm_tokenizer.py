@@ -22,7 +22,7 @@ SPM_FILES = (SOURCE_SPM, TARGET_SPM, VOCAB)  # required; TARGET_VOCAB only for s
 SPECIAL = ("</s>", "<unk>", "<pad>")
 
 
-def _processor(path: Path) -> Any:
+def processor(path: Path) -> Any:
     try:
         import sentencepiece
     except ImportError as exc:
@@ -34,7 +34,7 @@ def _processor(path: Path) -> Any:
         raise ZooError(f"{display_path(path)}: not a sentencepiece model: {exc}") from exc
 
 
-def _vocabulary(path: Path) -> dict[str, int]:
+def vocabulary(path: Path) -> dict[str, int]:
     try:
         vocab = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -54,11 +54,11 @@ def missing_spm_files(folder: Path) -> list[str]:
 class SentencePieceTokenizer:
     def __init__(self, folder: Path) -> None:
         folder = Path(folder)
-        self.source = _processor(folder / SOURCE_SPM)
-        self.target = _processor(folder / TARGET_SPM)
-        self.vocab = _vocabulary(folder / VOCAB)
+        self.source = processor(folder / SOURCE_SPM)
+        self.target = processor(folder / TARGET_SPM)
+        self.vocab = vocabulary(folder / VOCAB)
         separate = folder / TARGET_VOCAB
-        target_vocab = _vocabulary(separate) if separate.is_file() else self.vocab
+        target_vocab = vocabulary(separate) if separate.is_file() else self.vocab
         self.pieces = {index: piece for piece, index in target_vocab.items()}
         self.special = {target_vocab[t] for t in SPECIAL if t in target_vocab}
 

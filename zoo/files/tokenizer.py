@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Protocol
 
 from registry.errors import ZooError
-from registry.paths import display_path
-from zoo.files.spm_tokenizer import SPM_FILES, TARGET_VOCAB, SentencePieceTokenizer
+from registry.paths import display_path, inside
+from zoo.files.spm_tokenizer import (
+    SOURCE_SPM,
+    SPM_FILES,
+    TARGET_SPM,
+    TARGET_VOCAB,
+    VOCAB,
+    SentencePieceTokenizer,
+    processor,
+    vocabulary,
+)
 
 BYTE_TOKENIZER = "byte-tokenizer.json"
 HF_TOKENIZER = "tokenizer.json"
@@ -126,12 +135,16 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
         if (folder / WORD_TOKENIZER).is_file():
             return _word_tokenizer(folder / WORD_TOKENIZER)
         return None
+    return _byte_tokenizer(path)
+
+
+def _byte_tokenizer(path: Path) -> ByteTokenizer:
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
         if spec.pop("kind") != "bytes":
             raise ValueError("kind should be 'bytes'")
         return ByteTokenizer(**spec)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ZooError(f"{display_path(path)}: not a byte tokenizer file: {exc}") from exc
 
 
@@ -145,5 +158,26 @@ def _word_tokenizer(path: Path) -> WordTokenizer:
         raise ZooError(f"{display_path(path)}: not a word tokenizer file: {exc}") from exc
 
 
+def check_tokenizer_file(path: Path) -> None:
+    """Open one tokenizer file as what its name says it is, so a garbage file (or a system file
+    under a tokenizer's name) is refused in one line before it is copied anywhere."""
+    readers = {BYTE_TOKENIZER: _byte_tokenizer, HF_TOKENIZER: HuggingFaceTokenizer,
+               WORD_TOKENIZER: _word_tokenizer, VOCAB: vocabulary, TARGET_VOCAB: vocabulary,
+               SOURCE_SPM: processor, TARGET_SPM: processor}
+    reader = readers.get(Path(path).name)
+    if reader is None:
+        raise ZooError(f"{display_path(path)}: not a tokenizer file the zoo reads "
+                       f"({', '.join(TOKENIZER_FILES)})")
+    reader(Path(path))
+
+
 def tokenizer_files(folder: Path) -> list[Path]:
-    return [Path(folder) / name for name in TOKENIZER_FILES if (Path(folder) / name).is_file()]
+    """The tokenizer files of a model folder, each kept inside it and opened before it is
+    copied into an export or a training run's folder."""
+    folder = Path(folder)
+    found = [inside(folder, name, display_path(folder), "tokenizer file")
+             for name in TOKENIZER_FILES]
+    found = [path for path in found if path.is_file()]
+    for path in found:
+        check_tokenizer_file(path)
+    return found

@@ -18,3 +18,10 @@ def first_line(exc: BaseException, default: str | None = None) -> str:
     if text:
         return text.splitlines()[0]
     return type(exc).__name__ if default is None else default
+
+
+class FaultError(ZooError):
+    """Not the input's fault but the machine's or another run's: a full disk, a read-only
+    location, an output folder another zoo run is writing. One line too, and exit code 1."""
+
+    exit_code = 1

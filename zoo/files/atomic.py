@@ -13,6 +13,7 @@ from pathlib import Path
 
 from registry.errors import ZooError
 from registry.paths import display_path
+from zoo.files.lock import output_lock
 
 
 def already_exists(path: Path) -> ZooError:
@@ -22,6 +23,13 @@ def already_exists(path: Path) -> ZooError:
 def refuse_existing(path: Path, force: bool) -> None:
     if path.exists() and not force:
         raise already_exists(path)
+
+
+def check_writable(target: Path) -> None:
+    """Raise the OSError a write beside `target` would (read-only, no permission), before
+    minutes of work that would then be lost."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    Path(tempfile.mkdtemp(prefix=f".{target.name}.probe.", dir=target.parent)).rmdir()
 
 
 def claim(target: Path) -> None:
@@ -44,27 +52,28 @@ def atomic_folder(target: Path, force: bool) -> Iterator[Path]:
     target = Path(target)
     refuse_existing(target, force)  # the common case, before anything is created
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    claimed = False
-    try:
-        if not force:
-            claim(target)
-            claimed = True
-        yield staging
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 is for the staging name only
-        if force and target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-            os.replace(target, old / target.name)
-            os.replace(staging, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, target)  # POSIX: a folder may replace an empty folder
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if claimed:
-            with contextlib.suppress(OSError):
-                target.rmdir()  # only while still the empty claim: never staged contents
-        raise
+    with output_lock(target):
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        claimed = False
+        try:
+            if not force:
+                claim(target)
+                claimed = True
+            yield staging
+            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 is for the staging name only
+            if force and target.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+                os.replace(target, old / target.name)
+                os.replace(staging, target)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, target)  # POSIX: a folder may replace an empty folder
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            if claimed:
+                with contextlib.suppress(OSError):
+                    target.rmdir()  # only while still the empty claim: never staged contents
+            raise
 
 
 def sha256(path: Path) -> str:

@@ -8,6 +8,7 @@ CUDA; each rank draws its own batches; only rank 0 writes files and reports prog
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,6 +28,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
+from zoo.files.lock import output_lock
 from zoo.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.files.weights import CONFIG, card_yaml
 from zoo.training import classify, data, reverse
@@ -259,12 +261,13 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
     _check_fit(card, options)  # first: the defaults depend on a known task
     options = options.resolved(card)
     rank, world = _distributed()
-    if rank == 0 and options.force and not options.resume and options.out.exists():
-        with atomic_folder(options.out, force=True) as staging:
-            return _train(model, card, replace(options, out=staging), rank, world, progress,
-                          log_every, evaluated, files, shown=options.out)
-    return _train(model, card, options, rank, world, progress, log_every, evaluated, files,
-                  shown=options.out)
+    with output_lock(options.out) if rank == 0 else contextlib.nullcontext():
+        if rank == 0 and options.force and not options.resume and options.out.exists():
+            with atomic_folder(options.out, force=True) as staging:
+                return _train(model, card, replace(options, out=staging), rank, world,
+                              progress, log_every, evaluated, files, shown=options.out)
+        return _train(model, card, options, rank, world, progress, log_every, evaluated,
+                      files, shown=options.out)
 
 
 def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,

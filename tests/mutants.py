@@ -98,7 +98,7 @@ MUTANTS = [
            "difference <= atol + rtol * np.abs(expected)", "difference <= np.inf",
            ("tests/test_failing_paths.py",)),
     Mutant("quantization-gate-open", "export/checks/agreement.py",
-           "return all(row.rate >= top1", "return True or all(row.rate >= top1",
+           "return all(self.row_passed(row)", "return True or all(self.row_passed(row)",
            ("tests/test_failing_paths.py",)),
     Mutant("shared-graphs-keep-weights-inline", "export/onnx/files.py",
            "if len(models) > 1 or too_large:", "if too_large:",
@@ -113,6 +113,57 @@ MUTANTS = [
     Mutant("resume-skips-optimizer-state", "zoo/training/checkpoints.py",
            "optimizer.load_state_dict({", "(lambda state: None)({",
            ("tests/test_train.py::test_interrupted_then_resumed_equals_uninterrupted",)),
+    # Pinned to references outside the code (tests/test_pinned_outputs.py): numpy formulas,
+    # torch.nn, the paper, a plain beam search.
+    Mutant("mean-pooling-divides-by-padded-length", "zoo/blocks/heads.py",
+           "pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)",
+           "pooled = (x * weights).sum(dim=1) / x.shape[1]",
+           ("tests/test_pinned_outputs.py::"
+            "test_mean_pooling_is_the_sentence_transformers_formula_and_ignores_padding",)),
+    Mutant("last-pooling-assumes-right-padding", "zoo/blocks/heads.py",
+           'index = _real_token(mask, last=self.pooling == "last")',
+           'index = (mask.long().sum(dim=1) - 1 if self.pooling == "last"\n'
+           '                     else _real_token(mask, last=False))',
+           ("tests/test_pinned_outputs.py::"
+            "test_a_padded_batch_classifies_each_text_as_it_does_alone",)),
+    Mutant("copy-label-smoothing-default-0", "zoo/training/train.py",
+           '"copy": TaskDefaults(("encoder-decoder",), "noam", 0.1)',
+           '"copy": TaskDefaults(("encoder-decoder",), "noam", 0.0)',
+           ("tests/test_pinned_outputs.py::"
+            "test_copy_and_reverse_train_with_the_papers_label_smoothing",)),
+    Mutant("reverse-label-smoothing-default-0", "zoo/training/train.py",
+           '"reverse": TaskDefaults(("encoder-decoder",), "noam", 0.1)',
+           '"reverse": TaskDefaults(("encoder-decoder",), "noam", 0.0)',
+           ("tests/test_pinned_outputs.py::"
+            "test_copy_and_reverse_train_with_the_papers_label_smoothing",)),
+    Mutant("quantization-gate-ignores-top5", "export/checks/agreement.py",
+           "row.rate >= top1 and row.top5_rate >= top5", "row.rate >= top1",
+           ("tests/test_pinned_outputs.py::test_the_quantization_gate_fails_on_top5_alone",)),
+    Mutant("classify-batch-mask-covers-padding", "export/runtime/classify.py",
+           "[1] * len(p) + [0] * (width - len(p))", "[1] * width",
+           ("tests/test_pinned_outputs.py::"
+            "test_classifier_probabilities_are_the_softmax_of_each_text_alone",)),
+    Mutant("classify-softmax-over-the-batch", "export/runtime/classify.py",
+           "return shifted / shifted.sum(axis=-1, keepdims=True)",
+           "return shifted / shifted.sum(axis=0, keepdims=True)",
+           ("tests/test_pinned_outputs.py::"
+            "test_classifier_probabilities_are_the_softmax_of_each_text_alone",)),
+    Mutant("cross-attention-sees-source-padding", "zoo/models/encoder_decoder.py",
+           "cross_mask = build_mask(memory_mask,", "cross_mask = build_mask(None,",
+           ("tests/test_pinned_outputs.py::"
+            "test_a_padded_source_gives_the_decoder_logits_of_the_source_alone",)),
+    Mutant("output-bias-dropped", "zoo/blocks/heads.py",
+           "return F.linear(x, weight, self.bias)", "return F.linear(x, weight)",
+           ("tests/test_pinned_outputs.py::test_output_bias_is_added_to_the_final_logits",)),
+    Mutant("output-bias-not-built", "zoo/build.py",
+           'bias=c["output_bias"])', "bias=False)",
+           ("tests/test_pinned_outputs.py::test_output_bias_is_added_to_the_final_logits",)),
+    Mutant("beams-start-identical", "export/runtime/sampling.py",
+           "scores = np.full((batch, beams), -np.inf)", "scores = np.zeros((batch, beams))",
+           ("tests/test_pinned_outputs.py::test_beam_search_is_the_textbook_beam_search",)),
+    Mutant("beam-finished-flags-not-reordered", "export/runtime/sampling.py",
+           "finished = finished[rows] |", "finished = finished |",
+           ("tests/test_pinned_outputs.py::test_beam_search_is_the_textbook_beam_search",)),
 ]
 
 

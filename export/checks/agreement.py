@@ -53,10 +53,13 @@ class AgreementReport:
     thresholds: tuple[float, float]  # top-1, top-5
     rows: list[Agreement] = field(default_factory=list)
 
+    def row_passed(self, row: Agreement) -> bool:
+        top1, top5 = self.thresholds
+        return row.rate >= top1 and row.top5_rate >= top5
+
     @property
     def passed(self) -> bool:
-        top1, top5 = self.thresholds
-        return all(row.rate >= top1 and row.top5_rate >= top5 for row in self.rows)
+        return all(self.row_passed(row) for row in self.rows)
 
     def table(self) -> str:
         lines = [f"{'check':<44} {'top-1 agree':>13} {'in top-5':>9} {'max |dlogit|':>12}"]
@@ -78,7 +81,8 @@ class AgreementReport:
 
 class AgreementError(ZooError):
     def __init__(self, report: AgreementReport) -> None:
-        worst = min(report.rows, key=lambda row: row.rate)
+        failing = [row for row in report.rows if not report.row_passed(row)]
+        worst = min(failing or report.rows, key=lambda row: (row.rate, row.top5_rate))
         super().__init__(f"quantized export disagrees with fp32: top-1 {worst.rate:.1%}, in "
                          f"top-5 {worst.top5_rate:.1%} ({worst.what}); thresholds "
                          f"{report.thresholds[0]:.0%} and {report.thresholds[1]:.0%}")

@@ -6,7 +6,9 @@ need it, so `zoo list` and `zoo show` answer at once.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,19 +19,46 @@ import yaml
 from registry import Card, ZooError, count_parameters, open_catalog, total_parameters
 from registry.errors import first_line
 from registry.params import UnknownCount
+from registry.paths import display_path
 
 EXIT_USER_ERROR = 2
+EXIT_FAULT = 1
 
 
 class ZooGroup(click.Group):
-    """Turns a ZooError anywhere below into one line on stderr and exit code 2."""
+    """Turns a ZooError anywhere below into one line on stderr and exit code 2 (1 for a
+    FaultError, and for an OSError: a full disk, a read-only location); SIGTERM stops a
+    command as Ctrl-C does, so its staged output is cleaned up on the way out."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        previous = _on_sigterm(_interrupt)
         try:
             return super().invoke(ctx)
         except ZooError as exc:
             click.echo(f"error: {exc}", err=True)
-            ctx.exit(EXIT_USER_ERROR)
+            ctx.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
+        except OSError as exc:
+            click.echo(f"error: {os_problem(exc)}", err=True)
+            ctx.exit(EXIT_FAULT)
+        finally:
+            _on_sigterm(previous)
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install `handler` for SIGTERM, returning the one before; only the main thread may."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through every atomic write's clean-up
+
+
+def os_problem(exc: OSError) -> str:
+    """One line for a failed read or write: the file where the OS names one, and why."""
+    where = display_path(exc.filename) if exc.filename is not None else "writing the output"
+    return f"{where}: {exc.strerror or first_line(exc)}"
 
 
 registry_option = click.option(
@@ -187,11 +216,12 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     if not to_onnx:
         raise ZooError("choose an export format: --onnx")
     target = Path(out or f"{Path(source).name}-onnx")
-    from zoo.files.atomic import refuse_existing
+    from zoo.files.atomic import check_writable, refuse_existing
 
     refuse_existing(target, force)
-    if triton_repo:
+    if triton_repo:  # before the export lands: a repository that cannot be written fails first
         refuse_existing(Path(triton_repo), force)
+        check_writable(Path(triton_repo))
     progress = lambda message: click.echo(message, err=True)  # noqa: E731
     from export.checks.agreement import AgreementError
     from export.checks.parity import ParityError
@@ -307,9 +337,11 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
     vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
     size and norm, and the texts' cosine similarities.
     """
+    from export.runtime.prompts import check_ids, check_text
     from export.runtime.sampling import check_new_tokens
 
     check_new_tokens(max_new_tokens)  # before the folder is opened: bad options need no export
+    texts = tuple(check_text(text) for text in texts)
     import numpy as np
 
     from export.families import family_of
@@ -329,6 +361,7 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
                else [parse_ids(i) for i in id_lists])
     if any(not prompt for prompt in prompts):
         raise ZooError("an empty prompt: every --text or --ids needs at least one token")
+    check_ids(runtime.card, prompts, "--text" if texts else "--ids")
     if runtime.card["pooling"] is not None:
         show_sequences(runtime, prompts, list(texts) or list(id_lists), as_json)
         return

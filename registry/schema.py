@@ -22,6 +22,14 @@ POOLINGS = ("cls", "mean", "last", "pooler")
 # nothing, and only the encoder has BERT's pooler.
 FAMILY_POOLINGS = {"encoder": POOLINGS, "decoder": ("mean", "last")}
 REQUIRED = object()
+# Upper bounds on the sizes, generous (several times the largest published models), so that a
+# typo or a hostile file (`vocab_size: 10**15`) is refused here, not by torch's allocator.
+MAX_VOCAB = 2**23  # 8,388,608 tokens; the largest vocabularies have about 10**6
+MAX_POSITIONS = 2**20  # 1,048,576 tokens of context
+MAX_D_MODEL = 2**16  # 65,536; GPT-3's is 12,288
+MAX_D_FF = 2**18  # 262,144
+MAX_LAYERS = 1024
+MAX_LABELS = MAX_VOCAB  # a classifier's classes are rows of a head, like tokens
 
 
 @dataclass(frozen=True)
@@ -44,12 +52,14 @@ def _blocks(kind: str) -> Callable[[], list[str]]:
 FIELDS: dict[str, Field] = {
     "family": Field(str, help="encoder | decoder | encoder-decoder", choices=FAMILIES),
     "description": Field(str, "", help="one line shown by `zoo list`"),
-    "vocab_size": Field(int, help="token vocabulary size", minimum=1),
-    "max_positions": Field(int, help="longest sequence the model accepts", minimum=1),
-    "d_model": Field(int, help="hidden size", minimum=1),
-    "n_heads": Field(int, help="attention heads", minimum=1),
-    "n_layers": Field(int, help="layers (per stack for encoder-decoder)", minimum=1),
-    "d_ff": Field(int, help="feed-forward inner size", minimum=1),
+    "vocab_size": Field(int, help="token vocabulary size", minimum=1, maximum=MAX_VOCAB),
+    "max_positions": Field(int, help="longest sequence the model accepts", minimum=1,
+                           maximum=MAX_POSITIONS),
+    "d_model": Field(int, help="hidden size", minimum=1, maximum=MAX_D_MODEL),
+    "n_heads": Field(int, help="attention heads", minimum=1, maximum=MAX_D_MODEL),
+    "n_layers": Field(int, help="layers (per stack for encoder-decoder)", minimum=1,
+                      maximum=MAX_LAYERS),
+    "d_ff": Field(int, help="feed-forward inner size", minimum=1, maximum=MAX_D_FF),
     "dropout": Field(float, 0.1, "dropout probability", minimum=0.0, maximum=1.0,
                      exclusive_maximum=True),
     "activation": Field(str, "gelu", "feed-forward kind", choices=_blocks("activation")),
@@ -66,8 +76,10 @@ FIELDS: dict[str, Field] = {
     "bias": Field(bool, True, "biases in linear layers"),
     "output_bias": Field(bool, False, "a bias on the output logits (MarianMT's final_logits_bias)"),
     "target_vocab_size": Field(int, None, "encoder-decoder: a target vocabulary of its own "
-                               "(null: the source's, shared)", minimum=1, nullable=True),
-    "type_vocab_size": Field(int, 0, "token types (encoder; 0 = none)", minimum=0),
+                               "(null: the source's, shared)", minimum=1, maximum=MAX_VOCAB,
+                               nullable=True),
+    "type_vocab_size": Field(int, 0, "token types (encoder; 0 = none)", minimum=0,
+                             maximum=MAX_VOCAB),
     "pooler": Field(bool, False, "tanh pooler over the first token (encoder)"),
     "mlm_head": Field(bool, False, "masked-LM head tied to the embeddings (encoder)"),
     "pad_token_id": Field(int, 0, "padding token", minimum=0),
@@ -80,7 +92,7 @@ FIELDS: dict[str, Field] = {
                      choices=POOLINGS, nullable=True),
     "normalize": Field(bool, False, "scale the sentence vector to unit length"),
     "num_labels": Field(int, 0, "classifier classes on the sentence vector (0 = none)",
-                        minimum=0),
+                        minimum=0, maximum=MAX_LABELS),
     "labels": Field(list, None, "the classes' names, in id order (optional)", nullable=True),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")

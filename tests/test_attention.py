@@ -184,7 +184,7 @@ def test_torch_and_onnx_engines_draw_the_same_cross_attention(attention_exports:
 @pytest.mark.parametrize("args, message", [
     (["--layer", "7"], "--layer 7: the model has layers 0..1"),
     (["--head", "-1"], "--head -1: the model has heads 0..3"),
-    (["--ids", "99999"], "token id 99999 is not in the vocabulary"),
+    (["--ids", "99999"], "--ids: token id 99999 is not in the vocabulary"),
     (["--kind", "cross"], "--kind cross: this model has attentions"),
 ])
 def test_bad_requests_are_one_line_and_write_nothing(args: list[str], message: str,

@@ -22,10 +22,12 @@ from export.inspect.maps import AttentionGroup
 from export.onnx.contract import MANIFEST
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
+from export.runtime.prompts import check_ids, check_text
 from export.runtime.sessions import Runtime
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
+from registry.sizes import attention_sizes
 from zoo.files.atomic import atomic_write_bytes, refuse_existing
 from zoo.files.sources import load_source
 from zoo.files.tokenizer import load_tokenizer
@@ -93,13 +95,10 @@ def _prompt(request: Request, card: Card, folder: Path | None) -> tuple[list[int
         if tokenizer is None:
             raise AttentionError(f"{request.source}: no tokenizer here; pass token ids with "
                                  "--ids")
-        ids = tokenizer.encode(request.text)
+        ids = tokenizer.encode(check_text(request.text))
     else:
         ids = list(request.ids or [])
-    vocab = card["vocab_size"]
-    unknown = [token for token in ids if not 0 <= token < vocab]
-    if unknown:
-        raise AttentionError(f"token id {unknown[0]} is not in the vocabulary (0..{vocab - 1})")
+    check_ids(card, [ids], "--text" if request.text is not None else "--ids")
     if not ids:
         raise AttentionError("the prompt is empty")
     return ids, tokenizer
@@ -133,7 +132,7 @@ def look(request: Request) -> Looked:
     family = family_of(card)
     prompt, tokenizer = _prompt(request, card, folder)
     layers = _pick(request.layer, card["n_layers"], "layer")
-    heads = _pick(request.head, card["n_heads"], "head")
+    heads = _pick(request.head, attention_sizes(card).heads, "head")
     new = family.default_generate if request.generate is None else request.generate
     if new < 0 or (new and not family.generates):
         raise AttentionError(f"--generate {new}: should be >= 0, and 0 for an encoder")

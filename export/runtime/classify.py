@@ -10,6 +10,7 @@ import numpy as np
 
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
+from export.runtime.prompts import check_ids
 from registry.errors import ZooError
 
 
@@ -63,10 +64,7 @@ def right_padded(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.nda
 def run_sequences(engine: Engine, prompts: list[list[int]]) -> SequenceOutputs:
     """One batch through model.onnx: the vectors and, for a classifier, the probabilities."""
     card = engine.card
-    longest = max(len(prompt) for prompt in prompts)
-    if longest > card["max_positions"]:
-        raise ZooError(f"a prompt of {longest} tokens exceeds max_positions="
-                       f"{card['max_positions']}")
+    check_ids(card, prompts)
     ids, mask = right_padded(prompts, card["pad_token_id"])
     outputs = engine.run("model.onnx", encoder_feeds(card, ids, mask))
     probabilities = softmax(outputs["logits"]) if card["num_labels"] else None

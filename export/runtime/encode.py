@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from export.runtime.engine import Engine
+from export.runtime.prompts import check_ids
 from registry.catalog import Card
 
 
@@ -35,6 +36,7 @@ def encode(engine: Engine, ids: np.ndarray, top: int = 5
     holding the card's mask token."""
     card = engine.card
     ids = np.asarray(ids, np.int64)[None]
+    check_ids(card, ids)
     feeds = encoder_feeds(card, ids)
     outputs = engine.run("model.onnx", feeds)
     pooled = outputs["pooler_output"][0] if "pooler_output" in outputs else None

@@ -9,6 +9,7 @@ import numpy as np
 
 from export.families import family_of
 from export.runtime.engine import Engine
+from export.runtime.prompts import check_ids
 from export.runtime.sampling import Sampling, check_new_tokens, decode
 from registry.errors import ZooError
 
@@ -57,9 +58,7 @@ def generate(
     ids = np.asarray(ids, np.int64)
     mask = np.ones_like(ids) if mask is None else np.asarray(mask, np.int64)
     _check_length(engine, ids.shape[1], new_tokens)
-    vocab = engine.card["vocab_size"]
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        raise ZooError(f"token ids should be in 0..{vocab - 1}, got {ids.min()}..{ids.max()}")
+    check_ids(engine.card, ids)
     empty_row = bool(ids.size) and int(mask.sum(axis=1).min()) == 0  # only the plain loop
     session = open_session(engine, ids.shape[1] + new_tokens, shared_cache and not empty_row)
     return decode(session, ids, mask, new_tokens, sampling, eos)

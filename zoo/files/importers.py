@@ -23,6 +23,7 @@ from registry.paths import display_path, inside
 from registry.schema import validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
+from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules
 from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.files.weights import read_tensors, save_built
@@ -347,6 +348,7 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
         check_tokenizer_file(source / name)
 
     tensors = read_tensors(weights)
+    check_sizes(layout, config, tensors, config_where, weights_where)
     named, original, prefixes = normalised_tensors(layout, tensors, weights_where)
     parent = open_catalog().get(layout.data["extends"])
     fields, origins = card_fields(layout, config, list(named), tokenizer, parent, config_where)

@@ -15,6 +15,7 @@ from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path
+from registry.schema import MAX_LABELS
 
 
 @dataclass(frozen=True)
@@ -110,17 +111,48 @@ def read_rows(path: Path) -> Rows:
 def label_ids(rows: Rows, names: list[str] | None, num_labels: int) -> list[int]:
     """Each row's class id: by name when the classes have names, else the id as written;
     a label outside the classes is an error naming its line."""
+    # One dict lookup a row: `names.index` made 10**5 distinct labels take minutes.
+    index = {name: i for i, name in enumerate(names or [])}
     ids = []
     for example in rows.examples:
-        if names is not None and example.label in names:
-            ids.append(names.index(example.label))
-        elif names is None and example.label.isdigit() and int(example.label) < num_labels:
-            ids.append(int(example.label))
-        else:
-            known = ", ".join(names) if names is not None else f"ids 0..{num_labels - 1}"
-            raise ZooError(f"{rows.where}:{example.line}: label {example.label!r} is not one of "
-                           f"the classes ({known})")
+        found = index.get(example.label) if names is not None else _written_id(example.label)
+        if found is None or found >= num_labels:
+            known = _listing(names) if names is not None else f"ids 0..{num_labels - 1}"
+            raise ZooError(f"{rows.where}:{example.line}: label {_shown(example.label)} is not "
+                           f"one of the classes ({known})")
+        ids.append(found)
     return ids
+
+
+def _listing(names: list[str], shown: int = 12) -> str:
+    """Names for one error line: the first few, then how many more."""
+    more = f" (+{len(names) - shown} more)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _shown(label: str, limit: int = 40) -> str:
+    return repr(label if len(label) <= limit else label[:limit] + "...")
+
+
+def _written_id(label: str) -> int | None:
+    """The class id a label writes in ASCII digits (`'²'.isdigit()`, yet int() refuses it),
+    else None; past 18 digits just "too large" (int() refuses 4300 digits)."""
+    if not (label.isascii() and label.isdigit()):
+        return None
+    digits = label.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10**18
+
+
+def _id_count(rows: Rows, card_num_labels: int) -> int:
+    """Classes for labels that are all ids: 0..the largest written, refused when that many
+    could not be a classifier's head (a label 10**15 would ask for 10**15 rows of weights)."""
+    largest = max(rows.examples, key=lambda example: _written_id(example.label) or 0)
+    count = (_written_id(largest.label) or 0) + 1
+    if count > MAX_LABELS:
+        raise ZooError(f"{rows.where}:{largest.line}: label {_shown(largest.label)} is too "
+                       f"large for a class id (at most {MAX_LABELS - 1}); number the classes "
+                       "0..n-1 or name them")
+    return max(card_num_labels, count)
 
 
 def classes(rows: Rows, card_labels: list[str] | None, card_num_labels: int
@@ -133,8 +165,8 @@ def classes(rows: Rows, card_labels: list[str] | None, card_num_labels: int
                        "or more")
     if card_labels is not None:
         return card_labels, len(card_labels)
-    if all(label.isdigit() for label in written):
-        return None, max(card_num_labels, max(int(label) for label in written) + 1)
+    if all(_written_id(label) is not None for label in written):
+        return None, _id_count(rows, card_num_labels)
     return written, len(written)
 
 

@@ -20,13 +20,15 @@ from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
 from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.sizes import CACHE_AXES, CROSS_CACHE_AXES
 
 
 @dataclass(frozen=True)
 class Input:
     """One graph input. `axes` names each axis's size: dynamic ones (batch, sequence,
     past_sequence, total_sequence, encoder_sequence) become symbolic dimensions; the others
-    (d_model, heads, head_dim) are the card's. `example` says how to make a tracing value."""
+    (d_model, kv_heads, head_dim) are the card's, from registry/sizes.py. `example` says how
+    to make a tracing value."""
 
     name: str
     axes: tuple[str, ...]
@@ -34,8 +36,6 @@ class Input:
     when: str | None = None  # the card field that must be set for the input to exist
 
 
-CACHE_AXES = ("batch", "heads", "past_sequence", "head_dim")
-CROSS_CACHE_AXES = ("batch", "heads", "encoder_sequence", "head_dim")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from registry.blocks import BLOCKS
 from registry.schema import target_vocab_size
+from registry.sizes import attention_sizes
 
 
 class UnknownCount(Exception):
@@ -38,8 +39,10 @@ def ffn_params(card: dict[str, Any]) -> int:
 
 
 def attention_params(card: dict[str, Any]) -> int:
-    d = card["d_model"]
-    return 4 * d * d + (4 * d if card["bias"] else 0)
+    """Query and output projections at the query width, key and value at the key/value width."""
+    d, sizes = card["d_model"], attention_sizes(card)
+    weights = 2 * d * sizes.query_width + 2 * d * sizes.kv_width
+    return weights + (sizes.query_width + 2 * sizes.kv_width + d if card["bias"] else 0)
 
 
 def position_params(card: dict[str, Any]) -> int:

@@ -11,9 +11,11 @@ The pin moves when graphs change on purpose, with the reason here:
   commit that made that change;
 - issue #14's prefill work changed every graph again (GPT-2's GELU in the order ONNX
   Runtime's FastGeluFusion matches; the projections of one tensor, Q/K/V, as one MatMul and a
-  Split: export/onnx/forms.py), so the pin moved to that commit. Slow (two full exports of two
-  cards, twice): `make test-slow`. A clone without the pinned commit (shallow, squashed)
-  skips.
+  Split: export/onnx/forms.py), so the pin moved to that commit;
+- issue #23 (sizes derived once, the family resolved once, one ExportOptions) must change no
+  graph: the pin is the commit before it, and every tiny card is compared in every variant
+  (plain, --optimize, --quantize int8 and int4, --attentions). Slow (30 exports):
+  `make test-slow`. A clone without the pinned commit (shallow, squashed) skips.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PINNED = "a6b7d64f272b05d4ce4ceed310b2d0eb087a5316"  # issue #14: fused projections, FastGelu
-CARDS = ("gpt-tiny", "bert-tiny")  # transformer-tiny's graphs changed in issue #12
+PINNED = "bad27e2580b4e8f6a4cb8dc67132facdce3f1be7"  # the last commit before issue #23
+CARDS = ("gpt-tiny", "bert-tiny", "transformer-tiny")
+VARIANTS = {"plain": [], "optimize": ["--optimize"], "int8": ["--quantize", "int8"],
+            "int4": ["--quantize", "int4"], "attentions": ["--attentions"]}
 
 
 def _checkout(commit: str, where: Path) -> None:
@@ -44,10 +48,10 @@ def _checkout(commit: str, where: Path) -> None:
         tar.extractall(where, filter="data")
 
 
-def _export(tree: Path, out: Path, card: str, optimize: bool) -> None:
+def _export(tree: Path, out: Path, card: str, options: list[str]) -> None:
     """`zoo export` run from `tree`'s own code (its folder comes first on sys.path)."""
     command = [sys.executable, "-c", "import sys, cli; sys.exit(cli.main())", "export", card,
-               "--onnx", "-o", str(out)] + (["--optimize"] if optimize else [])
+               "--onnx", "-o", str(out), *options]
     result = subprocess.run(command, cwd=tree, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(tree)})
     assert result.returncode == 0, result.stderr[-2000:]
@@ -59,14 +63,14 @@ def _graph_files(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimize", [False, True], ids=["plain", "optimize"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("card", CARDS)
-def test_exports_are_byte_identical_to_the_pinned_commit(card: str, optimize: bool,
+def test_exports_are_byte_identical_to_the_pinned_commit(card: str, variant: str,
                                                            tmp_path: Path) -> None:
     old_tree = tmp_path / "before"
     _checkout(PINNED, old_tree)
-    _export(old_tree, tmp_path / "old", card, optimize)
-    _export(ROOT, tmp_path / "new", card, optimize)
+    _export(old_tree, tmp_path / "old", card, VARIANTS[variant])
+    _export(ROOT, tmp_path / "new", card, VARIANTS[variant])
     old, new = _graph_files(tmp_path / "old"), _graph_files(tmp_path / "new")
     assert old.keys() == new.keys()
     assert [name for name in old if old[name] != new[name]] == []

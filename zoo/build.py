@@ -10,6 +10,7 @@ from torch import nn
 
 from registry.catalog import Card
 from registry.schema import target_vocab_size
+from registry.sizes import attention_sizes
 from zoo.blocks.attention import Attention
 from zoo.blocks.classes import block_class
 from zoo.blocks.embeddings import Embeddings
@@ -35,8 +36,9 @@ class Parts:
         return self.norm_class(self.card["d_model"], self.card["norm_eps"])
 
     def attention(self) -> Attention:
-        c = self.card
-        return Attention(c["d_model"], c["n_heads"], c["dropout"], c["bias"])
+        c, sizes = self.card, attention_sizes(self.card)
+        return Attention(c["d_model"], sizes.heads, c["dropout"], c["bias"], sizes.kv_heads,
+                         sizes.head_dim)
 
     def layer(self, cross: bool = False) -> Layer:
         c = self.card
@@ -67,8 +69,8 @@ class Parts:
 
     def position(self) -> nn.Module:
         c = self.card
-        head_dim = c["d_model"] // c["n_heads"]
-        return self.position_class(c["d_model"], c["max_positions"], head_dim, c["rope_theta"])
+        return self.position_class(c["d_model"], c["max_positions"],
+                                   attention_sizes(c).head_dim, c["rope_theta"])
 
     def lm_head(self, vocab_size: int | None = None) -> LMHead:
         c = self.card

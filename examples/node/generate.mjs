@@ -71,9 +71,11 @@ function checkIds(ids, steps, manifest) {
   }
 }
 
-// The cache before the first step: past length 0, shape (batch, n_heads, 0, head_dim).
-function emptyPast(card, names) {
-  const dims = [1, card.n_heads, 0, card.d_model / card.n_heads];
+// The cache before the first step: the manifest's cache shape (batch, kv_heads, past_sequence,
+// head_dim) with batch 1 and past length 0.
+function emptyPast(manifest, names) {
+  const sizes = { batch: 1, past_sequence: 0 };
+  const dims = manifest.cache.shape.map((axis) => sizes[axis] ?? axis);
   const empty = () => new ort.Tensor('float32', new Float32Array(0), dims);
   return Object.fromEntries(names.map((name) => [name, empty()]));
 }
@@ -106,9 +108,9 @@ function argmaxLast(logits) {
 // The decode loop both generating families share: `feedsFor(tokens)` gives the inputs for the
 // new tokens besides the cache; each step's presents become the next step's pasts.
 // `onToken(token)` sees each token as it comes (to stream the text).
-async function greedy(session, card, first, steps, feedsFor, cache, onToken) {
+async function greedy(session, manifest, first, steps, feedsFor, cache, onToken) {
   const tokens = [];
-  let past = emptyPast(card, cache.map(([name]) => name));
+  let past = emptyPast(manifest, cache.map(([name]) => name));
   let next = first;
   for (let step = 0; step < steps; step++) {
     const outputs = await session.run({ ...feedsFor(next), ...past });
@@ -135,7 +137,7 @@ async function runDecoder(folder, manifest, ids, steps, onToken) {
     };
   };
   const cache = cacheNames(manifest.graphs['model.onnx']);
-  return { tokens: await greedy(session, manifest.card, ids, steps, feedsFor, cache, onToken) };
+  return { tokens: await greedy(session, manifest, ids, steps, feedsFor, cache, onToken) };
 }
 
 async function runSeq2Seq(folder, manifest, ids, steps, onToken) {
@@ -156,7 +158,7 @@ async function runSeq2Seq(folder, manifest, ids, steps, onToken) {
   });
   const cache = cacheNames(manifest.graphs['decoder.onnx']);
   const start = [manifest.card.bos_token_id];
-  return { tokens: await greedy(decoder, manifest.card, start, steps, feedsFor, cache, onToken) };
+  return { tokens: await greedy(decoder, manifest, start, steps, feedsFor, cache, onToken) };
 }
 
 async function runEncoder(folder, manifest, ids) {

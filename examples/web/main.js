@@ -265,12 +265,13 @@ async function generate(request) {
   window.zooRun = run;
   const random = seeded(request.seed);
 
-  // First step: the whole prompt (or the start token), past length 0: cache tensors of shape
-  // (1, n_heads, 0, head_dim).
+  // First step: the whole prompt (or the start token), past length 0: cache tensors of the
+  // manifest's cache shape (batch, kv_heads, past_sequence, head_dim) with batch 1, past 0.
   const cache = cacheNames(graph);
-  const headDim = card.d_model / card.n_heads;
+  const sizes = { batch: 1, past_sequence: 0 };
+  const dims = manifest.cache.shape.map((axis) => sizes[axis] ?? axis);
   let past = Object.fromEntries(cache.map(([name]) =>
-    [name, new ort.Tensor('float32', new Float32Array(0), [1, card.n_heads, 0, headDim])]));
+    [name, new ort.Tensor('float32', new Float32Array(0), dims)]));
   let next = first;
   setState('running', `generating up to ${request.steps} tokens (${manifest.name})...`);
   for (let step = 0; step < request.steps; step++) {

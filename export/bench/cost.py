@@ -1,7 +1,8 @@
 """How much work a forward pass or a decoding step is, to scale timings by the machine's limits.
 
-FLOPs = 2 x (parameters in matrix products) x tokens + attention (QK^T and AV: 4 x d_model x
-queries x keys per layer, counted in full as eager PyTorch computes the masked scores too).
+FLOPs = 2 x (parameters in matrix products) x tokens + attention (QK^T and AV: 4 x query width
+(heads x head_dim) x queries x keys per layer, counted in full as eager PyTorch computes the
+masked scores too).
 Bytes per decoding step = the matrix weights (each read once; the embedding gather reads one
 row and is left out) + the key/value cache read by attention.
 """
@@ -15,6 +16,7 @@ import onnx
 from torch import nn
 
 from registry.catalog import Card
+from registry.sizes import attention_sizes
 
 ONNX_ITEM_BYTES = {onnx.TensorProto.FLOAT: 4.0, onnx.TensorProto.FLOAT16: 2.0,
                    onnx.TensorProto.UINT8: 1.0, onnx.TensorProto.INT8: 1.0,
@@ -46,7 +48,7 @@ class Cost:
         return self.card["n_layers"]
 
     def attention(self, queries: int, keys: int) -> float:
-        return 4.0 * self.d * queries * keys * self.layers
+        return 4.0 * attention_sizes(self.card).query_width * queries * keys * self.layers
 
     def decoder_forward(self, tokens: int, past: int, logit_tokens: int) -> float:
         """GPT-style: `tokens` new tokens after `past`, logits for `logit_tokens` of them."""
@@ -63,7 +65,8 @@ class Cost:
         return batch * (2.0 * self.encoder_layer_params * length + self.attention(length, length))
 
     def cache_bytes(self, batch: int, keys: int) -> float:
-        return 2.0 * self.layers * keys * self.d * 4.0 * batch  # keys and values, fp32
+        width = attention_sizes(self.card).kv_width
+        return 2.0 * self.layers * keys * width * 4.0 * batch  # keys and values, fp32
 
 
 def decoder_cost(model: nn.Module, card: Card) -> Cost:

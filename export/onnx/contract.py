@@ -8,8 +8,6 @@ sequence and past length are dynamic axes.
 
 from __future__ import annotations
 
-from typing import Any
-
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
@@ -24,9 +22,3 @@ def past_names(n_layers: int, prefix: str, *infixes: str) -> list[str]:
     `{i}.decoder.key`, `{i}.decoder.value`, `{i}.encoder.key`, `{i}.encoder.value`."""
     return [f"{prefix}.{i}{infix}.{kind}" for i in range(n_layers) for infix in infixes or ("",)
             for kind in ("key", "value")]
-
-
-def cache_shape(card: dict[str, Any] | Any, batch: int, length: int) -> tuple[int, int, int, int]:
-    """One cache tensor: (B, n_heads, length, head_dim)."""
-    heads = card["n_heads"]
-    return batch, heads, length, card["d_model"] // heads

@@ -10,10 +10,11 @@ from typing import Any
 
 import onnx
 
-from export.onnx.contract import FORMAT_VERSION, MANIFEST
+from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path, inside
+from registry.sizes import cache_entry
 from zoo.files.atomic import sha256
 
 PACKAGES = ("zoo", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy",
@@ -49,10 +50,16 @@ def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str
         "versions": versions,
         "graphs": {name: {"inputs": inputs, "outputs": outputs}
                    for name, (inputs, outputs) in contract.items()},
+        **({"cache": cache_entry(card)} if _has_cache(contract) else {}),
         "files": {name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
                   for name in files},
     }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+
+
+def _has_cache(contract: dict[str, tuple[list[str], list[str]]]) -> bool:
+    return any(name.startswith(f"{CACHE_INPUT}.") for inputs, _ in contract.values()
+               for name in inputs)
 
 
 def add_to_manifest(folder: Path, entries: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ import onnx
 
 from export.logs import quiet_loggers
 from registry.catalog import Card
+from registry.sizes import attention_sizes
 
 MS_DOMAIN = "com.microsoft"
 ACTIVATION_FUSIONS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}
@@ -82,7 +83,8 @@ def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport,
     before = _ms_ops(model)
     with quiet_loggers("onnxruntime", "onnxruntime.transformers", "fusion_base", "onnx_model",
                        disable=logging.WARNING):
-        optimized = optimize_model(model, model_type=model_type, num_heads=card["n_heads"],
+        optimized = optimize_model(model, model_type=model_type,
+                                   num_heads=attention_sizes(card).heads,
                                    hidden_size=card["d_model"], opt_level=0,
                                    optimization_options=options)
     fused = optimized.model

@@ -27,9 +27,10 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, cache_shape, past_names
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
 from export.onnx.wrappers import flatten, pair_up
 from registry.catalog import Card
+from registry.sizes import cache_shape
 from zoo.blocks.attention import Attention, KeyValue, attention_core
 from zoo.blocks.heads import LMHead
 from zoo.blocks.positions import Rotary, apply_rotary
@@ -47,7 +48,7 @@ def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
 
 class GroupQueryAttentionCore:
     """An attention core (zoo.blocks.attention.AttentionCore) that runs GroupQueryAttention on
-    the module's own projections (kv_num_heads = num_heads, default scale 1/sqrt(head_dim),
+    the module's own projections (its query and key/value heads, default scale 1/sqrt(head_dim),
     causal within the new tokens). Its `mask` is (seqlens_k, total_sequence_length), passed
     through unchanged by the layer; its `past` and present are the in-place buffers."""
 
@@ -57,12 +58,12 @@ class GroupQueryAttentionCore:
         a = attention
         query, key, value = a.query(x), a.key(x), a.value(x)
         if rotary is not None:
-            query, key = _rotate(a, query, rotary), _rotate(a, key, rotary)
+            query, key = _rotate(a, query, rotary, a.n_heads), _rotate(a, key, rotary, a.kv_heads)
         seqlens_k, total = mask
         output, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
             (query, key, value, past[0], past[1], seqlens_k, total),
-            {"num_heads": a.n_heads, "kv_num_heads": a.n_heads},
+            {"num_heads": a.n_heads, "kv_num_heads": a.kv_heads},
             dtypes=(query.dtype, query.dtype, query.dtype),
             shapes=(query.shape, past[0].shape, past[1].shape),
             version=1,
@@ -70,10 +71,10 @@ class GroupQueryAttentionCore:
         return output, (present_key, present_value)
 
 
-def _rotate(attention: Attention, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
-    """GroupQueryAttention takes (B, T, d): rotate per head, then merge the heads again."""
+def _rotate(attention: Attention, x: torch.Tensor, rotary: Rotary, heads: int) -> torch.Tensor:
+    """GroupQueryAttention takes (B, T, heads * hd): rotate per head, then merge them again."""
     batch, length, _ = x.shape
-    return apply_rotary(attention.split_heads(x), rotary).transpose(1, 2).reshape(
+    return apply_rotary(attention.split_heads(x, heads), rotary).transpose(1, 2).reshape(
         batch, length, -1)
 
 

@@ -20,6 +20,7 @@ from export.onnx.forms import fast_forms
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.schema import target_vocab_size
+from registry.sizes import attention_sizes
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
@@ -40,8 +41,8 @@ def check_opset(opset: int) -> None:
 
 
 def _sizes(card: Card) -> dict[str, int]:
-    heads = card["n_heads"]
-    return {**TRACE_SIZES, "heads": heads, "head_dim": card["d_model"] // heads,
+    sizes = attention_sizes(card)
+    return {**TRACE_SIZES, "kv_heads": sizes.kv_heads, "head_dim": sizes.head_dim,
             "d_model": card["d_model"]}
 
 

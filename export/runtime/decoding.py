@@ -18,10 +18,10 @@ from export.onnx.contract import (
     CACHE_OUTPUT,
     DECODER,
     ENCODER,
-    cache_shape,
     past_names,
 )
 from export.runtime.engine import Engine
+from registry.sizes import cache_shape
 
 
 def empty_past(engine: Engine, batch: int) -> list[np.ndarray]:

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
 from export.serving.genai_tokenizer import write_genai_tokenizer
 from registry.errors import ZooError
+from registry.sizes import attention_sizes
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_GRAPH = "model_genai.onnx"
@@ -85,7 +86,7 @@ def genai_config(card: Any, file: str, graph: onnx.ModelProto,
     """genai_config.json; every name it gives is checked against `graph`'s own."""
     names = {kind: dict(entries) for kind, entries in NAMES.items()}
     _check_names(graph, names, card["n_layers"], file)
-    heads = card["n_heads"]
+    sizes = attention_sizes(card)
     return {
         "model": {
             "type": MODEL_TYPE,
@@ -98,9 +99,9 @@ def genai_config(card: Any, file: str, graph: onnx.ModelProto,
                 "filename": file,
                 "session_options": {"log_id": "onnxruntime-genai", "provider_options": []},
                 "hidden_size": card["d_model"],
-                "num_attention_heads": heads,
-                "num_key_value_heads": heads,
-                "head_size": card["d_model"] // heads,
+                "num_attention_heads": sizes.heads,
+                "num_key_value_heads": sizes.kv_heads,
+                "head_size": sizes.head_dim,
                 "num_hidden_layers": card["n_layers"],
                 **names,
             },

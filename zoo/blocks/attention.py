@@ -115,25 +115,32 @@ class Attention(nn.Module):
     """Projections around a replaceable core (`self.core`, see AttentionCore); the output
     projection is applied to whatever the core returns."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool) -> None:
+    def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
+                 kv_heads: int | None = None, head_dim: int | None = None) -> None:
+        """Sizes as registry/sizes.py derives them from a card (zoo/build.py passes them);
+        `kv_heads` and `head_dim` default to n_heads and d_model // n_heads."""
         super().__init__()
         self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
-        self.query = nn.Linear(d_model, d_model, bias=bias)
-        self.key = nn.Linear(d_model, d_model, bias=bias)
-        self.value = nn.Linear(d_model, d_model, bias=bias)
-        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.kv_heads = kv_heads or n_heads
+        self.head_dim = head_dim or d_model // n_heads
+        query_width, kv_width = n_heads * self.head_dim, self.kv_heads * self.head_dim
+        self.query = nn.Linear(d_model, query_width, bias=bias)
+        self.key = nn.Linear(d_model, kv_width, bias=bias)
+        self.value = nn.Linear(d_model, kv_width, bias=bias)
+        self.out = nn.Linear(query_width, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.core: AttentionCore = DOT_PRODUCT
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """(B, T, heads * hd) -> (B, heads, T, hd); the query heads unless told."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        return x.view(batch, length, heads or self.n_heads, self.head_dim).transpose(1, 2)
 
     def project(self, source: torch.Tensor) -> KeyValue:
-        """Keys and values of `source` (B, S, d), each (B, nh, S, hd): for cross-attention
-        this is the cache computed once per source."""
-        return self.split_heads(self.key(source)), self.split_heads(self.value(source))
+        """Keys and values of `source` (B, S, d), each (B, kv_heads, S, hd): for
+        cross-attention this is the cache computed once per source."""
+        return (self.split_heads(self.key(source), self.kv_heads),
+                self.split_heads(self.value(source), self.kv_heads))
 
     def forward(
         self,

@@ -30,8 +30,8 @@ sys.path.insert(0, str(HERE))
 from peers import Run, interleaved, machine  # noqa: E402
 from prepare import hf_folder, zoo_export  # noqa: E402
 
+from export.opening import open_export  # noqa: E402
 from export.runtime.generate import generate, left_padded  # noqa: E402
-from export.runtime.sessions import Runtime  # noqa: E402
 from export.serving.genai import genai_batch  # noqa: E402
 
 PAD = 0  # the zoo's and HF's left padding (not among the prompts' ids, 3..49999)
@@ -140,7 +140,7 @@ def main() -> None:
     print(json.dumps(report["before"]), flush=True)
     hf = GPT2LMHeadModel.from_pretrained(hf_folder("gpt2-small", args.work)).eval()
     optimized = zoo_export("gpt2-small", args.work, optimize=True)
-    runtime = Runtime(optimized)
+    runtime = open_export(optimized)
     batch = prompts(args.seed)
     ids, mask = left_padded(batch, PAD)
     alone = [generate(runtime, np.array([p]), None, args.tokens)[0].tolist() for p in batch]

@@ -38,6 +38,7 @@ from prepare import hf_folder, optimum_export, zoo_export  # noqa: E402
 
 from export.bench.genai_vs_zoo import cpu_flags, genai_runner, zoo_runner  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
+from export.opening import open_export  # noqa: E402
 from export.runtime.generate import open_session  # noqa: E402
 from export.runtime.sessions import Runtime  # noqa: E402
 
@@ -155,7 +156,7 @@ def gpt2_rows(work: Path, rounds: int, prompt_length: int, new_tokens: int) -> l
     sessions = {"optimum": plain_session(optimum / "model.onnx"),
                 "zoo": plain_session(default / "model.onnx"),
                 "zoo --optimize": plain_session(optimized / "model.onnx")}
-    rows = prefill_rows(hf, sessions, Runtime(optimized), rounds, new_tokens)
+    rows = prefill_rows(hf, sessions, open_export(optimized), rounds, new_tokens)
     prompt = [int(i) for i in np.random.default_rng(0).integers(3, 50000, prompt_length)]
     runs = {
         "hf-pytorch generate": lambda: hf_greedy(hf, prompt, new_tokens),

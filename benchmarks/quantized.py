@@ -35,8 +35,7 @@ sys.path.insert(0, str(ROOT))
 from export.bench.genai_vs_zoo import cpu_flags  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
 from export.checks.perplexity import TextScore, score_text, top1_agreement  # noqa: E402
-from export.families import family_of  # noqa: E402
-from export.runtime.engines import TorchEngine  # noqa: E402
+from export.opening import open_export, open_model  # noqa: E402
 from export.runtime.sampling import Sampling, decode  # noqa: E402
 from export.runtime.sessions import Runtime  # noqa: E402
 from zoo.files.atomic import atomic_write_bytes  # noqa: E402
@@ -100,8 +99,7 @@ def greedy_rates(runtimes: dict[str, Runtime], prompt: np.ndarray, rounds: int
     mask = np.ones_like(prompt)
 
     def run(runtime: Runtime) -> np.ndarray:
-        family = family_of(runtime.card)
-        session = family.open_session(runtime, PROMPT + NEW_TOKENS, shared_cache=True)
+        session = runtime.family.open_session(runtime, PROMPT + NEW_TOKENS, shared_cache=True)
         return decode(session, prompt, mask, NEW_TOKENS, Sampling(), None)
 
     tokens = {name: run(runtime)[0] for name, runtime in runtimes.items()}  # also warms up
@@ -120,8 +118,8 @@ def measure(folders: dict[str, Path], held: Path, rounds: int) -> dict:
     scores: dict[str, TextScore] = {}
     for name in ("built", "trained"):
         log(f"perplexity: {name} model (PyTorch)")
-        scores[f"torch {name}"] = score_text(TorchEngine(*load_built(folders[name])), ids)
-    runtimes = {name: Runtime(folders[name]) for name in EXPORTS}
+        scores[f"torch {name}"] = score_text(open_model(*load_built(folders[name])), ids)
+    runtimes = {name: open_export(folders[name]) for name in EXPORTS}
     for name, runtime in runtimes.items():
         log(f"perplexity: {name} export (ONNX Runtime)")
         scores[name] = score_text(runtime, ids)

@@ -80,6 +80,19 @@ class GraphIO:
         return names
 
 
+def contract_of(graphs: dict[str, GraphIO], card: Card, attentions: bool = False
+                ) -> dict[str, tuple[list[str], list[str]]]:
+    """{file: (input names, output names)} of graphs already made (an export makes them once)."""
+    return {file: (io.input_names(card), io.output_names(card, attentions))
+            for file, io in graphs.items()}
+
+
+def wrappers_of(graphs: dict[str, GraphIO], model: nn.Module, attentions: bool = False
+                ) -> dict[str, nn.Module]:
+    return {file: io.wrapper(model, io.attention_groups if attentions else ())
+            for file, io in graphs.items()}
+
+
 def attention_names(groups: tuple[str, ...], n_layers: int) -> list[str]:
     """`attentions.0`, `attentions.1`, ... per group (Hugging Face's output names)."""
     return [f"{group}.{layer}" for group in groups for layer in range(n_layers)]
@@ -132,14 +145,12 @@ class Family:
     def contract(self, card: Card, attentions: bool = False
                  ) -> dict[str, tuple[list[str], list[str]]]:
         """{file: (input names, output names)}: what manifest.json and the engines use."""
-        return {file: (io.input_names(card), io.output_names(card, attentions))
-                for file, io in self.graphs(card).items()}
+        return contract_of(self.graphs(card), card, attentions)
 
     def wrappers(self, model: nn.Module, card: Card, attentions: bool = False
                  ) -> dict[str, nn.Module]:
         """{file: a module with the file's flat signature}, for tracing and for PyTorch."""
-        return {file: io.wrapper(model, io.attention_groups if attentions else ())
-                for file, io in self.graphs(card).items()}
+        return wrappers_of(self.graphs(card), model, attentions)
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         raise NotImplementedError

@@ -1,22 +1,22 @@
-"""From a card name or built folder to a verified export folder: the steps `zoo export` runs."""
+"""From a card name or built folder to a verified export folder: the steps `zoo export` runs,
+where its family is resolved once and handed to the writer, the variants and the check."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from export.checks.agreement import AgreementReport
-from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL, Report
+from export.checks.parity import Report
 from export.checks.verify import verify
-from export.onnx.manifest import add_to_manifest
-from export.onnx.quantize import check_choice
-from export.onnx.trace import DEFAULT_OPSET
-from export.onnx.variants import Variant
+from export.families import family_of
 from export.onnx.writer import export_onnx
-from export.runtime.sessions import Runtime, require_provider
+from export.opening import open_staged
+from export.options import ExportOptions
 from registry.catalog import Card
 from zoo.files.tokenizer import tokenizer_files
 
@@ -41,33 +41,26 @@ def export_and_verify(
     model: nn.Module,
     card: Card,
     out: Path,
-    opset: int = DEFAULT_OPSET,
-    provider: str = "cpu",
-    atol: float = DEFAULT_ATOL,
-    rtol: float = DEFAULT_RTOL,
-    force: bool = False,
+    options: ExportOptions | None = None,
     progress: Callable[[str], None] = lambda message: None,
     source_folder: Path | None = None,
-    optimize: bool = False,
-    quantize: str | None = None,
-    attentions: bool = False,
 ) -> Report | VariantReport:
     """Export, then check parity on the staged files; the folder lands only if it passed.
 
     What is checked is export/checks/verify.py's: the parity grid, or for a quantized export
     the agreement check; an optimized decoder also proves its shared-cache loop.
     """
-    require_provider(provider)  # before minutes of exporting
-    if quantize:
-        check_choice(quantize)
-    variant = Variant(optimize, quantize, attentions)
+    options = options or ExportOptions()
+    options.check()  # before minutes of exporting
+    family = family_of(card)  # once: the writer, the variants and the check share it
 
-    def verify_staged(staging: Path) -> Report | VariantReport:
-        check = verify(model, card, Runtime(staging, provider), atol, rtol, progress)
+    def verify_staged(staging: Path, manifest: dict[str, Any]) -> Report | AgreementReport:
+        runtime = open_staged(staging, manifest, options.provider)
+        check = verify(model, card, runtime, options.atol, options.rtol, progress)
         if isinstance(check, AgreementReport):  # recorded beside what was quantized
-            add_to_manifest(staging, {"quantization": {**variant.manifest["quantization"],
-                                                       "agreement": check.as_dict()}})
-        return check if variant.plain else VariantReport(variant.notes, check)
+            manifest["quantization"]["agreement"] = check.as_dict()
+        return check
 
     extra = tokenizer_files(source_folder) if source_folder is not None else []
-    return export_onnx(model, card, out, opset, force, verify_staged, progress, extra, variant)
+    written = export_onnx(model, card, out, family, options, verify_staged, progress, extra)
+    return written.check if options.plain else VariantReport(written.notes, written.check)

@@ -15,6 +15,7 @@ from typing import Any
 from registry.blocks import block_names
 from registry.errors import CardError
 from registry.plugins import load_plugins
+from registry.sizes import attention_sizes
 
 FAMILIES = ("encoder", "decoder", "encoder-decoder")
 POOLINGS = ("cls", "mean", "last", "pooler")
@@ -185,9 +186,9 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
         came_from = f" (set in {', '.join(sorted(sources))})" if sources else ""
         raise CardError(f"{where}: n_heads={card['n_heads']} does not divide "
                         f"d_model={card['d_model']}{came_from}")
-    if card["position"] == "rotary" and (card["d_model"] // card["n_heads"]) % 2:
+    if card["position"] == "rotary" and attention_sizes(card).head_dim % 2:
         raise CardError(f"{where}: position=rotary needs an even head size, "
-                        f"got d_model/n_heads={card['d_model'] // card['n_heads']}")
+                        f"got a head size of {attention_sizes(card).head_dim}")
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="

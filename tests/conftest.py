@@ -192,6 +192,7 @@ def shared_export(tmp_path_factory: pytest.TempPathFactory,
     reads it. A test that alters an export copies it first. Under xdist a test reading a card's
     export must run in that card's group (mark `on_shared(name)` or a card parameter), or the
     card is traced again in another worker: that is a failure here, not a silent cost."""
+    from export.options import ExportOptions
     from export.pipeline import export_and_verify
     from zoo.build import build_model
 
@@ -208,7 +209,7 @@ def shared_export(tmp_path_factory: pytest.TempPathFactory,
             folder = root / f"{name}-{variant}"
             with traces_reused(shared_traces):
                 report = export_and_verify(build_model(card(name), seed=1), card(name), folder,
-                                           **VARIANTS[variant])
+                                           ExportOptions(**VARIANTS[variant]))
             made[name, variant] = folder, report
         return made[name, variant]
 

@@ -19,7 +19,7 @@ from matplotlib.image import imread
 from cli import main
 from export.families import family_of
 from export.inspect.attention import Request, draw_attention
-from export.runtime.sessions import Runtime
+from export.opening import open_export
 from tests.conftest import (
     TINY_CARDS,
     Lazy,
@@ -88,7 +88,7 @@ def attention_exports(shared_export: SharedExport) -> Lazy:
 def test_attention_outputs_are_in_the_contract_and_the_manifest(name: str,
                                                                attention_exports: dict) -> None:
     tiny = card(name)
-    manifest = Runtime(attention_exports[name]).manifest
+    manifest = open_export(attention_exports[name]).manifest
     n = tiny["n_layers"]
     declared = [output for file in manifest["attentions"]["outputs"].values()
                 for output in file]
@@ -116,7 +116,7 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
     drawn = json.loads(numbers.read_text())
     assert len(drawn["panels"]) == layers * heads
     # The numbers drawn against ONNX Runtime run here directly on the same graph.
-    runtime = Runtime(attention_exports[name])
+    runtime = open_export(attention_exports[name])
     source = np.array([ids], np.int64)
     ones = np.ones_like(source)
     shape = (1, heads, 0, tiny["d_model"] // heads)
@@ -156,7 +156,7 @@ def test_the_pictures_hold_the_maps_in_grid_order(attention_exports: dict,
     ids = looked.group.queries
     assert ids[:4] == [5, 9, 17, 33] and len(ids) == 6  # the prompt and 2 generated tokens
     heads = tiny["n_heads"]
-    outputs = Runtime(folder).run("model.onnx", prompt_feeds(tiny, ids))
+    outputs = open_export(folder).run("model.onnx", prompt_feeds(tiny, ids))
     for index, image in enumerate(drawn.images):
         layer, head = divmod(index, heads)
         np.testing.assert_allclose(image, outputs[f"attentions.{layer}"][0, head], atol=1e-6)

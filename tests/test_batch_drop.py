@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from export.opening import open_export
 from export.runtime.generate import generate, open_session
 from export.runtime.sampling import Sampling, decode
 from export.runtime.sessions import Runtime
@@ -27,7 +28,7 @@ class CountingEngine:
     """Runtime's plain graph, recording the batch size of every run's feeds."""
 
     def __init__(self, runtime: Runtime) -> None:
-        self.runtime, self.card, self.rows = runtime, runtime.card, []
+        self.runtime, self.card, self.family, self.rows = runtime, runtime.card, runtime.family, []
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.rows.append(len(feeds["input_ids"]))
@@ -53,7 +54,7 @@ def early_eos(alone: list[np.ndarray]) -> int:
 
 @pytest.fixture(scope="module")
 def case(shared_export: SharedExport) -> dict[str, Any]:
-    runtime = Runtime(shared_export("gpt-tiny", "optimize")[0])
+    runtime = open_export(shared_export("gpt-tiny", "optimize")[0])
     rng = np.random.default_rng(5)
     prompts = [rng.integers(3, 250, n).tolist() for n in (3, 11, 6, 1, 9, 4)]
     free = [generate(runtime, np.array([p]), None, STEPS, shared_cache=False)[0]

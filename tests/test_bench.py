@@ -22,11 +22,11 @@ from export.families import FAMILIES, family_of
 from export.onnx.contract import MANIFEST
 from export.onnx.quantize import QuantizeError, check_choice
 from export.onnx.shared_cache import KV_FILE
+from export.opening import open_export, open_model
+from export.options import ExportOptions
 from export.pipeline import export_and_verify
-from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling
-from export.runtime.sessions import Runtime
 from tests.conftest import (
     TINY_CARDS,
     SharedExport,
@@ -113,7 +113,7 @@ def test_every_variant_export_passes_its_check(name: str, variant: str, exports)
         assert "fused operators in" in report.table()
         # Re-checked from the folder, the way `zoo parity` does it.
         model, loaded = load_built(folder)
-        assert check_parity(TorchEngine(model, loaded), Runtime(folder)).passed
+        assert check_parity(open_model(model, loaded), open_export(folder)).passed
     else:
         quantization = manifest["quantization"]
         assert quantization["weights"] == variant and quantization["agreement"]["passed"]
@@ -203,7 +203,7 @@ def test_missing_attention_fusion_is_reported(exports) -> None:
                                       Sampling(temperature=1.2, top_k=20, seed=3)])
 def test_reused_buffer_loop_gives_the_plain_loops_tokens(exports, sampling: Sampling) -> None:
     folder, _ = exports("gpt-tiny", "optimize")
-    runtime = Runtime(folder)
+    runtime = open_export(folder)
     assert runtime.kv_graph is not None
     rng = np.random.default_rng(1)
     prompts = [rng.integers(3, 250, length).tolist() for length in (6, 2, 9)]
@@ -215,14 +215,14 @@ def test_reused_buffer_loop_gives_the_plain_loops_tokens(exports, sampling: Samp
     plain = generate(runtime, ids, mask, steps, sampling, shared_cache=False)
     np.testing.assert_array_equal(fast, plain)
     model, loaded = load_built(folder)
-    np.testing.assert_array_equal(fast, generate(TorchEngine(model, loaded), ids, mask, steps,
+    np.testing.assert_array_equal(fast, generate(open_model(model, loaded), ids, mask, steps,
                                                  sampling))
 
 
 def test_quantized_agreement_is_measured_against_fp32(exports) -> None:
     folder, _ = exports("gpt-tiny", "int4")
     model, loaded = load_built(folder)
-    report = check_agreement(TorchEngine(model, loaded), Runtime(folder), "int4")
+    report = check_agreement(open_model(model, loaded), open_export(folder), "int4")
     row = report.rows[0]
     assert row.positions == 64 and 0 < row.max_logit_diff < 1
     with pytest.raises(QuantizeError, match="--quantize int3"):
@@ -308,7 +308,8 @@ def test_shared_cache_graph_follows_other_blocks(tmp_path: Path) -> None:
     variant = card("gpt-tiny", position="rotary", norm="rmsnorm", activation="swiglu",
                    bias=False, n_layers=1)
     folder = tmp_path / "variant"
-    report = export_and_verify(build_model(variant, seed=2), variant, folder, optimize=True)
+    report = export_and_verify(build_model(variant, seed=2), variant, folder,
+                               ExportOptions(optimize=True))
     assert_check_ran(report, variant.fields)
     generation = {what: steps for what, _, steps in report.check.generation}
     assert generation["shared-cache loop vs plain loop"] > 0, report.table()  # the loop ran

@@ -20,6 +20,7 @@ from export.families import family_of
 from export.onnx.contract import MANIFEST
 from export.onnx.manifest import ManifestError, read_manifest
 from export.onnx.trace import TRACE_SIZES
+from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate, open_session
@@ -60,7 +61,7 @@ def copy_export(source: Path, tmp_path: Path) -> Path:
 
 def engines(folder: Path) -> tuple[TorchEngine, Runtime]:
     model, loaded = load_built(folder)
-    return TorchEngine(model, loaded), Runtime(folder)
+    return open_model(model, loaded), open_export(folder)
 
 
 def past_shape(fields: dict, heads: int | None = None) -> tuple[int, int, int, int]:
@@ -132,7 +133,7 @@ def test_greedy_tokens_identical_and_batched_padding_equals_one_at_a_time(
 def test_left_padded_rows_compute_the_same_logits_as_alone(name: str,
                                                            exported: Lazy) -> None:
     """Tokens of an untrained model are a weak check; compare the next-token logits."""
-    runtime = Runtime(exported[name])
+    runtime = open_export(exported[name])
     prompts = [[5, 6, 7, 8, 9], [10, 11]]
     ids = np.array([prompts[0], [0, 0, 0, *prompts[1]]])
     mask = np.array([[1] * 5, [0, 0, 0, 1, 1]])
@@ -222,7 +223,7 @@ def test_the_parity_grid_runs_sizes_the_trace_never_saw(name: str,
     """torch.export specialises what it traced; the grid must run other sizes on every
     dynamic axis of every graph, including 1 (the size export most likes to fix)."""
     family = family_of(card(name))
-    cases = family.parity_cases(TorchEngine(*load_built(exported[name])),
+    cases = family.parity_cases(open_model(*load_built(exported[name])),
                                 np.random.default_rng(0))
     seen: dict[tuple[str, str], set[int]] = {}
     for case in cases:
@@ -366,7 +367,7 @@ def test_manifest_from_a_newer_format_is_refused(exported: Lazy,
 ])
 def test_feeds_are_validated_before_onnx_runtime(change, message: str,
                                                  exported: Lazy) -> None:
-    runtime = Runtime(exported["gpt-tiny"])
+    runtime = open_export(exported["gpt-tiny"])
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.ones((1, 2), np.int64),
              "position_ids": np.array([[0, 1]]), **empty_past_feeds(GPT_TINY)}
     assert runtime.run("model.onnx", dict(feeds))["logits"].shape == (1, 2, GPT_TINY["vocab_size"])
@@ -394,7 +395,7 @@ def test_cuda_where_it_is_not_active_is_an_error_not_a_cpu_run(
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_cuda_matches_cpu_and_pytorch(name: str, exported: Lazy) -> None:
     torch_engine, cpu = engines(exported[name])
-    cuda = Runtime(exported[name], "cuda")
+    cuda = open_export(exported[name], "cuda")
     assert cuda.graphs[next(iter(cuda.graphs))].session.get_providers()[0] == \
         "CUDAExecutionProvider"
     assert check_parity(cpu, cuda).passed

@@ -149,8 +149,8 @@ def test_bert_outputs_match_transformers(name: str, sources: dict, imported: dic
 
 def test_imported_gpt2_exports_with_parity(sources: dict, imported: dict,
                                            tmp_path: Path) -> None:
+    from export.opening import open_export
     from export.pipeline import export_and_verify
-    from export.runtime.sessions import Runtime
     from zoo.files.sources import load_source
 
     model, card = load_source(str(imported["gpt2-lm"]))
@@ -163,7 +163,7 @@ def test_imported_gpt2_exports_with_parity(sources: dict, imported: dict,
              "position_ids": torch.arange(ids.shape[1]).expand_as(ids).numpy(),
              **{f"past_key_values.{i}.{kind}": past.numpy()
                 for i in range(card["n_layers"]) for kind in ("key", "value")}}
-    logits = Runtime(tmp_path / "onnx").run("model.onnx", feeds)["logits"]
+    logits = open_export(tmp_path / "onnx").run("model.onnx", feeds)["logits"]
     with torch.no_grad():
         theirs = sources["gpt2-lm"][1](input_ids=ids).logits
     torch.testing.assert_close(torch.from_numpy(logits), theirs, atol=ATOL, rtol=1e-3)

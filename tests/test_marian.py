@@ -15,11 +15,10 @@ import torch
 from click.testing import CliRunner
 
 from cli import main
+from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
-from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling
-from export.runtime.sessions import Runtime
 from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
@@ -112,7 +111,7 @@ def test_logits_equal_transformers_through_pytorch_and_onnx_runtime(marian: dict
                                 decoder_input_ids=target).logits.numpy()
         ours = marian["zoo"](ids, target, mask).numpy()
     np.testing.assert_allclose(ours, expected, atol=1e-4, rtol=0)
-    runtime = Runtime(marian["exported"])
+    runtime = open_export(marian["exported"])
     encoded = runtime.run("encoder.onnx", {"input_ids": ids.numpy(),
                                            "attention_mask": mask.numpy()})
     feeds = {"input_ids": target.numpy(), "encoder_attention_mask": mask.numpy()}
@@ -138,7 +137,7 @@ def test_tokens_equal_marian_generate(marian: dict, beams: int) -> None:
                                    do_sample=False, max_new_tokens=STEPS)
     expected = [until_eos(row[1:], eos) for row in hf.tolist()]  # row[0]: the start token
     assert len({tuple(row) for row in expected}) > 1  # the sources matter
-    for engine in (Runtime(marian["exported"]), TorchEngine(marian["zoo"], marian["card"])):
+    for engine in (open_export(marian["exported"]), open_model(marian["zoo"], marian["card"])):
         got = generate(engine, ids.numpy(), mask.numpy(), STEPS, Sampling(beams=beams), eos)
         assert [until_eos(row, eos) for row in got.tolist()] == expected
 
@@ -218,7 +217,7 @@ def test_separate_vocabularies_import_as_target_vocab_size(tmp_path: Path) -> No
         expected = model(input_ids=ids, decoder_input_ids=target).logits.numpy()
         np.testing.assert_allclose(zoo_model(ids, target).numpy(), expected, atol=1e-4, rtol=0)
         hf = model.generate(input_ids=ids, do_sample=False, max_new_tokens=STEPS)
-    got = generate(TorchEngine(zoo_model, card), ids.numpy(), None, STEPS, eos=0)
+    got = generate(open_model(zoo_model, card), ids.numpy(), None, STEPS, eos=0)
     assert [until_eos(r, 0) for r in got.tolist()] == [until_eos(r[1:], 0) for r in hf.tolist()]
     from zoo.files.tokenizer import load_tokenizer
 

@@ -31,6 +31,7 @@ from click.testing import CliRunner
 
 from cli import main as zoo
 from export.onnx.contract import MANIFEST
+from export.opening import open_export, open_model
 from export.runtime.encode import encode
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
@@ -171,7 +172,7 @@ def zoo_run_text(folder: Path, text: str, steps: int) -> str:
 
 
 def engines(folder: Path) -> tuple[Runtime, TorchEngine]:
-    return Runtime(folder), TorchEngine(*load_built(folder))
+    return open_export(folder), open_model(*load_built(folder))
 
 
 def node_generate(folder: Path, ids: list[int], steps: int | None = None) -> dict:
@@ -226,7 +227,7 @@ def test_node_text_gives_an_encoder_the_pooled_vector_of_its_ids(
         node_ready: None, with_text: Lazy) -> None:
     folder = with_text["bert-tiny"]
     for text in TEXTS:
-        pooled, _ = encode(Runtime(folder), np.array(list(text.encode("utf-8"))))
+        pooled, _ = encode(open_export(folder), np.array(list(text.encode("utf-8"))))
         result = run_node(NODE_DIR / "generate.mjs", str(folder), "--text", text)
         assert result.returncode == 0, result.stderr
         np.testing.assert_allclose(json.loads(result.stdout)["pooled"], pooled, rtol=0,
@@ -404,7 +405,7 @@ def test_page_shows_the_text_zoo_run_prints(server: str, with_text: Lazy,
     Python ONNX Runtime's native tokens/s on one thread (WASM is slower; a timer that missed
     the run would show far more). Each text's screenshot is kept beside the test's files (and in
     $ZOO_ARTIFACTS when set)."""
-    runtime = Runtime(with_text["gpt-tiny"], "cpu", 1)
+    runtime = open_export(with_text["gpt-tiny"], "cpu", 1)
     start = time.perf_counter()
     generate(runtime, np.array([PROMPTS[0]]), None, 64)
     native = 64 / (time.perf_counter() - start)
@@ -434,7 +435,7 @@ def test_page_draws_the_attention_python_computes(server: str, attention_export:
     layer = tiny["n_layers"] - 1
     drawn = shown["attention"]
     assert drawn["layer"] == layer and drawn["tokens"] == ids
-    outputs = Runtime(attention_export).run("model.onnx", prompt_feeds(tiny, ids))
+    outputs = open_export(attention_export).run("model.onnx", prompt_feeds(tiny, ids))
     np.testing.assert_allclose(np.asarray(drawn["heads"]), outputs[f"attentions.{layer}"][0],
                                atol=1e-5)
     assert plain["attention"] is None

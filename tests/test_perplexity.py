@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cli import main
 from export.checks.perplexity import TextScore, score_text, text_windows, top1_agreement
-from export.runtime.sessions import Runtime
+from export.opening import open_export
 from registry.errors import ZooError
 from tests.conftest import card, on_shared, random_ids
 from zoo.build import build_model
@@ -55,7 +55,7 @@ def ids() -> list[int]:
 def test_ort_perplexity_matches_torch_cross_entropy(shared_export, ids: list[int],
                                                     window: int | None) -> None:
     folder, _ = shared_export("gpt-tiny")
-    result = score_text(Runtime(folder), ids, window)
+    result = score_text(open_export(folder), ids, window)
     nll, count, best = reference(torch.tensor(ids), window or 128)
     assert result.predictions == count == TOKENS - math.ceil(TOKENS / (window or 128))
     assert result.nll == pytest.approx(nll, rel=1e-5)
@@ -77,7 +77,7 @@ def test_windows_and_refusals(shared_export) -> None:
         text_windows([7], 5)
     folder, _ = shared_export("gpt-tiny")
     with pytest.raises(ZooError, match="longer than max_positions"):
-        score_text(Runtime(folder), list(range(3, 20)), window=129)
+        score_text(open_export(folder), list(range(3, 20)), window=129)
 
 
 def test_zoo_evaluate_text(shared_export, tmp_path: Path) -> None:

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from export.checks.agreement import THRESHOLDS, Agreement, AgreementError, AgreementReport
+from export.opening import open_model
 from export.runtime.classify import run_sequences
-from export.runtime.engines import TorchEngine
 from export.runtime.sampling import Sampling, decode
 from tests.conftest import card, random_ids
 from tests.test_sampling import EOS, VOCAB, PrefixSession, sequence_score, table_logits
@@ -129,7 +129,7 @@ def test_classifier_probabilities_are_the_softmax_of_each_text_alone(name: str) 
     with torch.no_grad():
         model.classifier.linear.weight.normal_(0.0, 2.0)
     rows = texts(tiny)
-    result = run_sequences(TorchEngine(model, tiny), [row.tolist() for row in rows])
+    result = run_sequences(open_model(model, tiny), [row.tolist() for row in rows])
     for index, row in enumerate(rows):
         with torch.no_grad():
             logits = model(row[None], torch.ones(1, len(row), dtype=torch.long))["logits"]

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from export.families import family_of
+from export.opening import open_export
 from export.pipeline import export_and_verify
 from export.runtime.encode import encoder_feeds
-from export.runtime.sessions import Runtime
 from tests.conftest import card, random_ids
 from zoo.blocks.attention import DOT_PRODUCT, Attention, attention_core
 from zoo.blocks.heads import HeadInputs, HeadSpec, register_head, unregister_head
@@ -58,7 +58,7 @@ def test_a_registered_head_output_exports_and_passes_parity(mean_pooler: None,
     report = export_and_verify(model, tiny, tmp_path / "out")
     assert "sentence_embedding" in {row.output for row in report.rows}
 
-    runtime = Runtime(tmp_path / "out")
+    runtime = open_export(tmp_path / "out")
     assert runtime.manifest["graphs"]["model.onnx"]["outputs"] == outputs
     ids = random_ids(tiny, 3, 9).numpy()
     mask = np.ones_like(ids)

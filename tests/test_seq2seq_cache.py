@@ -12,11 +12,10 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
-from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling, decode
-from export.runtime.sessions import Runtime
 from tests.conftest import card
 from zoo.build import build_model
 
@@ -83,7 +82,7 @@ def test_encoder_outputs_each_layers_cross_keys_and_values(export) -> None:
     tiny = card(NAME, **UNTIED)
     heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
     ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
-    outputs = Runtime(folder).run("encoder.onnx", {"input_ids": ids, "attention_mask": mask})
+    outputs = open_export(folder).run("encoder.onnx", {"input_ids": ids, "attention_mask": mask})
     memory = outputs["last_hidden_state"]
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     for layer in range(tiny["n_layers"]):
@@ -137,14 +136,14 @@ def test_cached_decoding_picks_the_tokens_of_a_model_without_cache(export, beams
                       Sampling(beams=beams), None)
     # the reference is not degenerate: many tokens, and the rows differ
     assert len(set(expected.ravel().tolist())) > 5 and len({tuple(r) for r in expected}) == 3
-    for engine in (Runtime(folder), TorchEngine(model, tiny)):
+    for engine in (open_export(folder), open_model(model, tiny)):
         got = generate(engine, ids, mask, steps, Sampling(beams=beams))
         np.testing.assert_array_equal(got, expected)
 
 
 def test_padded_batch_rows_equal_each_source_alone(export) -> None:
     folder, _ = export
-    runtime = Runtime(folder)
+    runtime = open_export(folder)
     tiny = card(NAME, **UNTIED)
     ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
     for sampling in (Sampling(), Sampling(beams=4), Sampling(temperature=0.0, top_k=5)):
@@ -159,7 +158,7 @@ def test_sources_that_end_leave_the_batch_with_their_cross_cache(export) -> None
     session drop those rows, cross cache and source mask included; each row is still what
     its source gives alone."""
     folder, _ = export
-    runtime = Runtime(folder)
+    runtime = open_export(folder)
     ids, mask = right_padded(SOURCES, card(NAME, **UNTIED)["pad_token_id"])
     free = generate(runtime, ids, mask, 10).tolist()
     eos = next(t for t in free[0][:5] if any(t not in row for row in free[1:]))

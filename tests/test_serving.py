@@ -24,10 +24,11 @@ from click.testing import CliRunner
 from google.protobuf import text_format
 
 import cli
-from export.onnx.variants import Variant
+from export.families import family_of
 from export.onnx.writer import export_onnx
+from export.opening import open_export
+from export.options import ExportOptions
 from export.runtime.generate import generate, left_padded
-from export.runtime.sessions import Runtime
 from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
 from export.serving.genai_tokenizer import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
@@ -66,7 +67,8 @@ def export_folder(source: Path, out: Path, optimize: bool = False) -> Path:
     here is the zoo's own generate() on the same files."""
     model, card = load_source(str(source))
     extra = tokenizer_files(source)
-    export_onnx(model, card, out, extra_files=extra, variant=Variant(optimize=optimize))
+    export_onnx(model, card, out, family_of(card), ExportOptions(optimize=optimize),
+                extra_files=extra)
     return out
 
 
@@ -128,7 +130,7 @@ def until_eos(tokens: list[int], eos: int) -> list[int]:
 
 def zoo_greedy(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     """What `zoo run --ids ... --ids ...` prints: the left-padded batch through generate()."""
-    runtime = Runtime(folder)
+    runtime = open_export(folder)
     card = runtime.card
     width = max(len(p) for p in prompts)
     ids = np.array([[card["pad_token_id"]] * (width - len(p)) + p for p in prompts], np.int64)

@@ -9,6 +9,7 @@ that package is a cycle at run time, even when no two modules name each other.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,3 +106,64 @@ def test_importing_a_submodule_counts_as_importing_its_package(tmp_path: Path) -
     tree = ast.parse("from export.family import Case\nimport export.families.decoder\n")
     assert imported_names(tree) == {"export.family", "export.family.Case",
                                     "export.families.decoder"}
+
+
+# Where a command starts (export/commands, the public API, the export pipeline) or an engine is
+# opened (export/opening.py): the only modules that may turn a family name into its object.
+# Everything below takes the family it is handed (`engine.family`), so it is resolved once.
+FAMILY_TABLE = "export.families"
+OPENERS = {"export.opening", "export.pipeline", "export.api"}
+
+
+def family_table_importers(modules: dict[str, Path]) -> list[str]:
+    graph = import_graph(modules)
+    return sorted(name for name, targets in graph.items()
+                  if FAMILY_TABLE in targets and not name.startswith(FAMILY_TABLE)
+                  and name not in OPENERS and not name.startswith("export.commands"))
+
+
+def test_only_where_a_command_starts_is_the_family_table_looked_up() -> None:
+    assert family_table_importers(project_modules()) == []
+
+
+def test_the_family_table_check_finds_a_driver_that_looks_it_up(tmp_path: Path) -> None:
+    """Planted: a generic driver importing the table is named; an opener is not."""
+    (tmp_path / "export" / "families").mkdir(parents=True)
+    for name in ("export/__init__.py", "export/families/__init__.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "export" / "opening.py").write_text("from export.families import family_of\n")
+    (tmp_path / "export" / "writer.py").write_text("from export.families import family_of\n")
+    modules = {"export": tmp_path / "export/__init__.py",
+               "export.families": tmp_path / "export/families/__init__.py",
+               "export.opening": tmp_path / "export/opening.py",
+               "export.writer": tmp_path / "export/writer.py"}
+    assert family_table_importers(modules) == ["export.writer"]
+
+
+# Head sizes are derived in registry/sizes.py alone: a `d_model // n_heads` (or `/` in the
+# JavaScript) anywhere else would be wrong for a card whose key/value heads or head size are
+# set apart.
+HEAD_ARITHMETIC = re.compile(r"d_model\W*\s*/+\s*\w*\W*n_heads")
+
+
+def head_arithmetic(files: list[Path]) -> list[str]:
+    return sorted(f"{path.relative_to(ROOT)}:{number}" for path in files
+                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                  if HEAD_ARITHMETIC.search(line))
+
+
+def product_sources() -> list[Path]:
+    scripts = [p for folder in ("examples/node", "examples/web") for p in (ROOT / folder).glob("*")
+               if p.suffix in (".js", ".mjs")]
+    return [*project_modules().values(), *scripts]
+
+
+def test_head_sizes_are_worked_out_in_one_place(tmp_path: Path) -> None:
+    assert head_arithmetic([p for p in product_sources() if p != ROOT / "registry/sizes.py"]) == []
+    planted = ROOT / "tests" / f"planted-{tmp_path.name}.py"  # both forms the code once had
+    planted.write_text('head = card["d_model"] // card["n_heads"]\n'
+                       "const dims = [1, card.n_heads, 0, card.d_model / card.n_heads];\n")
+    try:
+        assert [line.rsplit(":", 1)[1] for line in head_arithmetic([planted])] == ["1", "2"]
+    finally:
+        planted.unlink()

@@ -18,8 +18,8 @@ import torch
 from click.testing import CliRunner
 
 from cli import main
+from export.opening import open_model
 from export.pipeline import export_and_verify
-from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
 from tests.conftest import ON_TRAINED, card, traces_reused
 from zoo.build import build_model
@@ -73,7 +73,7 @@ def test_copy_task_transformer_tiny_copies_held_out_sequences(tmp_path: Path) ->
     train(model, tiny, options(tmp_path / "copy", task="copy", steps=1000, batch_size=32,
                                checkpoint_every=1000))
     held_out = copy_sequences(50, 10, 10, torch.Generator().manual_seed(12345)).numpy()
-    copied = generate(TorchEngine(model, tiny), held_out, None, 11, eos=tiny["eos_token_id"])
+    copied = generate(open_model(model, tiny), held_out, None, 11, eos=tiny["eos_token_id"])
     symbols_right = float((copied[:, :10] == held_out).mean())
     rows_exact = float((copied[:, :10] == held_out).all(axis=1).mean())
     assert symbols_right >= 0.98, symbols_right
@@ -240,7 +240,7 @@ def test_trained_model_round_trips_through_export_and_zoo_run_text(
                                        "--max-new-tokens", "40"])
     assert result.exit_code == 0, result.output
     tokenizer = ByteTokenizer()
-    expected = generate(TorchEngine(trained, loaded), np.array([tokenizer.encode(prompt)]), None,
+    expected = generate(open_model(trained, loaded), np.array([tokenizer.encode(prompt)]), None,
                         40, eos=tiny["eos_token_id"])[0]
     assert result.stdout.rstrip("\n") == prompt + tokenizer.decode(expected.tolist())
 

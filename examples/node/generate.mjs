@@ -118,7 +118,7 @@ async function greedy(session, manifest, first, steps, feedsFor, cache, onToken)
     const token = argmaxLast(outputs.logits);
     tokens.push(token);
     onToken(token);
-    if (token === card.eos_token_id) break;
+    if (token === manifest.card.eos_token_id) break;
     next = [token];
   }
   return tokens;

@@ -27,8 +27,8 @@ WEB = Path(__file__).resolve().parent
 sys.path.insert(0, str(WEB.parents[1]))  # the zoo, when run from a checkout
 
 from export.bench.machine import cpu_name  # noqa: E402
+from export.opening import open_export  # noqa: E402
 from export.runtime.generate import generate  # noqa: E402
-from export.runtime.sessions import Runtime  # noqa: E402
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]
 
@@ -50,7 +50,7 @@ def page(url: str, folder: str, steps: int) -> dict:
 
 def python(folder: Path, steps: int) -> tuple[float, float, list[int]]:
     """(first step ms, tokens/s after it, tokens), best of three, one thread."""
-    runtime = Runtime(folder, "cpu", 1)
+    runtime = open_export(folder, "cpu", 1)
     ids = np.array([PROMPT])
 
     def timed(n: int) -> tuple[float, list[int]]:

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from export.bench.machine import cpu_name, load_average
-from export.onnx.variants import Variant
-from export.onnx.writer import export_onnx
+from export.opening import open_export
+from export.options import ExportOptions
+from export.pipeline import export_and_verify
 from export.runtime.generate import generate
-from export.runtime.sessions import Runtime
 from zoo.files.sources import load_source
 
 FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx_vnni")
@@ -59,7 +59,7 @@ def genai_runner(folder: Path, prompt: list[int], new_tokens: int):  # noqa: ANN
 
 
 def zoo_runner(folder: Path, prompt: list[int], new_tokens: int):  # noqa: ANN201
-    runtime = Runtime(folder)
+    runtime = open_export(folder)
     ids = np.array([prompt], np.int64)
     return lambda: generate(runtime, ids, None, new_tokens).tolist()[0]  # no eos: full length
 
@@ -103,7 +103,7 @@ def main() -> None:
             if not (folder / "manifest.json").is_file():
                 model, card = load_source(source, seed=args.seed)
                 folder = Path(scratch) / card.name
-                export_onnx(model, card, folder, variant=Variant(optimize=True))
+                export_and_verify(model, card, folder, ExportOptions(optimize=True))
             rates = measure(folder, args.prompt, args.tokens, args.repeats)
             print(f"{source}: GenAI {rates['genai']:.0f} tokens/s, zoo generate "
                   f"{rates['zoo']:.0f} tokens/s ({rates['genai'] / rates['zoo']:.2f}x)")

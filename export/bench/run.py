@@ -22,9 +22,11 @@ import torch
 from export.bench.context import Context
 from export.bench.machine import cpu_name, load_average, matmul_flops, read_bandwidth
 from export.bench.profile import temporary_folder
-from export.families import family_of
+from export.family import Family
 from export.onnx.contract import MANIFEST
 from export.onnx.manifest import package_versions
+from export.opening import open_export
+from export.options import ExportOptions
 from export.pipeline import export_and_verify
 from export.runtime.sessions import Runtime
 from registry.errors import ZooError
@@ -60,8 +62,8 @@ def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, wo
     progress(f"loading {source}...")
     model, card = load_source(source, registries, options.seed)
     out = work / "export"
-    export_and_verify(model, card, out, progress=progress, optimize=options.optimize,
-                      quantize=options.quantize)
+    export_and_verify(model, card, out, ExportOptions(optimize=options.optimize,
+                                                      quantize=options.quantize), progress)
     return out, model, card
 
 
@@ -104,13 +106,13 @@ def rescale(measurements: dict[str, dict[str, dict[str, float]]], limits: dict[s
                 figure["fraction_of_limit"] = figure["gbytes_per_s"] * 1e9 / limit
 
 
-def summary(card: Any, measurements: dict[str, dict[str, dict[str, float]]],
+def summary(family: Family, measurements: dict[str, dict[str, dict[str, float]]],
             export: dict[str, Any]) -> dict[str, float]:
     """The ratios the targets are stated in (see BENCHMARKS.md)."""
     result: dict[str, float] = {}
     if export["safetensors_bytes"]:
         result["onnx_bytes_over_safetensors"] = export["onnx_bytes"] / export["safetensors_bytes"]
-    return {**result, **family_of(card).bench_summary(measurements)}
+    return {**result, **family.bench_summary(measurements)}
 
 
 def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptions | None = None,
@@ -126,10 +128,10 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
         folder, model, card = _subject(source, registries, options, Path(tmp), progress)
         device = "cuda" if options.provider == "cuda" else "cpu"
         model = model.eval().to(device)
-        runtime = Runtime(folder, options.provider, options.threads)
+        runtime = open_export(folder, options.provider, options.threads)
         start = _limits(options, progress)
         context = Context(runtime, model, card, device, options.repeats, dict(start), progress)
-        family = family_of(card)
+        family = runtime.family
         measurements = family.bench(context)
         # The memory bandwidth of these shared machines drifts: probe again and scale by the
         # best of both, so every fraction is of the best the machine showed in this run.
@@ -153,12 +155,27 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
                     "load_after": load_average(), **limits, "start": start, "end": end},
         "versions": package_versions(),
         "measurements": measurements,
-        "summary": summary(card, measurements, export),
+        "summary": summary(family, measurements, export),
         "seconds": time.time() - started,
     }
     if profile is not None:
         result["profile"] = profile
     return result
+
+
+def bench_command(source: str, registries: tuple[str, ...], options: BenchOptions,
+                  json_path: Path | None = None, force: bool = False,
+                  progress: Progress = lambda message: None) -> list[str]:
+    """`zoo bench`: the figures rendered, and written to `json_path` where asked."""
+    if json_path is not None:
+        refuse_existing(json_path, force)  # before minutes of measuring, not after
+    if options.repeats < 1 or (options.threads is not None and options.threads < 1):
+        raise BenchError("--repeats and --threads should be >= 1")
+    result = run_bench(source, registries, options, progress)
+    if json_path is None:
+        return [render(result)]
+    write_json(result, json_path, force)
+    return [render(result), f"wrote {json_path}"]
 
 
 def write_json(result: dict[str, Any], path: Path, force: bool) -> None:

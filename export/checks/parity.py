@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from export.checks.cases import left_padding, random_ids
-from export.families import family_of
 from export.runtime.engine import Engine
 from export.runtime.generate import generate
 from registry.errors import ZooError
@@ -79,7 +78,7 @@ def check_parity(reference: Engine, candidate: Engine, atol: float = DEFAULT_ATO
                  rtol: float = DEFAULT_RTOL, generation_steps: int = GENERATION_STEPS,
                  seed: int = 0) -> Report:
     report = Report()
-    family = family_of(reference.card)
+    family = reference.family
     for case in family.parity_cases(reference, np.random.default_rng(seed)):
         expected = reference.run(case.file, case.feeds)
         actual = candidate.run(case.file, case.feeds)

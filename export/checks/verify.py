@@ -18,7 +18,6 @@ from export.checks.parity import (
     Report,
     check_parity,
 )
-from export.families import family_of
 from export.runtime.engine import Engine
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
@@ -29,7 +28,7 @@ from registry.catalog import Card
 def check_agreement(reference: Engine, candidate: Engine, quantization: str,
                     steps: int = STEPS, seed: int = 0) -> AgreementReport:
     report = AgreementReport(quantization, THRESHOLDS[quantization])
-    report.rows.append(family_of(reference.card).agreement(reference, candidate, steps, seed))
+    report.rows.append(reference.family.agreement(reference, candidate, steps, seed))
     return report
 
 
@@ -51,7 +50,8 @@ def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT
            ) -> Report | AgreementReport:
     """The report of the check `runtime`'s export needs; raises ParityError or AgreementError
     (each carrying its report) when it fails."""
-    reference = TorchEngine(model, card, attentions="attentions" in runtime.manifest)
+    reference = TorchEngine(model, card, runtime.family,
+                            attentions="attentions" in runtime.manifest)
     quantization = runtime.manifest.get("quantization")
     if quantization:
         weights = quantization["weights"]

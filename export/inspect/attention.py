@@ -17,13 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from export.families import family_of
 from export.inspect.maps import AttentionGroup
 from export.onnx.contract import MANIFEST
-from export.runtime.engines import TorchEngine
+from export.opening import open_export, open_model
 from export.runtime.generate import generate
 from export.runtime.prompts import check_ids, check_text
-from export.runtime.sessions import Runtime
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
@@ -74,7 +72,7 @@ def _engine(request: Request) -> tuple[Any, Card, Path | None, str]:
         if not export:
             raise AttentionError(f"{request.source}: --engine onnx needs an export folder "
                                  "(zoo export NAME --onnx --attentions)")
-        runtime = Runtime(folder)
+        runtime = open_export(folder)
         if "attentions" not in runtime.manifest:
             raise AttentionError(f"{display_path(folder)}: this export has no attention "
                                  "outputs; export it again with --attentions")
@@ -83,7 +81,7 @@ def _engine(request: Request) -> tuple[Any, Card, Path | None, str]:
         model, card = load_built(folder)  # the reference weights an export carries
     else:
         model, card = load_source(request.source, request.registries)
-    return TorchEngine(model, card, attentions=True), card, folder if folder.is_dir() else None, \
+    return open_model(model, card, attentions=True), card, folder if folder.is_dir() else None, \
         engine
 
 
@@ -129,7 +127,7 @@ def _group_name(kind: str | None, names: list[str]) -> str:
 def look(request: Request) -> Looked:
     """Check the request, run the engine once over the sequence, and pick the maps."""
     engine, card, folder, engine_name = _engine(request)
-    family = family_of(card)
+    family = engine.family
     prompt, tokenizer = _prompt(request, card, folder)
     layers = _pick(request.layer, card["n_layers"], "layer")
     heads = _pick(request.head, attention_sizes(card).heads, "head")
@@ -183,3 +181,12 @@ def draw_attention(request: Request, target: Path, json_path: Path | None = None
     if json_path is not None:
         atomic_write_bytes(json_path, (json.dumps(as_json(looked)) + "\n").encode("utf-8"))
     return looked, drawn
+
+
+def attention_command(request: Request, target: Path, json_path: Path | None = None,
+                      force: bool = False) -> list[str]:
+    """`zoo attention`: the maps drawn, and the line saying what was written."""
+    looked, drawn = draw_attention(request, target, json_path, force)
+    width, height = drawn.size
+    return [f"wrote {target} ({looked.group.name}, {drawn.panels} panels, {width}x{height}, "
+            f"{looked.engine})" + (f" and {json_path}" if json_path else "")]

@@ -14,6 +14,7 @@ from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path, inside
+from registry.schema import validate
 from registry.sizes import cache_entry
 from zoo.files.atomic import sha256
 
@@ -35,11 +36,14 @@ def package_versions() -> dict[str, str]:
     return found
 
 
-def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str],
-                   contract: dict[str, tuple[list[str], list[str]]]) -> None:
-    """`contract`: {graph file: (input names, output names)}, in the graphs' own order."""
+def build_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str],
+                   contract: dict[str, tuple[list[str], list[str]]],
+                   entries: dict[str, Any]) -> dict[str, Any]:
+    """What manifest.json will say of the files now in `folder`. `contract`: {graph file:
+    (input names, output names)}, in the graphs' own order; `entries`: what a variant adds
+    (optimization, generation, quantization, attentions)."""
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
-    manifest = {
+    return {
         "format_version": FORMAT_VERSION,
         "name": card.name,
         "family": card.family,
@@ -53,22 +57,18 @@ def write_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str
         **({"cache": cache_entry(card)} if _has_cache(contract) else {}),
         "files": {name: {"sha256": sha256(folder / name), "bytes": (folder / name).stat().st_size}
                   for name in files},
+        **entries,
     }
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Written once, last: nothing is added to it afterwards."""
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
 def _has_cache(contract: dict[str, tuple[list[str], list[str]]]) -> bool:
     return any(name.startswith(f"{CACHE_INPUT}.") for inputs, _ in contract.values()
                for name in inputs)
-
-
-def add_to_manifest(folder: Path, entries: dict[str, Any]) -> None:
-    """Extra top-level entries (optimization, generation, quantization); the files' sha256
-    are unaffected, since manifest.json does not list itself."""
-    path = folder / MANIFEST
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    manifest.update(entries)
-    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
 def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
@@ -100,6 +100,13 @@ def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
                 raise ManifestError(f"{display_path(file)}: sha256 does not match {MANIFEST} "
                                     "(changed after export)")
     return manifest
+
+
+def manifest_card(folder: Path, manifest: dict[str, Any]) -> Card:
+    """The card an export was made from, validated again (a manifest is a file anyone may
+    have edited)."""
+    return Card(manifest.get("name", "?"), Path(folder) / MANIFEST,
+                validate(manifest["card"], display_path(folder)))
 
 
 def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> None:

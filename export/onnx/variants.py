@@ -17,37 +17,29 @@ from typing import Any
 import onnx
 from torch import nn
 
-from export.families import family_of
+from export.family import Family
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, quantize
+from export.options import ExportOptions
 from registry.catalog import Card
 
 
 @dataclass
-class Variant:
-    """What `zoo export --optimize / --quantize` adds to the plain export. The export fills
-    `notes` (fused-operator counts, missing fusions, quantized MatMuls) and `manifest` (extra
-    manifest.json entries) for the caller to print and check."""
+class VariantResult:
+    """What --optimize / --quantize did: `notes` (fused-operator counts, missing fusions,
+    quantized MatMuls) for the caller to print, `manifest` entries for manifest.json."""
 
-    optimize: bool = False
-    quantize: str | None = None  # "int8" | "int4"
-    attentions: bool = False  # the contract graphs also output every layer's attention maps
     notes: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def plain(self) -> bool:
-        return not self.optimize and not self.quantize
-
-
 
 def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Card,
-                  opset: int, variant: Variant, metadata: dict[str, str],
-                  progress: Callable[[str], None]) -> None:
-    """Change `protos` in place (and add files); record what was done in `variant`."""
-    if variant.optimize:
-        family = family_of(card)
-        extras = family.optimized_extras(model, card, opset, metadata, progress)
+                  family: Family, options: ExportOptions, metadata: dict[str, str],
+                  progress: Callable[[str], None]) -> VariantResult:
+    """Change `protos` in place (and add files); say what was done."""
+    variant = VariantResult()
+    if options.optimize:
+        extras = family.optimized_extras(model, card, options.opset, metadata, progress)
         protos.update(extras.graphs)
         variant.manifest.update(extras.manifest)
         progress("fusing (onnxruntime.transformers.optimizer)...")
@@ -57,15 +49,15 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
                                 family.attention_fusion_note)
         variant.notes.extend(report.lines())
         variant.manifest["optimization"] = report.as_dict()
-    if variant.quantize:
-        progress(f"quantizing MatMul weights to {variant.quantize} (MatMulNBits)...")
+    if options.quantize:
+        progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
         for file in list(protos):
-            protos[file], counts[file] = quantize(protos[file], variant.quantize)
+            protos[file], counts[file] = quantize(protos[file], options.quantize)
             variant.notes.append(f"quantized {counts[file]} MatMul weights in {file} to "
-                                 f"{variant.quantize}")
+                                 f"{options.quantize}")
         variant.manifest["quantization"] = {
-            "weights": variant.quantize,
+            "weights": options.quantize,
             "activations": "fp32 in and out (weight-only); accuracy_level 4 lets MatMulNBits "
                            "quantize activation blocks to int8 inside its dot products",
             "accuracy_level": ACCURACY_LEVEL,
@@ -73,3 +65,4 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
             "symmetric": True, "matmuls": counts,
             "check": "top-1 agreement with fp32 instead of the parity grid",
         }
+    return variant

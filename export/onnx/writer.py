@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 from torch import nn
 
-from export.families import family_of
+from export.family import Family, GraphIO, contract_of, wrappers_of
 from export.onnx.files import save_models, set_metadata, strip_debug
-from export.onnx.manifest import add_to_manifest, package_versions, write_manifest
-from export.onnx.trace import DEFAULT_OPSET, ExportError, check_opset, export_graph, trace_inputs
-from export.onnx.variants import Variant, apply_variant
+from export.onnx.manifest import build_manifest, package_versions, write_manifest
+from export.onnx.trace import ExportError, export_graph, trace_inputs
+from export.onnx.variants import VariantResult, apply_variant
+from export.options import ExportOptions
 from registry.catalog import Card
 from registry.errors import first_line
 from zoo.files.atomic import atomic_folder
@@ -45,53 +47,58 @@ def attentions_entry(graphs: dict[str, Any], contract: dict[str, tuple[list, lis
             "values": "softmax probabilities over the keys, one map per layer"}
 
 
+@dataclass
+class Written:
+    """What an export wrote: the manifest (as it landed), what the variants did, and what
+    `verify` returned."""
+
+    manifest: dict[str, Any]
+    notes: list[str]
+    check: Any
+
+
+Verify = Callable[[Path, dict[str, Any]], Any]
+
+
 def export_onnx(
     model: nn.Module,
     card: Card,
     out: Path,
-    opset: int = DEFAULT_OPSET,
-    force: bool = False,
-    verify: Callable[[Path], Any] | None = None,
+    family: Family,
+    options: ExportOptions | None = None,
+    verify: Verify | None = None,
     progress: Progress = lambda message: None,
     extra_files: list[Path] | tuple[Path, ...] = (),
-    variant: Variant | None = None,
-) -> Any:
+) -> Written:
     """Write the ONNX files, reference weights, config and manifest to `out`.
 
-    `verify(staging)` runs before the folder is moved into place (the parity check); when it
-    raises, nothing is written. Returns what `verify` returned.
+    `verify(staging, manifest)` runs on the staged files before the folder is moved into
+    place (the parity check); it may add to the manifest (the agreement check's figures),
+    which is written once, after it. When it raises, nothing is written.
     """
-    variant = variant or Variant()
-    check_opset(opset)
+    options = options or ExportOptions()
     model = model.eval()
     versions = package_versions()
     metadata = {
         "zoo.card": card_yaml(card),
         "zoo.family": card.family,
         "zoo.versions": json.dumps(versions, sort_keys=True),
-        "zoo.opset": str(opset),
+        "zoo.opset": str(options.opset),
     }
-    result = None
-    with atomic_folder(Path(out), force) as staging:
+    graphs = family.graphs(card)  # once per export: contract, wrappers and manifest share it
+    contract = contract_of(graphs, card, options.attentions)
+    with atomic_folder(Path(out), options.force) as staging:
         (staging / WEIGHTS).write_bytes(weights_bytes(model, {"format": "pt"}))
         (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
         for extra in extra_files:  # e.g. the tokenizer, so the export is self-contained
             shutil.copyfile(extra, staging / Path(extra).name)
-        family = family_of(card)
-        contract = family.contract(card, variant.attentions)
-        wrappers = family.wrappers(model, card, variant.attentions)
-        if variant.attentions:
-            variant.manifest["attentions"] = attentions_entry(family.graphs(card), contract)
-        protos = {}
-        for file_name, io in family.graphs(card).items():
-            progress(f"exporting {file_name} (opset {opset})...")
-            args, shapes = trace_inputs(io, card)
-            protos[file_name] = export_graph(wrappers[file_name], args, shapes,
-                                             contract[file_name], opset, staging / file_name)
-            strip_debug(protos[file_name])
-            set_metadata(protos[file_name], metadata)
-        if not variant.plain:
-            apply_variant(protos, model, card, opset, variant, metadata, progress)
+        protos = _traced(model, card, graphs, contract, options, metadata, staging, progress)
+        entries = ({"attentions": attentions_entry(graphs, contract)}
+                   if options.attentions else {})
+        variant = VariantResult()
+        if not options.plain:
+            variant = apply_variant(protos, model, card, family, options, metadata, progress)
+            entries.update(variant.manifest)
         genai = family.genai(card, protos)  # ONNX Runtime GenAI's files (decoders)
         if genai is not None:
             protos.update(genai.graphs)
@@ -100,9 +107,25 @@ def export_onnx(
             _check(staging / file_name)
         if genai is not None:  # before the manifest, so their sha256 are recorded
             genai.write(staging, card)
-        write_manifest(staging, card, opset, versions, contract)
-        if variant.manifest:
-            add_to_manifest(staging, variant.manifest)
-        if verify is not None:
-            result = verify(staging)
-    return result
+        manifest = build_manifest(staging, card, options.opset, versions, contract, entries)
+        check = verify(staging, manifest) if verify is not None else None
+        write_manifest(staging, manifest)
+    return Written(manifest, variant.notes, check)
+
+
+def _traced(model: nn.Module, card: Card, graphs: dict[str, GraphIO],
+            contract: dict[str, tuple[list[str], list[str]]], options: ExportOptions,
+            metadata: dict[str, str], staging: Path, progress: Progress
+            ) -> dict[str, onnx.ModelProto]:
+    """One traced proto per contract graph, debug annotations stripped, metadata set."""
+    wrappers = wrappers_of(graphs, model, options.attentions)
+    protos = {}
+    for file_name, io in graphs.items():
+        progress(f"exporting {file_name} (opset {options.opset})...")
+        args, shapes = trace_inputs(io, card)
+        protos[file_name] = export_graph(wrappers[file_name], args, shapes,
+                                         contract[file_name], options.opset,
+                                         staging / file_name)
+        strip_debug(protos[file_name])
+        set_metadata(protos[file_name], metadata)
+    return protos

@@ -10,10 +10,12 @@ from typing import Protocol
 
 import numpy as np
 
+from export.family import Family
 from registry.catalog import Card
 
 
 class Engine(Protocol):
     card: Card
+    family: Family  # resolved once, where the engine was opened
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...

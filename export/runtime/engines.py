@@ -7,19 +7,20 @@ import numpy as np
 import torch
 from torch import nn
 
-from export.families import family_of
+from export.family import Family
 from registry.catalog import Card
 
 
 class TorchEngine:
-    def __init__(self, model: nn.Module, card: Card, device: str = "cpu",
+    def __init__(self, model: nn.Module, card: Card, family: Family, device: str = "cpu",
                  attentions: bool = False) -> None:
+        """Opened through export/opening.py's open_model, which resolves the family."""
         self.card = card
         self.device = torch.device(device)
         model = model.eval().to(self.device)
-        family = family_of(card)
-        self.graphs = family.wrappers(model, card, attentions)
-        self.contract = family.contract(card, attentions)
+        self.family = family
+        self.graphs = self.family.wrappers(model, card, attentions)
+        self.contract = self.family.contract(card, attentions)
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs, outputs = self.contract[file]

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from export.families import family_of
 from export.runtime.engine import Engine
 from export.runtime.prompts import check_ids
 from export.runtime.sampling import Sampling, check_new_tokens, decode
@@ -17,12 +16,12 @@ from registry.errors import ZooError
 def open_session(engine: Engine, capacity: int | None = None, shared_cache: bool = True) -> Any:
     """The family's session: for an `--optimize` decoder export on CPU the loop over its
     shared-cache graph (same tokens, no per-step copies); `capacity`: prompt + new tokens."""
-    return family_of(engine.card).open_session(engine, capacity, shared_cache)
+    return engine.family.open_session(engine, capacity, shared_cache)
 
 
 def _check_length(engine: Engine, prompt_length: int, new_tokens: int) -> None:
     limit = engine.card["max_positions"]
-    family = family_of(engine.card)
+    family = engine.family
     total = family.generated_length(prompt_length, new_tokens)
     if prompt_length > limit and not family.continues_prompt:
         raise ZooError(f"{engine.card.name}: source of {prompt_length} tokens exceeds "

@@ -14,11 +14,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from export.onnx.manifest import read_manifest
+from export.family import Family
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.paths import display_path
-from registry.schema import validate
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ORT's SkipLayerNormalization CPU kernel took 0.2 ms per 128 x 768 call here, eight times
@@ -160,14 +159,15 @@ class Graph:
 
 
 class Runtime:
-    """An exported folder opened with ONNX Runtime: one Graph per ONNX file."""
+    """An exported folder opened with ONNX Runtime: one Graph per ONNX file. Opened through
+    export/opening.py's open_export, which reads the manifest and resolves the family once."""
 
-    def __init__(self, folder: Path, provider: str = "cpu", threads: int | None = None,
-                 verify: bool = True) -> None:
+    def __init__(self, folder: Path, manifest: dict[str, Any], card: Card, family: Family,
+                 provider: str = "cpu", threads: int | None = None) -> None:
         self.folder = Path(folder)
-        self.manifest: dict[str, Any] = read_manifest(self.folder, verify_files=verify)
-        self.card = Card(self.manifest.get("name", "?"), self.folder / "manifest.json",
-                         validate(self.manifest["card"], display_path(self.folder)))
+        self.manifest = manifest
+        self.card = card
+        self.family = family
         self.provider = provider
         graphs = self.manifest.get("graphs", {})
         if not graphs:
@@ -175,10 +175,6 @@ class Runtime:
         self.threads = threads
         self.graphs = {name: Graph(self.folder / name, provider, threads) for name in graphs}
         self._kv_graph: Graph | None = None
-
-    @property
-    def family(self) -> str:
-        return self.card.family
 
     @property
     def kv_graph(self) -> Graph | None:

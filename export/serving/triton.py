@@ -25,14 +25,11 @@ from pathlib import Path
 
 import onnx
 
-from export.families import family_of
-from export.onnx.contract import MANIFEST
+from export.onnx.contract import CACHE_INPUT
 from export.onnx.files import external_data_files
-from export.onnx.manifest import read_manifest
+from export.onnx.manifest import manifest_card, read_manifest
 from registry.catalog import Card
 from registry.errors import ZooError
-from registry.paths import display_path
-from registry.schema import validate
 from zoo.files.atomic import atomic_folder
 
 CONFIG = "config.pbtxt"
@@ -92,15 +89,13 @@ def write_repository(export: Path, repository: Path, options: TritonOptions | No
     options.check()
     export = Path(export)
     manifest = read_manifest(export)  # checks every file's sha256 first
-    card = Card(manifest["name"], export / MANIFEST,
-                validate(manifest["card"], display_path(export)))
-    graphs = family_of(card).graphs(card)
+    card = manifest_card(export, manifest)
     names = model_names(card, list(manifest["graphs"]))
     written = {}
     with atomic_folder(Path(repository), force) as staging:
         for file, name in names.items():
             proto = onnx.load(str(export / file), load_external_data=False)
-            stateless_step = graphs[file].cache_infix is not None
+            stateless_step = takes_cache(proto)
             folder = staging / name
             (folder / VERSION).mkdir(parents=True)
             _place_graph(export / file, proto, folder / VERSION)
@@ -108,6 +103,11 @@ def write_repository(export: Path, repository: Path, options: TritonOptions | No
                                          encoding="utf-8")
             written[name] = Path(repository) / name
     return written
+
+
+def takes_cache(proto: onnx.ModelProto) -> bool:
+    """A decoding step: the graph takes a key/value cache, which the client feeds back."""
+    return any(value.name.startswith(f"{CACHE_INPUT}.") for value in proto.graph.input)
 
 
 def _place_graph(source: Path, proto: onnx.ModelProto, version: Path) -> None:

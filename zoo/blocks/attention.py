@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from registry.sizes import attention_sizes
 from zoo.blocks.positions import Rotary, apply_rotary
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]
@@ -118,11 +119,12 @@ class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None) -> None:
         """Sizes as registry/sizes.py derives them from a card (zoo/build.py passes them);
-        `kv_heads` and `head_dim` default to n_heads and d_model // n_heads."""
+        `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone."""
         super().__init__()
+        derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
         self.n_heads = n_heads
-        self.kv_heads = kv_heads or n_heads
-        self.head_dim = head_dim or d_model // n_heads
+        self.kv_heads = kv_heads or derived.kv_heads
+        self.head_dim = head_dim or derived.head_dim
         query_width, kv_width = n_heads * self.head_dim, self.kv_heads * self.head_dim
         self.query = nn.Linear(d_model, query_width, bias=bias)
         self.key = nn.Linear(d_model, kv_width, bias=bias)

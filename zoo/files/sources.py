@@ -9,6 +9,8 @@ from typing import Any
 from torch import nn
 
 from registry.catalog import Card, open_catalog
+from registry.errors import ZooError
+from registry.paths import display_path
 from zoo.build import build_model
 from zoo.files.weights import CONFIG, load_built
 
@@ -17,6 +19,10 @@ def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed:
                 overrides: dict[str, Any] | None = None) -> tuple[nn.Module, Card]:
     folder = Path(source)
     if (folder / CONFIG).is_file():
+        if overrides:  # its weights were made for its own card: a changed field would not fit
+            raise ZooError(f"{display_path(folder)}: --set {', '.join(sorted(overrides))}: a "
+                           "model folder keeps the card it was built with; --set applies to "
+                           "a card name")
         return load_built(folder)
     card = open_catalog(registries).get(source, overrides)
     return build_model(card, seed=seed), card

@@ -76,3 +76,13 @@ def write_speaker_set(out: Path, top: int = 4, eval_fraction: float = 0.2, seed:
         (staging / EVAL).write_text(_jsonl(made.eval), encoding="utf-8")
         (staging / PRETRAIN).write_text(made.pretrain, encoding="utf-8")
     return made
+
+
+def speaker_set_lines(out: Path, top: int = 4, eval_fraction: float = 0.2, seed: int = 0,
+                      force: bool = False) -> list[str]:
+    """`zoo dataset speakers`: the set written, and what it holds."""
+    made = write_speaker_set(out, top, eval_fraction, seed, force)
+    counts = {name: sum(s.speaker == name for s in made.train) for name in made.classes}
+    return [f"wrote {out}/ (train.jsonl: {len(made.train)} speeches, eval.jsonl: "
+            f"{len(made.eval)}, pretrain.txt); classes: "
+            + ", ".join(f"{name} ({count})" for name, count in counts.items())]

@@ -1,0 +1,3 @@
+"""What each `zoo` command does, as one library function that returns the lines it prints:
+cli.py parses the options, calls the function, prints its lines and maps errors to exit codes.
+Progress goes to the `progress` callback each takes (the command line's stderr)."""

@@ -1,0 +1,96 @@
+"""`zoo evaluate OUT`: a classifier on labelled rows (beside PyTorch's predictions), an
+encoder-decoder's exact match on held-out inputs, a decoder's perplexity on a text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from export.checks.exact_match import exact_match
+from export.checks.perplexity import score_text
+from export.opening import open_export, open_model
+from export.runtime.classify import predictions
+from registry.errors import ZooError
+from registry.paths import display_path
+from zoo.files.tokenizer import Tokenizer, load_tokenizer
+from zoo.files.weights import load_built
+from zoo.training import reverse
+from zoo.training.data import read_text_tokens
+from zoo.training.labelled import label_ids, read_rows
+from zoo.training.scores import scores
+
+Progress = Callable[[str], None]
+
+
+def _tokenizer(folder: Path, what: str) -> Tokenizer:
+    tokenizer = load_tokenizer(folder)
+    if tokenizer is None:
+        raise ZooError(f"{display_path(folder)}: this export has no tokenizer to read {what} "
+                       "with")
+    return tokenizer
+
+
+def evaluate_text(folder: Path, text_file: Path, window: int | None, provider: str = "cpu",
+                  progress: Progress = lambda message: None) -> list[str]:
+    runtime = open_export(folder, provider)
+    family = runtime.family
+    if not (family.generates and family.continues_prompt):
+        raise ZooError(f"{folder}: a {runtime.card.family} export; --text scores a decoder's "
+                       "next-token predictions")
+    ids = read_text_tokens(text_file, _tokenizer(folder, "the text"), 1).tolist()
+    shown = [-1]
+
+    def windows_done(done: int, total: int) -> None:  # about ten lines, whatever the length
+        if 10 * done // total > shown[0]:
+            shown[0] = 10 * done // total
+            progress(f"perplexity: {done}/{total} windows")
+
+    result = score_text(runtime, ids, window, windows_done)
+    return [f"{text_file}: perplexity {result.perplexity:.3f} ({result.nats_per_token:.4f} "
+            f"nats/token, {result.predictions} predictions; ONNX Runtime)"]
+
+
+def evaluate_classifier(folder: Path, data: Path, provider: str = "cpu") -> list[str]:
+    runtime = open_export(folder, provider)
+    card = runtime.card
+    if not card["num_labels"]:
+        raise ZooError(f"{folder}: not a classifier export (num_labels is 0)")
+    tokenizer = _tokenizer(folder, "the texts")
+    rows = read_rows(data)
+    truth = label_ids(rows, card["labels"], card["num_labels"])
+    limit = card["max_positions"]
+    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
+    onnx_says = predictions(runtime, prompts)
+    torch_says = predictions(open_model(*load_built(folder)), prompts)
+    names = card["labels"] or [str(i) for i in range(card["num_labels"])]
+    result = scores(truth, onnx_says, names)
+    same = sum(a == b for a, b in zip(onnx_says, torch_says, strict=True))
+    return [f"{len(truth)} rows: accuracy {result['accuracy']:.3f}, macro-F1 "
+            f"{result['macro_f1']:.3f} (ONNX Runtime); the same prediction as PyTorch on "
+            f"{same} of {len(truth)}"]
+
+
+def evaluate_task(folder: Path, task: str, count: int, beams: int, provider: str = "cpu"
+                  ) -> list[str]:
+    if count < 1:
+        raise ZooError(f"--count {count}: should be >= 1")
+    runtime = open_export(folder, provider)
+    family = runtime.family
+    if not family.generates or family.continues_prompt:  # it needs source -> new target
+        raise ZooError(f"{folder}: a {runtime.card.family} export; --task {task} evaluates "
+                       "an encoder-decoder")
+    try:
+        pairs = reverse.held_out(runtime.card["vocab_size"], count)
+    except ValueError as exc:
+        raise ZooError(f"--count {count}: {exc}") from exc
+    result = exact_match(runtime, pairs, beams)
+    show = _shown(folder)
+    lines = [f"{show(source)!r} -> {show(output)!r} ({'ok' if output == target else 'wrong'})"
+             for source, target, output in result.examples]
+    return lines + [f"exact match: {result.correct}/{result.total} = {result.accuracy:.1%} "
+                    "(held-out inputs)"]
+
+
+def _shown(folder: Path) -> Callable[[list[int]], str]:
+    tokenizer = load_tokenizer(folder)
+    return tokenizer.decode if tokenizer is not None else (lambda ids: ",".join(map(str, ids)))

@@ -1,0 +1,80 @@
+"""`zoo build`, `zoo import` and `zoo train`: model folders made from a card, from a public
+checkpoint, and by training."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from registry.catalog import open_catalog
+from zoo.build import build_model
+from zoo.files.atomic import refuse_existing
+from zoo.files.importers import import_checkpoint
+from zoo.files.sources import load_source
+from zoo.files.weights import save_built
+from zoo.training.classify import INIT_RECORD, prepare_classifier
+from zoo.training.train import Evaluated, Progress, TrainOptions, train
+
+Note = Callable[[str], None]
+
+
+def build_command(name: str, out: Path, seed: int = 0, overrides: dict[str, Any] | None = None,
+                  registries: Sequence[str] = (), force: bool = False,
+                  progress: Note = lambda message: None) -> list[str]:
+    card = open_catalog(tuple(registries)).get(name, overrides or None)
+    refuse_existing(out, force)  # before minutes of work, not after
+    progress(f"building {card.name} (seed {seed})...")
+    model = build_model(card, seed=seed)
+    path = save_built(model, card, out, force=force)
+    parts: dict[str, int] = {}
+    for param_name, parameter in model.named_parameters():
+        part = param_name.split(".")[0]
+        parts[part] = parts.get(part, 0) + parameter.numel()
+    return [f"wrote {path} and {path.parent / 'config.yaml'}",
+            f"parameters: {sum(parts.values()):,}",
+            *(f"  {part:<20} {count:>14,}" for part, count in parts.items())]
+
+
+def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
+    record = import_checkpoint(source, out, force)
+    changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
+                       if key != "description")
+    lines = [f"imported {record['architecture']} as {record['extends']} with {changed}"]
+    if record["ignored"] or record["tied"]:
+        lines.append(f"left out {len(record['ignored']) + len(record['tied'])} tensors "
+                     "(buffers, tied copies, heads the zoo lacks; listed in source.json)")
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    return lines + [f"wrote {out}/ ({files})"]
+
+
+def train_command(source: str, options: TrainOptions, registries: Sequence[str] = (),
+                  progress: Progress = lambda *args: None,
+                  evaluated: Evaluated = lambda *args: None,
+                  note: Note = lambda message: None) -> list[str]:
+    """Train a card or a model folder (`--task classify`: made a classifier for --data's
+    labels first); the lines say what was trained and, held out, how well."""
+    model, card = load_source(source, tuple(registries), options.seed)
+    files: dict[str, bytes] = {}
+    if options.task == "classify":
+        assert options.data is not None
+        model, card, record = prepare_classifier(model, card, options.data, options.seed,
+                                                 source)
+        files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()
+        note(f"classifier: {card['num_labels']} labels, pooling {card['pooling']}; kept "
+             f"{len(record['kept'])} tensors of {source}, initialised "
+             f"{len(record['initialised'])}, dropped {len(record['dropped'])}")
+    result = train(model, card, options, progress, evaluated=evaluated, files=files)
+    if result.get("rank", 0) != 0:
+        return []
+    losses, target = result["losses"], options.out
+    lines = [f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
+             f"{losses[-1]:.4f}; wrote {target}/"]
+    if "eval" in result:
+        scored, baseline = result["eval"], result["eval"]["majority_baseline"]
+        lines.append(f"held-out: accuracy {scored['accuracy']:.3f}, macro-F1 "
+                     f"{scored['macro_f1']:.3f} on {scored['examples']} rows (majority "
+                     f"baseline '{baseline['label']}': accuracy {baseline['accuracy']:.3f}, "
+                     f"macro-F1 {baseline['macro_f1']:.3f}); wrote {target / 'eval.json'}")
+    return lines

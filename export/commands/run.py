@@ -1,0 +1,98 @@
+"""`zoo run OUT`: generate from a decoder or encoder-decoder, pooled vectors and masked-token
+predictions from an encoder, labels or vectors from a model with a sentence vector."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.api import Exported, GenerateOptions, Prompt, load
+from export.runtime.classify import SequenceOutputs
+from export.runtime.prompts import check_text
+from export.runtime.sampling import check_new_tokens
+from registry.errors import ZooError
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    folder: Path
+    texts: tuple[str, ...] = ()
+    id_lists: tuple[list[int], ...] = ()
+    as_json: bool = False
+    options: GenerateOptions = GenerateOptions()
+    provider: str = "cpu"
+    threads: int | None = None
+
+
+def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: None
+               ) -> list[str]:
+    check_new_tokens(request.options.max_new_tokens)  # bad options need no export opened
+    texts = tuple(check_text(text) for text in request.texts)
+    if not texts and not request.id_lists:
+        raise ZooError("give token ids with --ids 1,2,3 (or --text)")
+    exported = load(request.folder, request.provider, request.threads)
+    prompts: list[Prompt] = list(texts) if texts else list(request.id_lists)
+    what = "--text" if texts else "--ids"
+    if exported.card["pooling"] is not None:
+        shown = list(texts) or [",".join(map(str, ids)) for ids in request.id_lists]
+        result = exported.sequences(prompts, what)
+        return _sequence_lines(result, shown, request.as_json)
+    if request.as_json:
+        raise ZooError("--json is for classifiers and embedding models (cards with pooling)")
+    if not exported.runtime.family.generates:
+        return _encoder_lines(exported, prompts, what)
+    return _generated_lines(exported, prompts, what, request.options, progress)
+
+
+def _generated_lines(exported: Exported, prompts: list[Prompt], what: str,
+                     options: GenerateOptions, progress: Callable[[str], None]) -> list[str]:
+    start = time.perf_counter()
+    generated = exported.generate(prompts, options, what)
+    if len(prompts) > 1:  # a batch of users: what they got per second, together
+        eos = exported.card["eos_token_id"]
+        made = sum(row.ids.index(eos) + 1 if eos in row.ids else len(row.ids)
+                   for row in generated)
+        seconds = time.perf_counter() - start
+        progress(f"{len(prompts)} prompts: {made} new tokens (each up to its eos) in "
+                 f"{seconds:.2f} s, {made / seconds:.1f} tokens/s aggregate")
+    if not isinstance(prompts[0], str):
+        return [",".join(str(token) for token in row.ids) for row in generated]
+    continues = exported.runtime.family.continues_prompt  # a translation does not
+    return [(str(prompt) if continues else "") + (row.text or "")
+            for prompt, row in zip(prompts, generated, strict=True)]
+
+
+def _encoder_lines(exported: Exported, prompts: list[Prompt], what: str) -> list[str]:
+    lines = []
+    for ids in exported.tokens(prompts, what):
+        pooled, predictions = exported.masked_predictions(ids)
+        if pooled is not None:
+            lines.append("pooled: " + " ".join(f"{value:.5f}" for value in pooled))
+        for prediction in predictions:
+            best = ", ".join(f"{token} ({probability:.3f})" for token, probability
+                             in zip(prediction.tokens, prediction.probabilities, strict=True))
+            lines.append(f"masked position {prediction.position}: {best}")
+    return lines
+
+
+def _sequence_lines(result: SequenceOutputs, shown: list[str], as_json: bool) -> list[str]:
+    """A classifier's top labels per text, or the vectors' size and norm; then, for two or
+    more texts, the cosine-similarity matrix."""
+    if as_json:
+        return [json.dumps({"inputs": shown, **result.to_json()})]
+    norms = result.norms()
+    lines = []
+    for row, text in enumerate(shown):
+        lines.append(f"[{row}] {text!r}")
+        if result.probabilities is not None:
+            lines.append("    " + ", ".join(f"{label} {p:.3f}" for label, p in result.top(row)))
+        else:
+            lines.append(f"    vector: {result.embeddings.shape[1]} dims, norm {norms[row]:.5f}")
+    if len(shown) > 1:
+        lines.append("cosine similarity:")
+        lines += [f"  [{row}] " + " ".join(f"{value:+.4f}" for value in values)
+                  for row, values in enumerate(result.cosine())]
+    return lines

@@ -1,0 +1,38 @@
+"""Where an export or a model is opened, and its family resolved, once: the family table
+(export/families) is looked up here, where a command starts (and in the command modules), and
+everything below takes the family from the engine it is handed (`engine.family`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from export.families import family_of
+from export.onnx.manifest import manifest_card, read_manifest
+from export.runtime.engines import TorchEngine
+from export.runtime.sessions import Runtime
+from registry.catalog import Card
+
+
+def open_export(folder: Path, provider: str = "cpu", threads: int | None = None,
+                verify: bool = True) -> Runtime:
+    """An export folder in ONNX Runtime, after checking every file's sha256 (unless `verify`
+    is False)."""
+    return open_staged(Path(folder), read_manifest(Path(folder), verify_files=verify),
+                       provider, threads)
+
+
+def open_staged(folder: Path, manifest: dict[str, Any], provider: str = "cpu",
+                threads: int | None = None) -> Runtime:
+    """Files with the manifest that is about to be written beside them (zoo export's check
+    of its staged folder)."""
+    card = manifest_card(folder, manifest)
+    return Runtime(folder, manifest, card, family_of(card), provider, threads)
+
+
+def open_model(model: nn.Module, card: Card, device: str = "cpu",
+               attentions: bool = False) -> TorchEngine:
+    """A PyTorch model behind the engine interface parity and generation drive."""
+    return TorchEngine(model, card, family_of(card), device, attentions)

@@ -40,7 +40,8 @@ from zoo.files.atomic import refuse_existing
 from zoo.files.sources import load_source
 from zoo.files.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["ExportOptions", "Exported", "GenerateOptions", "Generated", "export_model", "load"]
+__all__ = ["ExportOptions", "Exported", "GenerateOptions", "Generated", "ZooError", "export_model",
+           "load"]
 
 Prompt = str | Sequence[int]  # a text (the export's tokenizer reads it) or token ids
 

@@ -18,7 +18,6 @@ from onnx import numpy_helper
 from cli import main
 from export.checks.parity import check_parity
 from export.checks.verify import check_agreement
-from export.families import FAMILIES, family_of
 from export.onnx.contract import MANIFEST
 from export.onnx.quantize import QuantizeError, check_choice
 from export.onnx.shared_cache import KV_FILE
@@ -36,6 +35,7 @@ from tests.conftest import (
     stored_tensor_bytes,
     traces_reused,
 )
+from tests.contract_doc import documented_contract
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
@@ -79,7 +79,7 @@ def finite_numbers(value: Any) -> bool:
 def grid_outputs(fields: dict) -> set[str]:
     """The parity rows a full grid has: every output of every file, all layers' cache as one."""
     labels = set()
-    for file, (_, outputs) in FAMILIES[fields["family"]].contract(fields).items():
+    for file, (_, outputs) in documented_contract(fields).items():
         prefix = "" if file == "model.onnx" else f"{file.removesuffix('.onnx')}:"
         labels |= {prefix + ("present.*" if o.startswith("present.") else o) for o in outputs}
     return labels
@@ -104,7 +104,7 @@ def test_every_variant_export_passes_its_check(name: str, variant: str, exports)
     folder, report = exports(name, variant)
     assert_check_ran(report, card(name).fields)
     manifest = json.loads((folder / MANIFEST).read_text())
-    for file, (inputs, outputs) in family_of(card(name)).contract(card(name)).items():
+    for file, (inputs, outputs) in documented_contract(card(name)).items():
         model = onnx.load(str(folder / file), load_external_data=False)
         assert [i.name for i in model.graph.input] == inputs  # the contract is kept
         assert [o.name for o in model.graph.output] == outputs
@@ -154,7 +154,7 @@ def test_quantized_exports_hold_the_quantized_operators_and_are_smaller(
     plain, _ = exports(name, "plain")
     folder, _ = exports(name, variant)
     saved: dict[str, int] = {}  # per fp32 weight: bytes quantizing it saves (or costs)
-    for file in family_of(card(name)).contract(card(name)):
+    for file in documented_contract(card(name)):
         fp32 = onnx.load(str(plain / file))
         weights = {t.name: tuple(t.dims) for t in fp32.graph.initializer}
         transposed = {n.output[0]: n.input[0] for n in fp32.graph.node

@@ -34,6 +34,7 @@ from tests.conftest import (
     card,
     on_shared,
 )
+from tests.contract_doc import documented_contract
 from zoo.build import build_model
 from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
@@ -79,7 +80,7 @@ def empty_past_feeds(fields: dict) -> dict[str, np.ndarray]:
 def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
                                                             exported: Lazy) -> None:
     folder = exported[name]
-    for file in family_of(card(name)).contract(card(name)):
+    for file in documented_contract(card(name)):
         onnx.checker.check_model(str(folder / file), full_check=True)
     report = check_parity(*engines(folder))
     assert report.passed, report.table()
@@ -92,10 +93,27 @@ def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
         assert report.generation and all(same for _, same, _ in report.generation)
 
 
+@pytest.mark.parametrize("name", [n for n in TINY_CARDS if card(n).family != "encoder"])
+def test_the_manifest_records_the_cache_shape_the_graphs_take(name: str, exported: Lazy) -> None:
+    """What other runtimes make an empty past from: the graph's own cache input dims, and the
+    card's heads and d_model / n_heads."""
+    tiny = card(name)
+    manifest = json.loads((exported[name] / MANIFEST).read_text())
+    heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
+    assert manifest["cache"] == {"heads": heads, "kv_heads": heads, "head_dim": head_dim,
+                                 "shape": ["batch", heads, "past_sequence", head_dim]}
+    for file in manifest["graphs"]:
+        graph = onnx.load(str(exported[name] / file), load_external_data=False).graph
+        for value in graph.input:
+            if value.name.startswith("past_key_values.") and ".encoder." not in value.name:
+                dims = value.type.tensor_type.shape.dim
+                assert [d.dim_param or d.dim_value for d in dims] == manifest["cache"]["shape"]
+
+
 @pytest.mark.parametrize("name", TINY_CARDS)
 def test_inputs_and_outputs_follow_the_contract_with_dynamic_axes(
         name: str, exported: Lazy) -> None:
-    for file, (inputs, outputs) in family_of(card(name)).contract(card(name)).items():
+    for file, (inputs, outputs) in documented_contract(card(name)).items():
         model = onnx.load(str(exported[name] / file), load_external_data=False)
         assert [i.name for i in model.graph.input] == inputs
         assert [o.name for o in model.graph.output] == outputs
@@ -198,7 +216,7 @@ def test_metadata_props_and_manifest_are_present_and_correct(name: str, exported
     assert {"torch", "onnx", "numpy"} <= set(manifest["versions"])
     for file, entry in manifest["files"].items():
         assert entry["sha256"] == sha256(folder / file)
-    for file in family_of(card(name)).contract(card(name)):
+    for file in documented_contract(card(name)):
         assert file in manifest["files"]
         model = onnx.load(str(folder / file), load_external_data=False)
         assert manifest["ir_version"] == model.ir_version
@@ -425,3 +443,24 @@ def test_exports_share_torchs_function_table_and_leave_torch_as_it_was() -> None
         assert ONNXRegistry.from_torchlib(20) is ONNXRegistry.from_torchlib(20) is not first
     assert ONNXRegistry.__dict__["from_torchlib"] is torchs_own
     assert ONNXRegistry.from_torchlib(opset_version=18) is not first
+
+
+def test_the_documented_names_come_from_the_documents_tables(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """A name changed in docs/onnx-contract.md changes what the contract tests expect (so a
+    writer that names a graph otherwise fails them), and the tables give every name."""
+    import tests.contract_doc as contract_doc
+
+    gpt = card("gpt-tiny")
+    inputs, outputs = contract_doc.documented_contract(gpt)["model.onnx"]
+    layers = range(gpt["n_layers"])
+    assert inputs == ["input_ids", "attention_mask", "position_ids",
+                      *(f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value"))]
+    assert outputs == ["logits", *(f"present.{i}.{kind}" for i in layers
+                                   for kind in ("key", "value"))]
+    edited = tmp_path / "onnx-contract.md"
+    edited.write_text(contract_doc.DOC.read_text(encoding="utf-8").replace(
+        "`present.{i}.key`, `present.{i}.value`", "`present.{i}.k`, `present.{i}.v`"))
+    monkeypatch.setattr(contract_doc, "DOC", edited)
+    assert contract_doc.documented_contract(gpt)["model.onnx"][1][1] == "present.0.k"

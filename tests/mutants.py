@@ -86,7 +86,7 @@ MUTANTS = [
     Mutant("mlm-masks-70-percent", "zoo/training/data.py",
            "inputs[chosen & (roll < 0.8)]", "inputs[chosen & (roll < 0.7)]",
            ("tests/test_references.py",)),
-    Mutant("label-smoothing-dropped", "zoo/training/train.py",
+    Mutant("label-smoothing-dropped", "zoo/training/tasks.py",
            "ignore_index=data.IGNORE,\n                               label_smoothing=self.options"
            ".label_smoothing)",
            "ignore_index=data.IGNORE,\n                               label_smoothing=0.0)",
@@ -126,14 +126,12 @@ MUTANTS = [
            '                     else _real_token(mask, last=False))',
            ("tests/test_pinned_outputs.py::"
             "test_a_padded_batch_classifies_each_text_as_it_does_alone",)),
-    Mutant("copy-label-smoothing-default-0", "zoo/training/train.py",
-           '"copy": TaskDefaults(("encoder-decoder",), "noam", 0.1)',
-           '"copy": TaskDefaults(("encoder-decoder",), "noam", 0.0)',
+    Mutant("copy-label-smoothing-default-0", "zoo/training/tasks.py",
+           "label_smoothing = 0.1  # copy:", "label_smoothing = 0.0  # copy:",
            ("tests/test_pinned_outputs.py::"
             "test_copy_and_reverse_train_with_the_papers_label_smoothing",)),
-    Mutant("reverse-label-smoothing-default-0", "zoo/training/train.py",
-           '"reverse": TaskDefaults(("encoder-decoder",), "noam", 0.1)',
-           '"reverse": TaskDefaults(("encoder-decoder",), "noam", 0.0)',
+    Mutant("reverse-label-smoothing-default-0", "zoo/training/tasks.py",
+           "label_smoothing = 0.1  # reverse:", "label_smoothing = 0.0  # reverse:",
            ("tests/test_pinned_outputs.py::"
             "test_copy_and_reverse_train_with_the_papers_label_smoothing",)),
     Mutant("quantization-gate-ignores-top5", "export/checks/agreement.py",

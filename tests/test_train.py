@@ -29,7 +29,8 @@ from zoo.training import checkpoints
 from zoo.training.checkpoints import latest_checkpoint
 from zoo.training.data import SHIPPED_TEXT, copy_sequences
 from zoo.training.schedules import make_scheduler
-from zoo.training.train import Task, TrainingError, TrainOptions, train
+from zoo.training.tasks import TrainingTask
+from zoo.training.train import TrainingError, TrainOptions, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,15 +193,16 @@ def test_a_kill_during_a_checkpoint_write_keeps_the_previous_one(
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tiny = card("gpt-tiny")
-    real_loss = Task.loss
+    real_loss = TrainingTask.loss  # what the lm task computes its loss with
     steps = []
 
-    def nan_at_step_30(self: Task, model: torch.nn.Module, batch: object) -> torch.Tensor:
+    def nan_at_step_30(self: TrainingTask, model: torch.nn.Module, batch: object
+                       ) -> torch.Tensor:
         steps.append(1)
         loss = real_loss(self, model, batch)
         return loss * float("nan") if len(steps) == 30 else loss
 
-    monkeypatch.setattr(Task, "loss", nan_at_step_30)
+    monkeypatch.setattr(TrainingTask, "loss", nan_at_step_30)
     with pytest.raises(TrainingError, match=r"step 30: loss is nan.*last good checkpoint: step 20"):
         train(build_model(tiny), tiny, options(tmp_path / "run"))
     assert latest_checkpoint(tmp_path / "run").step == 20

@@ -17,17 +17,15 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from zoo.plots.draw import Chart, Drawn, Line, check_target, line_charts
 from zoo.training.schedules import multiplier
-from zoo.training.train import TASKS, TrainOptions
+from zoo.training.tasks import TrainOptions, default_task
 
 STEPS_PER_WARMUP = 5  # default length: the peak and a good part of the decay
 
 
 def training_defaults(card: Card, schedule: str | None, lr: float | None) -> TrainOptions:
     """What `zoo train` would use for this card: its task's schedule, warm-up and rate."""
-    task = next((name for name, task in TASKS.items() if card.family in task.trains), None)
-    if task is None:
-        raise ZooError(f"{card.name}: `zoo train` has no task for a {card.family}")
-    return TrainOptions(task=task, out=Path(), schedule=schedule, lr=lr).resolved(card)
+    return TrainOptions(task=default_task(card), out=Path(), schedule=schedule, lr=lr
+                        ).resolved(card)
 
 
 def schedule_lines(card: Card, schedule: str | None = None, warmups: Sequence[int] = (),

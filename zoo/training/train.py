@@ -15,13 +15,12 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from registry.catalog import Card
@@ -29,68 +28,12 @@ from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
 from zoo.files.lock import output_lock
-from zoo.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.files.weights import CONFIG, card_yaml
-from zoo.training import classify, data, reverse
+from zoo.training import classify, data
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
 from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
-
-
-@dataclass(frozen=True)
-class TaskDefaults:
-    """What a task trains and how, unless the command line says otherwise."""
-
-    trains: tuple[str, ...]  # the families it trains
-    schedule: str  # noam: the paper's schedule for the encoder-decoder
-    label_smoothing: float
-
-
-TASKS = {
-    "lm": TaskDefaults(("decoder",), "cosine", 0.0),
-    "mlm": TaskDefaults(("encoder",), "cosine", 0.0),
-    "copy": TaskDefaults(("encoder-decoder",), "noam", 0.1),  # Vaswani et al. 2017
-    "reverse": TaskDefaults(("encoder-decoder",), "noam", 0.1),  # zoo/training/reverse.py
-    "classify": TaskDefaults(("encoder", "decoder"), "cosine", 0.0),  # zoo/training/classify.py
-}
-
-
-@dataclass
-class TrainOptions:
-    task: str
-    out: Path
-    data: Path | None = None
-    steps: int = 300
-    batch_size: int = 32
-    block_size: int = 128  # capped at the card's max_positions
-    lr: float | None = None  # noam: a factor (1.0 = the paper); cosine: the peak rate
-    schedule: str | None = None  # noam for the encoder-decoder, cosine otherwise
-    warmup: int | None = None  # 400 for noam, 100 for cosine
-    label_smoothing: float | None = None  # 0.1 for the encoder-decoder (the paper), else 0
-    clip: float = 1.0
-    checkpoint_every: int = 100
-    seed: int = 0
-    resume: bool = False
-    force: bool = False
-    copy_length: int = 10
-    copy_symbols: int = 10
-    eval: Path | None = None  # classify: held-out rows, or
-    eval_fraction: float | None = None  # classify: the share of --data held out
-    tokenizer_folder: Path | None = None  # classify: where the texts' tokenizer is (SOURCE)
-
-    def resolved(self, card: Card) -> TrainOptions:
-        defaults = TASKS[self.task]
-        schedule = self.schedule or defaults.schedule
-        return TrainOptions(**{
-            **asdict(self),
-            "schedule": schedule,
-            "lr": self.lr if self.lr is not None else (1.0 if schedule == "noam" else 1e-3),
-            "warmup": self.warmup or (400 if schedule == "noam" else 100),
-            "label_smoothing": self.label_smoothing if self.label_smoothing is not None
-            else defaults.label_smoothing,
-            "block_size": min(self.block_size, card["max_positions"]),
-        })
-
+from zoo.training.tasks import TASKS, Task, TrainOptions
 
 Progress = Callable[[int, int, float, float, float], None]  # step, total, loss, lr, tokens/s
 Evaluated = Callable[[int, dict[str, Any]], None]  # step, scores on the held-out rows
@@ -101,114 +44,17 @@ class TrainingError(ZooError):
 
 
 def _check_fit(card: Card, options: TrainOptions) -> None:
-    defaults = TASKS.get(options.task)
-    if defaults is None:
+    task = TASKS.get(options.task)
+    if task is None:
         raise ZooError(f"--task {options.task}: expected one of {', '.join(TASKS)}")
-    if card.family not in defaults.trains:
-        raise ZooError(f"--task {options.task} trains a {' or '.join(defaults.trains)}, but "
+    if card.family not in task.trains:
+        raise ZooError(f"--task {options.task} trains a {' or '.join(task.trains)}, but "
                        f"{card.name} is a {card.family} (use " + ", ".join(
                            f"--task {t} for a {' or '.join(d.trains)}" for t, d in TASKS.items())
                        + ")")
     if options.steps < 1 or options.batch_size < 1:
         raise ZooError("--steps and --batch-size should be >= 1")
-    if options.task in ("lm", "mlm") and card["vocab_size"] < ByteTokenizer().vocab_size:
-        raise ZooError(f"{card.name}: vocab_size={card['vocab_size']} is too small for the byte "
-                       f"tokenizer (needs {ByteTokenizer().vocab_size})")
-    if options.task == "classify" and (options.data is None or not card["num_labels"]):
-        raise ZooError("--task classify needs --data FILE (labelled rows) and a classifier "
-                       "card (zoo.training.classify.prepare_classifier makes one)")
-    if options.task == "mlm" and card["mask_token_id"] is None:
-        raise ZooError(f"{card.name}: --task mlm needs mask_token_id in the card")
-    if options.task == "reverse":
-        if reverse.LONGEST + 1 > card["max_positions"] or card["vocab_size"] < 16:
-            raise ZooError(f"{card.name}: --task reverse needs max_positions >= "
-                           f"{reverse.LONGEST + 1} and vocab_size >= 16")
-    if options.task == "copy":
-        if options.copy_length + 1 > card["max_positions"]:
-            raise ZooError(f"copy length {options.copy_length} exceeds max_positions")
-        if 3 + options.copy_symbols > card["vocab_size"]:
-            raise ZooError(f"{card.name}: vocab_size={card['vocab_size']} is too small for "
-                           f"{options.copy_symbols} copy symbols")
-
-
-class Task:
-    """Makes the batch for a step and computes its loss."""
-
-    def __init__(self, card: Card, options: TrainOptions) -> None:
-        self.card, self.options = card, options
-        self.ids: torch.Tensor | None = None
-        self.labelled: classify.ClassifyData | None = None
-        if options.task == "classify":
-            self.tokenizer = classify.text_tokenizer(options.tokenizer_folder)
-            self.labelled = classify.ClassifyData.read(
-                card, self.tokenizer, options.data, options.eval, options.eval_fraction,
-                options.seed, options.block_size)
-        if options.task in ("lm", "mlm"):
-            path = options.data or data.SHIPPED_TEXT
-            self.ids = data.read_text_tokens(path, ByteTokenizer(),
-                                             options.block_size + 1)
-
-    def batch(self, step: int, rank: int) -> data.Batch:
-        generator = data.batch_generator(self.options.seed, step, rank)
-        o, c = self.options, self.card
-        if o.task == "lm":
-            return data.lm_batch(self.ids, o.batch_size, o.block_size, generator)
-        if o.task == "classify":
-            rows = self.labelled.train
-            chosen = torch.randint(0, len(rows.ids), (o.batch_size,), generator=generator)
-            ids, mask = classify.padded([rows.ids[i] for i in chosen.tolist()],
-                                        c["pad_token_id"])
-            labels = torch.tensor([rows.labels[i] for i in chosen.tolist()])
-            return data.Batch({"input_ids": ids, "attention_mask": mask}, labels,
-                              int(mask.sum()))
-        if o.task == "mlm":
-            return data.mlm_batch(self.ids, o.batch_size, o.block_size, generator,
-                                  c["mask_token_id"], c["vocab_size"])
-        if o.task == "reverse":
-            inputs, labels = reverse.reverse_batch(
-                c["vocab_size"], o.batch_size, c["bos_token_id"],
-                c["eos_token_id"] if c["eos_token_id"] is not None else 2, c["pad_token_id"],
-                generator)
-            return data.Batch(inputs, labels, int(inputs["attention_mask"].sum()) * 2)
-        return data.copy_batch(o.batch_size, o.copy_length, o.copy_symbols, c["bos_token_id"],
-                               c["eos_token_id"] if c["eos_token_id"] is not None else 2,
-                               generator)
-
-    def files(self) -> dict[str, bytes]:
-        """What the output folder gets at the start besides config.yaml: the tokenizer."""
-        if self.options.task == "classify":
-            folder = self.options.tokenizer_folder
-            copied = tokenizer_files(folder) if folder is not None and folder.is_dir() else []
-            if copied:
-                return {path.name: path.read_bytes() for path in copied}
-        if self.options.task in ("lm", "mlm", "classify"):
-            return {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
-        if self.options.task == "reverse":  # so `zoo run OUT --text "..."` reverses words
-            vocabulary = reverse.vocabulary(self.card["vocab_size"])
-            return {WORD_TOKENIZER: vocabulary.to_json().encode()}
-        return {}
-
-    def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
-        """Scores on the held-out rows (classify with --eval or --eval-fraction), else None."""
-        if self.labelled is None or self.labelled.eval is None:
-            return None
-        return classify.evaluate(model, self.labelled, self.card["pad_token_id"])
-
-    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
-        if self.options.task == "classify":
-            logits = model(batch.inputs["input_ids"], batch.inputs["attention_mask"])["logits"]
-            return F.cross_entropy(logits, batch.labels,
-                                   label_smoothing=self.options.label_smoothing)
-        if self.options.task == "lm":
-            logits = model(batch.inputs["input_ids"])[0]
-        elif self.options.task == "mlm":
-            logits = model(batch.inputs["input_ids"])["logits"]
-        else:
-            logits = model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"],
-                           batch.inputs.get("attention_mask"))
-        return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),
-                               ignore_index=data.IGNORE,
-                               label_smoothing=self.options.label_smoothing)
+    task.check(card, options)
 
 
 def _distributed() -> tuple[int, int]:

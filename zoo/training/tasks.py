@@ -1,0 +1,261 @@
+"""What `zoo train` is asked (TrainOptions) and the tasks it runs, one class a task: which
+families it trains, its default schedule and label smoothing, what it needs of the card, and
+how it makes a step's batch, computes the loss, names the files OUT gets and scores held-out
+rows. The loop (train.py) only calls through them; `TASKS` is the one table of them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from registry.catalog import Card
+from registry.errors import ZooError
+from zoo.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
+from zoo.training import classify, data, reverse
+
+
+@dataclass
+class TrainOptions:
+    task: str
+    out: Path
+    data: Path | None = None
+    steps: int = 300
+    batch_size: int = 32
+    block_size: int = 128  # capped at the card's max_positions
+    lr: float | None = None  # noam: a factor (1.0 = the paper); cosine: the peak rate
+    schedule: str | None = None  # the task's: noam for the encoder-decoder, cosine otherwise
+    warmup: int | None = None  # 400 for noam, 100 for cosine
+    label_smoothing: float | None = None  # the task's: 0.1 for the encoder-decoder, else 0
+    clip: float = 1.0
+    checkpoint_every: int = 100
+    seed: int = 0
+    resume: bool = False
+    force: bool = False
+    copy_length: int = 10
+    copy_symbols: int = 10
+    eval: Path | None = None  # classify: held-out rows, or
+    eval_fraction: float | None = None  # classify: the share of --data held out
+    tokenizer_folder: Path | None = None  # classify: where the texts' tokenizer is (SOURCE)
+
+    def resolved(self, card: Card) -> TrainOptions:
+        task = TASKS[self.task]
+        schedule = self.schedule or task.schedule
+        return TrainOptions(**{
+            **asdict(self),
+            "schedule": schedule,
+            "lr": self.lr if self.lr is not None else (1.0 if schedule == "noam" else 1e-3),
+            "warmup": self.warmup or (400 if schedule == "noam" else 100),
+            "label_smoothing": self.label_smoothing if self.label_smoothing is not None
+            else task.label_smoothing,
+            "block_size": min(self.block_size, card["max_positions"]),
+        })
+
+
+class TrainingTask:
+    """One run of a task on a card: made once the options are checked and resolved."""
+
+    trains: tuple[str, ...] = ()  # the families it trains
+    schedule = "cosine"
+    label_smoothing = 0.0
+
+    def __init__(self, card: Card, options: TrainOptions) -> None:
+        self.card, self.options = card, options
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        """Refuse, in one line, a card or options the task cannot train (before any data)."""
+
+    def batch(self, step: int, rank: int) -> data.Batch:
+        return self.make_batch(data.batch_generator(self.options.seed, step, rank))
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        raise NotImplementedError
+
+    def logits(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        """Cross-entropy over every labelled position, label-smoothed as the options say."""
+        logits = self.logits(model, batch)
+        return F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),
+                               ignore_index=data.IGNORE,
+                               label_smoothing=self.options.label_smoothing)
+
+    def files(self) -> dict[str, bytes]:
+        """What OUT gets at the start besides config.yaml: the tokenizer."""
+        return {}
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
+        """Scores on held-out rows, where the task has them."""
+        return None
+
+
+class TextTask(TrainingTask):
+    """lm and mlm: blocks of a UTF-8 text's bytes."""
+
+    def __init__(self, card: Card, options: TrainOptions) -> None:
+        super().__init__(card, options)
+        self.ids = data.read_text_tokens(options.data or data.SHIPPED_TEXT, ByteTokenizer(),
+                                         options.block_size + 1)
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        if card["vocab_size"] < ByteTokenizer().vocab_size:
+            raise ZooError(f"{card.name}: vocab_size={card['vocab_size']} is too small for the "
+                           f"byte tokenizer (needs {ByteTokenizer().vocab_size})")
+
+    def files(self) -> dict[str, bytes]:
+        return {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
+
+
+class LanguageModelling(TextTask):
+    trains = ("decoder",)
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        o = self.options
+        return data.lm_batch(self.ids, o.batch_size, o.block_size, generator)
+
+    def logits(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        return model(batch.inputs["input_ids"])[0]
+
+
+class MaskedLanguageModelling(TextTask):
+    trains = ("encoder",)
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        super().check(card, options)
+        if card["mask_token_id"] is None:
+            raise ZooError(f"{card.name}: --task mlm needs mask_token_id in the card")
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        o, c = self.options, self.card
+        return data.mlm_batch(self.ids, o.batch_size, o.block_size, generator,
+                              c["mask_token_id"], c["vocab_size"])
+
+    def logits(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        return model(batch.inputs["input_ids"])["logits"]
+
+
+class SequenceToSequence(TrainingTask):
+    """The encoder-decoder's tasks, with the paper's schedule."""
+
+    trains = ("encoder-decoder",)
+    schedule = "noam"
+
+    def eos(self) -> int:
+        return self.card["eos_token_id"] if self.card["eos_token_id"] is not None else 2
+
+    def logits(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        return model(batch.inputs["input_ids"], batch.inputs["decoder_input_ids"],
+                     batch.inputs.get("attention_mask"))
+
+
+class Copy(SequenceToSequence):
+    """The Annotated Transformer's synthetic copy task."""
+
+    label_smoothing = 0.1  # copy: Vaswani et al. 2017, section 5.4
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        if options.copy_length + 1 > card["max_positions"]:
+            raise ZooError(f"copy length {options.copy_length} exceeds max_positions")
+        if 3 + options.copy_symbols > card["vocab_size"]:
+            raise ZooError(f"{card.name}: vocab_size={card['vocab_size']} is too small for "
+                           f"{options.copy_symbols} copy symbols")
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        o = self.options
+        return data.copy_batch(o.batch_size, o.copy_length, o.copy_symbols,
+                               self.card["bos_token_id"], self.eos(), generator)
+
+
+class Reverse(SequenceToSequence):
+    """Runs of the shipped text's words, to be written in reverse order (reverse.py)."""
+
+    label_smoothing = 0.1  # reverse: Vaswani et al. 2017, section 5.4
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        if reverse.LONGEST + 1 > card["max_positions"] or card["vocab_size"] < 16:
+            raise ZooError(f"{card.name}: --task reverse needs max_positions >= "
+                           f"{reverse.LONGEST + 1} and vocab_size >= 16")
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        c = self.card
+        inputs, labels = reverse.reverse_batch(c["vocab_size"], self.options.batch_size,
+                                               c["bos_token_id"], self.eos(),
+                                               c["pad_token_id"], generator)
+        return data.Batch(inputs, labels, int(inputs["attention_mask"].sum()) * 2)
+
+    def files(self) -> dict[str, bytes]:  # so `zoo run OUT --text "..."` reverses words
+        return {WORD_TOKENIZER: reverse.vocabulary(self.card["vocab_size"]).to_json().encode()}
+
+
+class Classify(TrainingTask):
+    """A classifier (encoder or decoder with pooling) on labelled text (classify.py)."""
+
+    trains = ("encoder", "decoder")
+
+    def __init__(self, card: Card, options: TrainOptions) -> None:
+        super().__init__(card, options)
+        self.tokenizer = classify.text_tokenizer(options.tokenizer_folder)
+        assert options.data is not None  # check() refused it otherwise
+        self.labelled = classify.ClassifyData.read(
+            card, self.tokenizer, options.data, options.eval, options.eval_fraction,
+            options.seed, options.block_size)
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        if options.data is None or not card["num_labels"]:
+            raise ZooError("--task classify needs --data FILE (labelled rows) and a classifier "
+                           "card (zoo.training.classify.prepare_classifier makes one)")
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        rows = self.labelled.train
+        chosen = torch.randint(0, len(rows.ids), (self.options.batch_size,),
+                               generator=generator).tolist()
+        ids, mask = classify.padded([rows.ids[i] for i in chosen], self.card["pad_token_id"])
+        labels = torch.tensor([rows.labels[i] for i in chosen])
+        return data.Batch({"input_ids": ids, "attention_mask": mask}, labels, int(mask.sum()))
+
+    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        logits = model(batch.inputs["input_ids"], batch.inputs["attention_mask"])["logits"]
+        return F.cross_entropy(logits, batch.labels, label_smoothing=self.options.label_smoothing)
+
+    def files(self) -> dict[str, bytes]:
+        folder = self.options.tokenizer_folder
+        copied = tokenizer_files(folder) if folder is not None and folder.is_dir() else []
+        if copied:
+            return {path.name: path.read_bytes() for path in copied}
+        return {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
+        if self.labelled.eval is None:
+            return None
+        return classify.evaluate(model, self.labelled, self.card["pad_token_id"])
+
+
+TASKS: dict[str, type[TrainingTask]] = {
+    "lm": LanguageModelling, "mlm": MaskedLanguageModelling, "copy": Copy,
+    "reverse": Reverse, "classify": Classify,
+}
+
+
+def Task(card: Card, options: TrainOptions) -> TrainingTask:  # noqa: N802 (reads as a class)
+    """The run of `options.task` on `card` (options checked and resolved)."""
+    return TASKS[options.task](card, options)
+
+
+def default_task(card: Card) -> str:
+    """The task `zoo train` trains this card's family with first (`zoo plot schedule` draws
+    its schedule)."""
+    task = next((name for name, task in TASKS.items() if card.family in task.trains), None)
+    if task is None:
+        raise ZooError(f"{card.name}: `zoo train` has no task for a {card.family}")
+    return task

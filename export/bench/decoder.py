@@ -3,7 +3,9 @@ generation, each engine with its own key/value cache."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,96 +60,130 @@ def decoder_lengths(card: Card) -> tuple[int, int, list[int]]:
     return prompt, new_tokens, pasts
 
 
-def bench_decoder(ctx: Context) -> dict[str, dict[str, Figure]]:
-    card, model, runtime = ctx.card, ctx.model, ctx.runtime
-    cost = decoder_cost(model, card)
+@dataclass
+class DecoderPlan:
+    """What the three measurements share: the prompt, the cost model, the graphs' weights."""
+
+    cost: Any
+    prompt: np.ndarray
+    new_tokens: int
+    pasts: list[int]
+    inputs: list[str]  # the cache's input names
+    kv: Any  # the shared-cache graph, or None
+    torch_weights: float
+    ort_weights: float
+    plain_weights: float
+
+
+def plan_decoder(ctx: Context) -> DecoderPlan:
+    card, runtime = ctx.card, ctx.runtime
+    cost = decoder_cost(ctx.model, card)
     prompt_length, new_tokens, pasts = decoder_lengths(card)
     rng = np.random.default_rng(0)
-    prompt = rng.integers(3, card["vocab_size"], (1, prompt_length), dtype=np.int64)
-    token = np.array([[5]], np.int64)
-    inputs = past_names(card["n_layers"], CACHE_INPUT)
     kv = runtime.kv_graph
-    torch_weights = 4.0 * (cost.layer_params + cost.head_params)
-    ort_weights = onnx_matmul_weight_bytes(runtime.folder / (kv.path.name if kv else "model.onnx"))
-    plain_weights = onnx_matmul_weight_bytes(runtime.folder / "model.onnx")
-    results: dict[str, dict[str, Figure]] = {}
+    return DecoderPlan(
+        cost, rng.integers(3, card["vocab_size"], (1, prompt_length), dtype=np.int64),
+        new_tokens, pasts, past_names(card["n_layers"], CACHE_INPUT), kv,
+        4.0 * (cost.layer_params + cost.head_params),
+        onnx_matmul_weight_bytes(runtime.folder / (kv.path.name if kv else "model.onnx")),
+        onnx_matmul_weight_bytes(runtime.folder / "model.onnx"))
 
-    # Prefill: the prompt in one pass. PyTorch and the contract graph compute logits for every
-    # prompt token; the shared-cache graph only for the last.
+
+def bench_decoder(ctx: Context) -> dict[str, dict[str, Figure]]:
+    plan = plan_decoder(ctx)
+    session = (SharedCacheSession(plan.kv, ctx.card, ctx.card["max_positions"])
+               if plan.kv else None)
+    return {f"prefill_{plan.prompt.shape[1]}": _prefill(ctx, plan, session),
+            **_decode_steps(ctx, plan, session),
+            f"greedy_{plan.new_tokens}": _greedy(ctx, plan)}
+
+
+def _prefill(ctx: Context, plan: DecoderPlan, session: Any) -> dict[str, Figure]:
+    """The prompt in one pass. PyTorch and the contract graph compute logits for every prompt
+    token; the shared-cache graph only for the last."""
+    prompt, length, cost = plan.prompt, plan.prompt.shape[1], plan.cost
     prompt_t = tensor(ctx, prompt)
     ones = torch.ones_like(prompt_t)
-    positions = torch.arange(prompt_length, device=ctx.device)[None]
+    positions = torch.arange(length, device=ctx.device)[None]
     with torch.no_grad():
-        t = ctx.time(f"prefill {prompt_length} (torch)",
-                     lambda: model(prompt_t, ones, positions, None), torch_side=True)
+        t = ctx.time(f"prefill {length} (torch)",
+                     lambda: ctx.model(prompt_t, ones, positions, None), torch_side=True)
     entry = {"torch": figure(t, ctx.limits["torch_flops_per_s"],
-                             cost.decoder_forward(prompt_length, 0, prompt_length))}
-    empty = dict(zip(inputs, random_cache(ctx, 1, 0, numpy=True), strict=True))
+                             cost.decoder_forward(length, 0, length))}
+    empty = dict(zip(plan.inputs, random_cache(ctx, 1, 0, numpy=True), strict=True))
     plain_feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt),
-                   "position_ids": np.arange(prompt_length)[None], **empty}
-    t = ctx.time(f"prefill {prompt_length} (ort plain)",
-                 lambda: runtime.run("model.onnx", plain_feeds))
+                   "position_ids": np.arange(length)[None], **empty}
+    t = ctx.time(f"prefill {length} (ort plain)",
+                 lambda: ctx.runtime.run("model.onnx", plain_feeds))
     entry["ort_plain"] = figure(t, ctx.limits["ort_flops_per_s"],
-                                cost.decoder_forward(prompt_length, 0, prompt_length))
-    session = SharedCacheSession(kv, card, card["max_positions"]) if kv else None
+                                cost.decoder_forward(length, 0, length))
     if session is not None:
-        t = ctx.time(f"prefill {prompt_length} (ort)", lambda: session.prefill(prompt, None))
+        t = ctx.time(f"prefill {length} (ort)", lambda: session.prefill(prompt, None))
         entry["ort"] = figure(t, ctx.limits["ort_flops_per_s"],
-                              cost.decoder_forward(prompt_length, 0, 1))
+                              cost.decoder_forward(length, 0, 1))
     else:
         entry["ort"] = entry["ort_plain"]
-    results[f"prefill_{prompt_length}"] = entry
+    return entry
 
-    # One decoding step after `past` tokens: reads every weight and the cache once.
-    for past in pasts:
-        cache_bytes = cost.cache_bytes(1, past + 1)
+
+def _decode_steps(ctx: Context, plan: DecoderPlan, session: Any
+                  ) -> dict[str, dict[str, Figure]]:
+    """One decoding step after `past` tokens: reads every weight and the cache once."""
+    token = np.array([[5]], np.int64)
+    results = {}
+    for past in plan.pasts:
+        cache_bytes = plan.cost.cache_bytes(1, past + 1)
         bound = ctx.bound()
-        entry = _decode_step_torch(ctx, past, torch_weights + cache_bytes, bound)
+        entry = _decode_step_torch(ctx, past, plan.torch_weights + cache_bytes, bound)
         feeds = {"input_ids": token, "attention_mask": np.ones((1, past + 1), np.int64),
                  "position_ids": np.array([[past]]),
-                 **dict(zip(inputs, random_cache(ctx, 1, past, numpy=True), strict=True))}
+                 **dict(zip(plan.inputs, random_cache(ctx, 1, past, numpy=True), strict=True))}
         t = ctx.time(f"decode at past {past} (ort plain)",
-                     lambda feeds=feeds: runtime.run("model.onnx", feeds))
-        entry["ort_plain"] = figure(t, bound, bytes_read=plain_weights + cache_bytes)
+                     lambda feeds=feeds: ctx.runtime.run("model.onnx", feeds))
+        entry["ort_plain"] = figure(t, bound, bytes_read=plan.plain_weights + cache_bytes)
         if session is not None:
-            session.prefill(prompt[:, :1], None)
+            session.prefill(plan.prompt[:, :1], None)
 
             def rewind(past: int = past) -> None:  # the step appends; time the same step
                 session.lengths[:] = past
 
             t = ctx.time(f"decode at past {past} (ort)", lambda: session.step(token[:, 0]),
                          setup=rewind)
-            entry["ort"] = figure(t, bound, bytes_read=ort_weights + cache_bytes)
+            entry["ort"] = figure(t, bound, bytes_read=plan.ort_weights + cache_bytes)
         else:
             entry["ort"] = entry["ort_plain"]
         results[f"decode_past_{past}"] = entry
+    return results
 
-    # Greedy generation: prompt, then new tokens one at a time, each engine with its cache.
-    average_cache = cost.cache_bytes(1, prompt_length + new_tokens // 2)
+
+def _greedy(ctx: Context, plan: DecoderPlan) -> dict[str, Figure]:
+    """The prompt, then new tokens one at a time, each engine with its cache."""
+    prompt, new_tokens = plan.prompt, plan.new_tokens
+    average_cache = plan.cost.cache_bytes(1, prompt.shape[1] + new_tokens // 2)
     bound = ctx.bound()
+    prompt_t = tensor(ctx, prompt)
     with torch.no_grad():
         t = ctx.time(f"greedy {new_tokens} tokens (torch)",
-                     lambda: _torch_greedy(model, prompt_t, new_tokens), slow=True,
+                     lambda: _torch_greedy(ctx.model, prompt_t, new_tokens), slow=True,
                      torch_side=True)
-    entry = {"torch": figure(t, bound, bytes_read=torch_weights + average_cache,
+    entry = {"torch": figure(t, bound, bytes_read=plan.torch_weights + average_cache,
                              tokens=new_tokens)}
     mask = np.ones_like(prompt)
     t = ctx.time(f"greedy {new_tokens} tokens (ort plain)",
-                 lambda: decode(DecoderSession(runtime), prompt, mask, new_tokens, GREEDY, None),
-                 slow=True)
-    entry["ort_plain"] = figure(t, bound, bytes_read=plain_weights + average_cache,
+                 lambda: decode(DecoderSession(ctx.runtime), prompt, mask, new_tokens, GREEDY,
+                                None), slow=True)
+    entry["ort_plain"] = figure(t, bound, bytes_read=plan.plain_weights + average_cache,
                                 tokens=new_tokens)
-    if kv is not None:
-        capacity = prompt_length + new_tokens
+    if plan.kv is not None:
+        capacity = prompt.shape[1] + new_tokens
         t = ctx.time(f"greedy {new_tokens} tokens (ort)",
-                     lambda: decode(SharedCacheSession(kv, card, capacity), prompt, mask,
-                                    new_tokens, GREEDY, None), slow=True)
-        entry["ort"] = figure(t, bound, bytes_read=ort_weights + average_cache,
+                     lambda: decode(SharedCacheSession(plan.kv, ctx.card, capacity), prompt,
+                                    mask, new_tokens, GREEDY, None), slow=True)
+        entry["ort"] = figure(t, bound, bytes_read=plan.ort_weights + average_cache,
                               tokens=new_tokens)
     else:
         entry["ort"] = entry["ort_plain"]
-    results[f"greedy_{new_tokens}"] = entry
-    return results
+    return entry
 
 
 def decoder_summary(measurements: dict[str, dict[str, Figure]]) -> dict[str, float]:

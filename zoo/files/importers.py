@@ -1,6 +1,8 @@
-"""Import public checkpoints in the Hugging Face layout (GPT-2, BERT) as built zoo folders.
+"""Import public checkpoints in the Hugging Face layout (GPT-2, BERT and its sequence
+classifier, MarianMT, sentence-transformers folders) as built zoo folders.
 
-A source folder holds `config.json` and `model.safetensors` (and maybe `tokenizer.json`). The map
+A source folder holds `config.json` and `model.safetensors` (and maybe `tokenizer.json`, or
+MarianMT's sentencepiece files). The map
 for its `model_type` (`registry/maps/*.yaml`) says which card it extends, how config.json keys
 become card fields, and how tensor names become zoo names: each variant is data, and this file
 only applies maps. Only safetensors are read; no pickle is ever loaded.
@@ -383,11 +385,17 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
         "ignored": mapped.ignored,
         "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),
     }
+    copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files
+    _land(out, force, model, card, [source / name for name in copied], record)
+    return record
+
+
+def _land(out: Path, force: bool, model: torch.nn.Module, card: Card, copied: list[Path],
+          record: dict[str, Any]) -> None:
+    """OUT in one rename: the weights and card, the tokenizer files (already opened and
+    checked), source.json."""
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)  # replaces the empty staging folder whole
-        if tokenizer is not None:
-            shutil.copyfile(source / HF_TOKENIZER, staging / HF_TOKENIZER)
-        for name in text_files:
-            shutil.copyfile(source / name, staging / name)
+        for path in copied:
+            shutil.copyfile(path, staging / path.name)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    return record

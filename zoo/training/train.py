@@ -116,14 +116,10 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
                       files, shown=options.out)
 
 
-def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,
-           progress: Progress, log_every: int, evaluated: Evaluated,
-           files: dict[str, bytes] | None, shown: Path) -> dict[str, Any]:
-    """The loop, writing into `options.out` (OUT, or its staged replacement); messages name
-    `shown`, the OUT the user asked for."""
-    writer = rank == 0
-    task = Task(card, options)
-    checkpoint = _prepare_out(card, options, writer)
+def _optimizer(model: nn.Module, card: Card, options: TrainOptions, checkpoint: Any
+               ) -> tuple[torch.optim.Optimizer, Any, int, list[float]]:
+    """Adam (the paper's betas and eps) and the schedule, at the checkpoint's step when
+    resuming: (optimizer, scheduler, first step, the losses so far)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=options.lr, betas=(0.9, 0.98), eps=1e-9)
     start, losses = 0, []
     if checkpoint is not None:
@@ -135,12 +131,52 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         for _ in range(start):  # the schedule is a pure function of the step
             scheduler.step()
+    return optimizer, scheduler, start, losses
+
+
+def _start_out(options: TrainOptions, card: Card, start: int, files: dict[str, bytes]) -> None:
+    """OUT's card and files before the first step; a resumed run logs its steps once."""
+    options.out.mkdir(parents=True, exist_ok=True)
+    truncate_metrics(options.out, start)
+    atomic_write_bytes(options.out / CONFIG, card_yaml(card).encode())
+    for name, content in files.items():
+        atomic_write_bytes(options.out / name, content)
+
+
+def _log(options: TrainOptions, done: int, loss: float, lr: float, rate: float,
+         scores: dict[str, Any] | None, progress: Progress, evaluated: Evaluated) -> None:
+    """A line of metrics.jsonl (with the held-out scores at a checkpoint) and the progress."""
+    record = {"step": done, "loss": loss, "lr": lr, "tokens_per_s": rate}
+    if scores:
+        record |= {"eval_accuracy": scores["accuracy"], "eval_macro_f1": scores["macro_f1"]}
+    append_metrics(options.out, record)
+    progress(done, options.steps, loss, lr, rate)
+    if scores:
+        evaluated(done, scores)
+
+
+def _stopped(step: int, loss: float, out: Path, shown: Path) -> TrainingError:
+    last = latest_checkpoint(out)
+    if out != shown:  # staged under --force: the old OUT stays
+        kept = f"{display_path(shown)} left as it was"
+    elif last:
+        kept = f"last good checkpoint: step {last.step} in {display_path(shown)}"
+    else:
+        kept = f"no checkpoint yet in {display_path(shown)}"
+    return TrainingError(f"step {step + 1}: loss is {loss}; stopped ({kept})")
+
+
+def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,
+           progress: Progress, log_every: int, evaluated: Evaluated,
+           files: dict[str, bytes] | None, shown: Path) -> dict[str, Any]:
+    """The loop, writing into `options.out` (OUT, or its staged replacement); messages name
+    `shown`, the OUT the user asked for."""
+    writer = rank == 0
+    task = Task(card, options)
+    checkpoint = _prepare_out(card, options, writer)
+    optimizer, scheduler, start, losses = _optimizer(model, card, options, checkpoint)
     if writer:
-        options.out.mkdir(parents=True, exist_ok=True)
-        truncate_metrics(options.out, start)  # a resumed run logs its steps once
-        atomic_write_bytes(options.out / CONFIG, card_yaml(card).encode())
-        for name, content in {**task.files(), **(files or {})}.items():
-            atomic_write_bytes(options.out / name, content)
+        _start_out(options, card, start, {**task.files(), **(files or {})})
     trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     trained.train()
 
@@ -155,14 +191,7 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         torch.manual_seed(data.batch_generator(options.seed, step, rank).initial_seed())
         loss = task.loss(trained, batch)
         if not math.isfinite(loss.item()):
-            last = latest_checkpoint(options.out)
-            if options.out != shown:  # staged under --force: the old OUT stays
-                kept = f"{display_path(shown)} left as it was"
-            elif last:
-                kept = f"last good checkpoint: step {last.step} in {display_path(shown)}"
-            else:
-                kept = f"no checkpoint yet in {display_path(shown)}"
-            raise TrainingError(f"step {step + 1}: loss is {loss.item()}; stopped ({kept})")
+            raise _stopped(step, loss.item(), options.out, shown)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), options.clip)
@@ -176,14 +205,7 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         scores = task.evaluate(model) if writer and checkpoint_step else None
         if writer and (done % log_every == 0 or done == options.steps or scores):
             rate = tokens / max(time.perf_counter() - started, 1e-9)
-            record = {"step": done, "loss": loss.item(), "lr": lr, "tokens_per_s": rate}
-            if scores:
-                record |= {"eval_accuracy": scores["accuracy"],
-                           "eval_macro_f1": scores["macro_f1"]}
-            append_metrics(options.out, record)
-            progress(done, options.steps, loss.item(), lr, rate)
-            if scores:
-                evaluated(done, scores)
+            _log(options, done, loss.item(), lr, rate, scores, progress, evaluated)
         if checkpoint_step:
             spread = _parameter_spread(model) if world > 1 else 0.0
             if writer:

@@ -21,9 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from export.opening import open_export  # noqa: E402
-from export.runtime.classify import run_sequences  # noqa: E402
-from zoo.files.tokenizer import load_tokenizer  # noqa: E402
+from export.api import load  # noqa: E402
 from zoo.training.labelled import label_ids, read_rows  # noqa: E402
 from zoo.training.scores import scores  # noqa: E402
 
@@ -32,8 +30,8 @@ BATCH = 16
 
 def outputs(folder: Path, prompts: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Sentence embeddings and predicted labels of every prompt, through ONNX Runtime."""
-    runtime = open_export(folder)
-    parts = [run_sequences(runtime, prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)]
+    model = load(folder)
+    parts = [model.sequences(prompts[i:i + BATCH]) for i in range(0, len(prompts), BATCH)]
     embeddings = np.concatenate([part.embeddings for part in parts]).astype(np.float64)
     labels = np.concatenate([part.probabilities.argmax(-1) for part in parts])
     return embeddings, labels
@@ -44,8 +42,8 @@ def main() -> int:
     parser.add_argument("--data", type=Path, required=True, help="labelled rows (JSONL/CSV)")
     parser.add_argument("exports", type=Path, nargs="+", help="fp32 export first")
     args = parser.parse_args()
-    reference = open_export(args.exports[0]).card
-    tokenizer = load_tokenizer(args.exports[0])
+    fp32 = load(args.exports[0])
+    reference, tokenizer = fp32.card, fp32.tokenizer
     if tokenizer is None or not reference["num_labels"]:
         print(f"error: {args.exports[0]}: not a classifier export with a tokenizer",
               file=sys.stderr)

@@ -29,8 +29,14 @@ def norm_params(card: dict[str, Any]) -> int:
     return {"layernorm": 2 * d, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
 
 
+def _bias(card: dict[str, Any], field: str) -> bool:
+    """A bias switch that defaults to the card's `bias` (null or absent)."""
+    value = card.get(field)
+    return card["bias"] if value is None else value
+
+
 def ffn_params(card: dict[str, Any]) -> int:
-    d, f, bias = card["d_model"], card["d_ff"], card["bias"]
+    d, f, bias = card["d_model"], card["d_ff"], _bias(card, "mlp_bias")
     if card["activation"] in ("relu", "gelu", "gelu_tanh", "silu"):
         return 2 * d * f + (f + d if bias else 0)
     if card["activation"] == "swiglu":
@@ -42,7 +48,9 @@ def attention_params(card: dict[str, Any]) -> int:
     """Query and output projections at the query width, key and value at the key/value width."""
     d, sizes = card["d_model"], attention_sizes(card)
     weights = 2 * d * sizes.query_width + 2 * d * sizes.kv_width
-    return weights + (sizes.query_width + 2 * sizes.kv_width + d if card["bias"] else 0)
+    projections = sizes.query_width + 2 * sizes.kv_width if _bias(card, "attention_bias") else 0
+    qk_norms = 2 * norm_params({**card, "d_model": sizes.head_dim}) if card.get("qk_norm") else 0
+    return weights + projections + (d if card["bias"] else 0) + qk_norms
 
 
 def position_params(card: dict[str, Any]) -> int:

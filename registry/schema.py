@@ -58,6 +58,10 @@ FIELDS: dict[str, Field] = {
                            maximum=MAX_POSITIONS),
     "d_model": Field(int, help="hidden size", minimum=1, maximum=MAX_D_MODEL),
     "n_heads": Field(int, help="attention heads", minimum=1, maximum=MAX_D_MODEL),
+    "n_kv_heads": Field(int, None, "key/value heads: grouped-query attention (null: n_heads)",
+                        minimum=1, maximum=MAX_D_MODEL, nullable=True),
+    "head_dim": Field(int, None, "size of one head (null: the hidden size over n_heads)",
+                      minimum=1, maximum=MAX_D_MODEL, nullable=True),
     "n_layers": Field(int, help="layers (per stack for encoder-decoder)", minimum=1,
                       maximum=MAX_LAYERS),
     "d_ff": Field(int, help="feed-forward inner size", minimum=1, maximum=MAX_D_FF),
@@ -75,6 +79,10 @@ FIELDS: dict[str, Field] = {
     "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
     "final_norm": Field(bool, True, "norm after the last layer (pre-norm stacks)"),
     "bias": Field(bool, True, "biases in linear layers"),
+    "attention_bias": Field(bool, None, "biases on the query, key and value projections "
+                            "(null: bias)", nullable=True),
+    "mlp_bias": Field(bool, None, "biases in the feed-forward (null: bias)", nullable=True),
+    "qk_norm": Field(bool, False, "a norm over each head's queries and keys (Qwen3, OLMo 2)"),
     "output_bias": Field(bool, False, "a bias on the output logits (MarianMT's final_logits_bias)"),
     "target_vocab_size": Field(int, None, "encoder-decoder: a target vocabulary of its own "
                                "(null: the source's, shared)", minimum=1, maximum=MAX_VOCAB,
@@ -181,7 +189,10 @@ def validate(
 
 
 def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, str]) -> None:
-    if card["d_model"] % card["n_heads"]:
+    if card["n_kv_heads"] is not None and card["n_heads"] % card["n_kv_heads"]:
+        raise CardError(f"{where}: n_kv_heads={card['n_kv_heads']} does not divide "
+                        f"n_heads={card['n_heads']} (each key/value head serves a group)")
+    if card["head_dim"] is None and card["d_model"] % card["n_heads"]:
         sources = {origins.get(name, where) for name in ("n_heads", "d_model")} - {where}
         came_from = f" (set in {', '.join(sorted(sources))})" if sources else ""
         raise CardError(f"{where}: n_heads={card['n_heads']} does not divide "

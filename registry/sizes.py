@@ -33,9 +33,20 @@ class AttentionSizes:
 
 
 def attention_sizes(card: Any) -> AttentionSizes:
-    """`card`: a Card or its fields, validated (n_heads divides d_model)."""
+    """`card`: a Card or its fields, validated. Key/value heads are `n_kv_heads` (grouped-query
+    attention: each serves n_heads / n_kv_heads query heads), else n_heads; the head size is
+    `head_dim` where a card sets it (Qwen3, Gemma), else d_model / n_heads."""
     d_model, heads = card["d_model"], card["n_heads"]
-    return AttentionSizes(d_model, heads, heads, d_model // heads)
+    return AttentionSizes(d_model, heads, _field(card, "n_kv_heads") or heads,
+                          _field(card, "head_dim") or d_model // heads)
+
+
+def _field(card: Any, name: str) -> Any:
+    """A field that older cards (and a bare {d_model, n_heads}) may not have."""
+    try:
+        return card[name]
+    except KeyError:
+        return None
 
 
 def cache_shape(card: Any, batch: int, length: int) -> tuple[int, int, int, int]:

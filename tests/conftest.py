@@ -276,8 +276,8 @@ def prompt_feeds(card: Card, ids: list[int]) -> dict:
     import numpy as np
 
     source = np.array([ids], np.int64)
-    heads = card["n_heads"]
-    empty = np.zeros((1, heads, 0, card["d_model"] // heads), np.float32)
+    kv_heads = card["n_kv_heads"] or card["n_heads"]  # grouped-query attention's cache heads
+    empty = np.zeros((1, kv_heads, 0, card["d_model"] // card["n_heads"]), np.float32)
     return {"input_ids": source, "attention_mask": np.ones_like(source),
             "position_ids": np.arange(len(ids))[None],
             **{f"past_key_values.{i}.{kv}": empty for i in range(card["n_layers"])

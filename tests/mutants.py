@@ -134,6 +134,10 @@ MUTANTS = [
            "label_smoothing = 0.1  # reverse:", "label_smoothing = 0.0  # reverse:",
            ("tests/test_pinned_outputs.py::"
             "test_copy_and_reverse_train_with_the_papers_label_smoothing",)),
+    Mutant("gqa-heads-tiled-not-grouped", "zoo/blocks/attention.py",
+           "x[:, :, None].expand(batch, heads, groups, length, size)",
+           "x[:, None].expand(batch, groups, heads, length, size)",
+           ("tests/test_llama_family.py",)),
     Mutant("quantization-gate-ignores-top5", "export/checks/agreement.py",
            "row.rate >= top1 and row.top5_rate >= top5", "row.rate >= top1",
            ("tests/test_pinned_outputs.py::test_the_quantization_gate_fails_on_top5_alone",)),

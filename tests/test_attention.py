@@ -36,7 +36,7 @@ from zoo.build import build_model
 # each export is made once (tests/conftest.py: shared_export, on_shared).
 pytestmark = on_shared("gpt-tiny")
 
-GROUPS = {"gpt-tiny": ("attentions",), "bert-tiny": ("attentions",),
+GROUPS = {"gpt-tiny": ("attentions",), "llama-tiny": ("attentions",), "bert-tiny": ("attentions",),
           "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
 
 
@@ -133,7 +133,7 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
         assert drawn["query_ids"] == [tiny["bos_token_id"]] and drawn["key_ids"] == ids
     else:
         feeds = {"input_ids": source, "attention_mask": ones}
-        if name == "gpt-tiny":
+        if tiny.family == "decoder":
             feeds = prompt_feeds(tiny, ids)
         elif tiny["type_vocab_size"]:
             feeds["token_type_ids"] = np.zeros_like(source)

@@ -17,11 +17,11 @@ from registry.errors import ZooError
 from tests.conftest import modules_loaded
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small",
+SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-tiny",
            "transformer-base", "transformer-big", "transformer-tiny"]
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
-    "gpt-tiny": "decoder", "gpt2-small": "decoder",
+    "gpt-tiny": "decoder", "gpt2-small": "decoder", "llama-tiny": "decoder",
     "transformer-base": "encoder-decoder", "transformer-big": "encoder-decoder",
     "transformer-tiny": "encoder-decoder",
 }

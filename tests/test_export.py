@@ -66,8 +66,9 @@ def engines(folder: Path) -> tuple[TorchEngine, Runtime]:
 
 
 def past_shape(fields: dict, heads: int | None = None) -> tuple[int, int, int, int]:
-    """An empty cache for one layer, batch 1, from the card: (1, heads, 0, d_model / n_heads)."""
-    heads = fields["n_heads"] if heads is None else heads
+    """An empty cache for one layer, batch 1, from the card: (1, key/value heads, 0,
+    d_model / n_heads)."""
+    heads = (fields["n_kv_heads"] or fields["n_heads"]) if heads is None else heads
     return (1, heads, 0, fields["d_model"] // fields["n_heads"])
 
 
@@ -96,12 +97,13 @@ def test_every_tiny_card_exports_checks_and_passes_the_grid(name: str,
 @pytest.mark.parametrize("name", [n for n in TINY_CARDS if card(n).family != "encoder"])
 def test_the_manifest_records_the_cache_shape_the_graphs_take(name: str, exported: Lazy) -> None:
     """What other runtimes make an empty past from: the graph's own cache input dims, and the
-    card's heads and d_model / n_heads."""
+    card's key/value heads and d_model / n_heads."""
     tiny = card(name)
     manifest = json.loads((exported[name] / MANIFEST).read_text())
     heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
-    assert manifest["cache"] == {"heads": heads, "kv_heads": heads, "head_dim": head_dim,
-                                 "shape": ["batch", heads, "past_sequence", head_dim]}
+    kv_heads = tiny["n_kv_heads"] or heads  # grouped-query attention: the cache's heads
+    assert manifest["cache"] == {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+                                 "shape": ["batch", kv_heads, "past_sequence", head_dim]}
     for file in manifest["graphs"]:
         graph = onnx.load(str(exported[name] / file), load_external_data=False).graph
         for value in graph.input:

@@ -14,7 +14,10 @@ The pin moves when graphs change on purpose, with the reason here:
   Split: export/onnx/forms.py), so the pin moved to that commit;
 - issue #23 (sizes derived once, the family resolved once, one ExportOptions) must change no
   graph: the pin is the commit before it, and every tiny card is compared in every variant
-  (plain, --optimize, --quantize int8 and int4, --attentions). Slow (30 exports):
+  (plain, --optimize, --quantize int8 and int4, --attentions); issue #24's card fields
+  (n_kv_heads, head_dim, attention_bias, mlp_bias, qk_norm) change every graph's `zoo.card`
+  metadata and nothing else, so a graph is hashed without that entry and the two cards are
+  compared field by field. Slow (30 exports):
   `make test-slow`. A clone without the pinned commit (shallow, squashed) skips.
 """
 
@@ -29,7 +32,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+import onnx
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PINNED = "bad27e2580b4e8f6a4cb8dc67132facdce3f1be7"  # the last commit before issue #23
@@ -57,9 +62,23 @@ def _export(tree: Path, out: Path, card: str, options: list[str]) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def _graph_files(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.suffix == ".onnx" or p.name.endswith(".onnx.data")}
+def _graph_files(folder: Path) -> tuple[dict[str, str], dict[str, dict]]:
+    """({file: sha256}, {file: the card its metadata records}). A graph is hashed without its
+    `zoo.card` entry, which grows whenever the schema gains a field (issue #24's), and the
+    cards are compared apart: the old one's fields unchanged, every new field at its default."""
+    hashes, cards = {}, {}
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(".onnx.data"):
+            hashes[path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
+        elif path.suffix == ".onnx":
+            proto = onnx.load(str(path), load_external_data=False)
+            kept = [entry for entry in proto.metadata_props if entry.key != "zoo.card"]
+            cards[path.name] = yaml.safe_load(next(entry.value for entry in proto.metadata_props
+                                                   if entry.key == "zoo.card"))
+            del proto.metadata_props[:]
+            proto.metadata_props.extend(kept)
+            hashes[path.name] = hashlib.sha256(proto.SerializeToString()).hexdigest()
+    return hashes, cards
 
 
 @pytest.mark.slow
@@ -71,6 +90,11 @@ def test_exports_are_byte_identical_to_the_pinned_commit(card: str, variant: str
     _checkout(PINNED, old_tree)
     _export(old_tree, tmp_path / "old", card, VARIANTS[variant])
     _export(ROOT, tmp_path / "new", card, VARIANTS[variant])
-    old, new = _graph_files(tmp_path / "old"), _graph_files(tmp_path / "new")
+    (old, old_cards), (new, new_cards) = (_graph_files(tmp_path / "old"),
+                                          _graph_files(tmp_path / "new"))
     assert old.keys() == new.keys()
     assert [name for name in old if old[name] != new[name]] == []
+    for name, old_card in old_cards.items():
+        added = {key: value for key, value in new_cards[name].items() if key not in old_card}
+        assert {key: new_cards[name][key] for key in old_card} == old_card
+        assert all(value in (None, False) for value in added.values()), added

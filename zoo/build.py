@@ -37,12 +37,15 @@ class Parts:
 
     def attention(self) -> Attention:
         c, sizes = self.card, attention_sizes(self.card)
+        head_norm = ((lambda size: self.norm_class(size, c["norm_eps"])) if c["qk_norm"]
+                     else None)
         return Attention(c["d_model"], sizes.heads, c["dropout"], c["bias"], sizes.kv_heads,
-                         sizes.head_dim)
+                         sizes.head_dim, c["attention_bias"], head_norm)
 
     def layer(self, cross: bool = False) -> Layer:
         c = self.card
-        ffn = self.ffn_class(c["d_model"], c["d_ff"], c["dropout"], c["bias"])
+        mlp_bias = c["bias"] if c["mlp_bias"] is None else c["mlp_bias"]
+        ffn = self.ffn_class(c["d_model"], c["d_ff"], c["dropout"], mlp_bias)
         return Layer(
             self_attention=self.attention(),
             feed_forward=ffn,

@@ -22,6 +22,7 @@ feed-forwards, plugins included, get it too.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -57,8 +58,13 @@ class GroupQueryAttentionCore:
                  rotary: Rotary | None) -> tuple[torch.Tensor, KeyValue]:
         a = attention
         query, key, value = a.query(x), a.key(x), a.value(x)
+        if a.query_norm is not None and a.key_norm is not None:  # qk-norm: before rotary
+            query = _per_head(a, query, a.n_heads, a.query_norm)
+            key = _per_head(a, key, a.kv_heads, a.key_norm)
         if rotary is not None:
-            query, key = _rotate(a, query, rotary, a.n_heads), _rotate(a, key, rotary, a.kv_heads)
+            rotate = lambda heads: apply_rotary(heads, rotary)  # noqa: E731
+            query = _per_head(a, query, a.n_heads, rotate)
+            key = _per_head(a, key, a.kv_heads, rotate)
         seqlens_k, total = mask
         output, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
             "com.microsoft::GroupQueryAttention",
@@ -71,10 +77,12 @@ class GroupQueryAttentionCore:
         return output, (present_key, present_value)
 
 
-def _rotate(attention: Attention, x: torch.Tensor, rotary: Rotary, heads: int) -> torch.Tensor:
-    """GroupQueryAttention takes (B, T, heads * hd): rotate per head, then merge them again."""
+def _per_head(attention: Attention, x: torch.Tensor, heads: int,
+              change: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """GroupQueryAttention takes (B, T, heads * hd): apply `change` (rotary, the qk-norm) to
+    each head (B, heads, T, hd), then merge the heads again."""
     batch, length, _ = x.shape
-    return apply_rotary(attention.split_heads(x, heads), rotary).transpose(1, 2).reshape(
+    return change(attention.split_heads(x, heads)).transpose(1, 2).reshape(
         batch, length, -1)
 
 

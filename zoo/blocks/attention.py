@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -86,7 +86,10 @@ class DotProductCore:
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
-        query = a.split_heads(a.query(x)) * (1.0 / math.sqrt(a.head_dim))
+        query = a.split_heads(a.query(x))
+        if a.query_norm is not None:
+            query = a.query_norm(query)
+        query = query * (1.0 / math.sqrt(a.head_dim))
         if source is None:  # cross-attention: the source's keys and values, projected once
             assert past is not None
             key, value = past
@@ -97,7 +100,8 @@ class DotProductCore:
             if past is not None:
                 key = torch.cat([past[0], key], dim=2)
                 value = torch.cat([past[1], value], dim=2)
-        scores = query @ key.transpose(-2, -1)  # (B, nh, T, S)
+        attended_key, attended_value = a.shared(key), a.shared(value)
+        scores = query @ attended_key.transpose(-2, -1)  # (B, nh, T, S)
         if mask is not None:
             scores = scores + mask
         probabilities = scores.softmax(dim=-1)
@@ -105,8 +109,8 @@ class DotProductCore:
             self.record.append(probabilities)
         weights = a.dropout(probabilities)
         batch, _, length, _ = query.shape
-        merged = (weights @ value).transpose(1, 2).reshape(batch, length, -1)  # (B, T, d)
-        return merged, (key, value)
+        merged = (weights @ attended_value).transpose(1, 2).reshape(batch, length, -1)
+        return merged, (key, value)  # the cache keeps the key/value heads, not their copies
 
 
 DOT_PRODUCT = DotProductCore()
@@ -117,19 +121,26 @@ class Attention(nn.Module):
     projection is applied to whatever the core returns."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
-                 kv_heads: int | None = None, head_dim: int | None = None) -> None:
+                 kv_heads: int | None = None, head_dim: int | None = None,
+                 projection_bias: bool | None = None,
+                 head_norm: Callable[[int], nn.Module] | None = None) -> None:
         """Sizes as registry/sizes.py derives them from a card (zoo/build.py passes them);
-        `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone."""
+        `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
+        `projection_bias`: the query/key/value biases (default `bias`, which the output
+        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys."""
         super().__init__()
         derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
         self.n_heads = n_heads
         self.kv_heads = kv_heads or derived.kv_heads
         self.head_dim = head_dim or derived.head_dim
         query_width, kv_width = n_heads * self.head_dim, self.kv_heads * self.head_dim
-        self.query = nn.Linear(d_model, query_width, bias=bias)
-        self.key = nn.Linear(d_model, kv_width, bias=bias)
-        self.value = nn.Linear(d_model, kv_width, bias=bias)
+        qkv_bias = bias if projection_bias is None else projection_bias
+        self.query = nn.Linear(d_model, query_width, bias=qkv_bias)
+        self.key = nn.Linear(d_model, kv_width, bias=qkv_bias)
+        self.value = nn.Linear(d_model, kv_width, bias=qkv_bias)
         self.out = nn.Linear(query_width, d_model, bias=bias)
+        self.query_norm = head_norm(self.head_dim) if head_norm is not None else None
+        self.key_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.dropout = nn.Dropout(dropout)
         self.core: AttentionCore = DOT_PRODUCT
 
@@ -141,8 +152,20 @@ class Attention(nn.Module):
     def project(self, source: torch.Tensor) -> KeyValue:
         """Keys and values of `source` (B, S, d), each (B, kv_heads, S, hd): for
         cross-attention this is the cache computed once per source."""
-        return (self.split_heads(self.key(source), self.kv_heads),
-                self.split_heads(self.value(source), self.kv_heads))
+        key = self.split_heads(self.key(source), self.kv_heads)
+        if self.key_norm is not None:
+            key = self.key_norm(key)
+        return key, self.split_heads(self.value(source), self.kv_heads)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention: each key/value head (B, kv_heads, S, hd) repeated for the
+        n_heads / kv_heads query heads of its group (B, n_heads, S, hd); as it is otherwise."""
+        groups = self.n_heads // self.kv_heads
+        if groups == 1:
+            return x
+        batch, heads, length, size = x.shape
+        return x[:, :, None].expand(batch, heads, groups, length, size).reshape(
+            batch, heads * groups, length, size)
 
     def forward(
         self,

@@ -1,0 +1,104 @@
+"""Llama-family decoders built from the shared blocks (issue #24's foundation): grouped-query
+attention (`n_kv_heads`), an explicit `head_dim`, q/k/v biases apart from the output
+projection's (`attention_bias`, Qwen2) and a norm over each head's queries and keys (`qk_norm`,
+Qwen3), against transformers' own LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM on
+the same weights: a left-padded batch, and a decoding step on the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from registry.params import count_parameters
+from tests.conftest import card, random_ids
+from zoo.build import build_model
+
+transformers = pytest.importorskip("transformers")
+
+VARIANTS = {  # zoo card fields, and what transformers' class is told besides the sizes
+    "llama-gqa": ({"n_kv_heads": 2}, "Llama", {"attention_bias": False, "mlp_bias": False}),
+    "qwen2-qkv-bias": ({"n_kv_heads": 2, "attention_bias": True}, "Qwen2", {}),
+    "qwen3-qk-norm": ({"n_kv_heads": 1, "head_dim": 24, "qk_norm": True}, "Qwen3",
+                      {"attention_bias": False}),
+}
+NAMES = {"embeddings.token": "model.embed_tokens", "final_norm": "model.norm",
+         "self_attention.query_norm": "self_attn.q_norm",
+         "self_attention.key_norm": "self_attn.k_norm",
+         "self_attention.query": "self_attn.q_proj", "self_attention.key": "self_attn.k_proj",
+         "self_attention.value": "self_attn.v_proj", "self_attention.out": "self_attn.o_proj",
+         "feed_forward.gate": "mlp.gate_proj", "feed_forward.up": "mlp.up_proj",
+         "feed_forward.down": "mlp.down_proj", "norms.0": "input_layernorm",
+         "norms.1": "post_attention_layernorm", "layers.": "model.layers.", "head.weight":
+         "lm_head.weight"}
+
+
+def pair(variant: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
+    """(ours, transformers', card) with the same random weights (biases and norms randomised
+    too, so each one counts)."""
+    fields, kind, extra = VARIANTS[variant]
+    tiny = card("llama-tiny", dropout=0.0, rope_theta=500.0, **fields)
+    ours = build_model(tiny, seed=3).eval()
+    with torch.no_grad():
+        for name, parameter in ours.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                parameter.normal_(0.5 if "norm" in name else 0.0, 0.2)
+    config = getattr(transformers, f"{kind}Config")(
+        vocab_size=tiny["vocab_size"], hidden_size=tiny["d_model"],
+        intermediate_size=tiny["d_ff"], num_hidden_layers=tiny["n_layers"],
+        num_attention_heads=tiny["n_heads"], num_key_value_heads=tiny["n_kv_heads"],
+        head_dim=tiny["head_dim"] or tiny["d_model"] // tiny["n_heads"],
+        max_position_embeddings=tiny["max_positions"], rms_norm_eps=tiny["norm_eps"],
+        rope_theta=tiny["rope_theta"], tie_word_embeddings=False, **extra)
+    reference = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
+    state = {}
+    for name, tensor in ours.state_dict().items():
+        for old, new in NAMES.items():
+            name = name.replace(old, new)
+        state[name] = tensor
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    return ours, reference, tiny
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_left_padded_batch_gives_transformers_logits(variant: str) -> None:
+    ours, reference, tiny = pair(variant)
+    ids = random_ids(tiny, 2, 9)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second row left-padded
+    with torch.no_grad():
+        expected = reference(ids, attention_mask=mask).logits
+        logits, _ = ours(ids, mask)
+    real = mask.bool()
+    torch.testing.assert_close(logits[real], expected[real], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_step_on_the_cache_gives_transformers_logits(variant: str) -> None:
+    """The cache holds the key/value heads only (n_kv_heads of them), and a step on it gives
+    what the whole sequence gives."""
+    ours, reference, tiny = pair(variant)
+    ids = random_ids(tiny, 2, 8)
+    with torch.no_grad():
+        expected = reference(ids).logits[:, -1]
+        _, past = ours(ids[:, :-1])
+        step, _ = ours(ids[:, -1:], torch.ones_like(ids), None, past)
+    heads = tiny["n_kv_heads"]
+    head_dim = tiny["head_dim"] or tiny["d_model"] // tiny["n_heads"]
+    assert all(key.shape == (2, heads, 7, head_dim) for key, _ in past)
+    torch.testing.assert_close(step[:, -1], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_parameter_arithmetic_counts_what_transformers_holds(variant: str) -> None:
+    ours, reference, tiny = pair(variant)
+    expected = sum(p.numel() for p in reference.parameters())
+    assert sum(count_parameters(tiny.fields).values()) == expected
+    assert sum(p.numel() for p in ours.parameters()) == expected
+
+
+def test_n_kv_heads_must_divide_n_heads() -> None:
+    from registry.errors import CardError
+
+    with pytest.raises(CardError, match="n_kv_heads=3 does not divide n_heads=4"):
+        card("llama-tiny", n_kv_heads=3)

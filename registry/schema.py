@@ -74,6 +74,10 @@ FIELDS: dict[str, Field] = {
                             choices=("pre", "post")),
     "position": Field(str, "learned", "position kind", choices=_blocks("position")),
     "rope_theta": Field(float, 10000.0, "rotary base", minimum=0.0, exclusive_minimum=True),
+    "rope_scaling": Field(dict, None, "rotary scaling, as config.json's: {rope_type: linear, "
+                          "factor} or {rope_type: llama3, factor, low_freq_factor, "
+                          "high_freq_factor, original_max_position_embeddings} (null: none)",
+                          nullable=True),
     "tie_embeddings": Field(bool, True, "output head (and enc-dec source/target) share embeddings"),
     "scale_embeddings": Field(bool, False, "multiply token embeddings by sqrt(d_model)"),
     "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
@@ -188,6 +192,32 @@ def validate(
     return resolved
 
 
+ROPE_SCALINGS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings")}
+
+
+def _check_rope_scaling(card: dict[str, Any], where: str) -> None:
+    """Only the scalings the rotary block computes; any other (yarn, dynamic, longrope) is
+    refused by name rather than approximated."""
+    scaling = card["rope_scaling"]
+    if card["position"] != "rotary":
+        raise CardError(f"{where}: rope_scaling applies only to position rotary, not "
+                        f"{card['position']}")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind not in ROPE_SCALINGS:
+        raise CardError(f"{where}: rope_scaling rope_type={kind!r} is not supported (the zoo "
+                        f"computes {', '.join(ROPE_SCALINGS)})")
+    for key in ROPE_SCALINGS[kind]:
+        value = scaling.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise CardError(f"{where}: rope_scaling {key}={value!r} should be a number > 0 "
+                            f"(rope_type {kind} needs {', '.join(ROPE_SCALINGS[kind])})")
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise CardError(f"{where}: rope_scaling high_freq_factor should exceed "
+                        "low_freq_factor")
+
+
 def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, str]) -> None:
     if card["n_kv_heads"] is not None and card["n_heads"] % card["n_kv_heads"]:
         raise CardError(f"{where}: n_kv_heads={card['n_kv_heads']} does not divide "
@@ -200,6 +230,8 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["position"] == "rotary" and attention_sizes(card).head_dim % 2:
         raise CardError(f"{where}: position=rotary needs an even head size, "
                         f"got a head size of {attention_sizes(card).head_dim}")
+    if card["rope_scaling"] is not None:
+        _check_rope_scaling(card, where)
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="

@@ -20,7 +20,13 @@ VARIANTS = {  # zoo card fields, and what transformers' class is told besides th
     "qwen2-qkv-bias": ({"n_kv_heads": 2, "attention_bias": True}, "Qwen2", {}),
     "qwen3-qk-norm": ({"n_kv_heads": 1, "head_dim": 24, "qk_norm": True}, "Qwen3",
                       {"attention_bias": False}),
+    "llama-rope-llama3": ({"n_kv_heads": 2, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}}, "Llama", {}),
+    "llama-rope-linear": ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "Llama", {}),
 }
+PUBLISHED = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768,
+             "qwen3-0.6b": 596_049_920, "llama-3.2-1b": 1_235_814_400}
 NAMES = {"embeddings.token": "model.embed_tokens", "final_norm": "model.norm",
          "self_attention.query_norm": "self_attn.q_norm",
          "self_attention.key_norm": "self_attn.k_norm",
@@ -48,7 +54,8 @@ def pair(variant: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
         num_attention_heads=tiny["n_heads"], num_key_value_heads=tiny["n_kv_heads"],
         head_dim=tiny["head_dim"] or tiny["d_model"] // tiny["n_heads"],
         max_position_embeddings=tiny["max_positions"], rms_norm_eps=tiny["norm_eps"],
-        rope_theta=tiny["rope_theta"], tie_word_embeddings=False, **extra)
+        rope_theta=tiny["rope_theta"], rope_scaling=tiny["rope_scaling"],
+        tie_word_embeddings=False, **extra)
     reference = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
     state = {}
     for name, tensor in ours.state_dict().items():
@@ -102,3 +109,25 @@ def test_n_kv_heads_must_divide_n_heads() -> None:
 
     with pytest.raises(CardError, match="n_kv_heads=3 does not divide n_heads=4"):
         card("llama-tiny", n_kv_heads=3)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_cards_hold_the_published_parameter_counts(name: str) -> None:
+    """`zoo show`'s arithmetic (no torch) and the modules built on the meta device."""
+    published = card(name)
+    assert sum(count_parameters(published.fields).values()) == PUBLISHED[name]
+    model = build_model(published, meta=True)
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("scaling, message", [
+    ({"rope_type": "yarn", "factor": 4.0}, "rope_type='yarn' is not supported"),
+    ({"rope_type": "llama3", "factor": 8.0}, "low_freq_factor=None should be a number > 0"),
+    ({"rope_type": "linear", "factor": -1}, "factor=-1 should be a number > 0"),
+])
+def test_rope_scalings_the_block_does_not_compute_are_refused(scaling: dict, message: str
+                                                              ) -> None:
+    from registry.errors import CardError
+
+    with pytest.raises(CardError, match=message):
+        card("llama-tiny", rope_scaling=scaling)

@@ -72,8 +72,9 @@ class Parts:
 
     def position(self) -> nn.Module:
         c = self.card
+        scaling = {"scaling": c["rope_scaling"]} if c["rope_scaling"] is not None else {}
         return self.position_class(c["d_model"], c["max_positions"],
-                                   attention_sizes(c).head_dim, c["rope_theta"])
+                                   attention_sizes(c).head_dim, c["rope_theta"], **scaling)
 
     def lm_head(self, vocab_size: int | None = None) -> LMHead:
         c = self.card

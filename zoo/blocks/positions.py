@@ -3,6 +3,9 @@ and offers two hooks: `add` (to the embeddings) and `rotary` (cos/sin for attent
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -64,12 +67,15 @@ class Learned(nn.Module):
 
 
 class RotaryPositions(nn.Module):
-    """Rotary embeddings (Su et al. 2021): queries and keys rotated by position, in attention."""
+    """Rotary embeddings (Su et al. 2021): queries and keys rotated by position, in attention.
+    `scaling` (the card's rope_scaling) stretches the frequencies for longer contexts."""
 
-    def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float) -> None:
+    def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float,
+                 scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-        self.register_buffer("inv_freq", (1.0 / theta**exponent).float(), persistent=False)
+        inv_freq = scaled_frequencies(1.0 / theta**exponent, scaling)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return x
@@ -78,6 +84,27 @@ class RotaryPositions(nn.Module):
         angle = position_ids[..., None].float() * self.inv_freq  # (B, T, hd/2)
         angle = torch.cat([angle, angle], dim=-1)[:, None]  # (B, 1, T, hd)
         return angle.cos(), angle.sin()
+
+
+def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Rotary frequencies under a rope scaling, as Hugging Face's config.json names them:
+    `linear` divides every frequency by `factor` (positions interpolated); `llama3` (Llama 3.1)
+    divides only the low frequencies, those whose wavelength exceeds
+    original_max_position_embeddings / low_freq_factor, keeps the high ones (wavelength below
+    original / high_freq_factor) and blends linearly in between."""
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling.get("rope_type", scaling.get("type")) == "linear":  # older files say "type"
+        return inv_freq / factor
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(medium, blended, scaled)
 
 
 def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Foreign checkpoint layouts (`registry/maps/*.yaml`), parsed without torch.
 
 Each map says which card a Hugging Face `model_type` extends, how its config.json keys become
-card fields, and how its tensor names become zoo names. This module only reads and checks the
-maps; `zoo/files/importers.py` applies them to tensors.
+card fields, and how its tensor names become zoo names. A map may be `like` another (Mistral and
+Qwen are Llama's layout with settings of their own): its sections go over that map's. This
+module only reads and checks the maps; `zoo/files/importers.py` applies them to tensors.
 """
 
 from __future__ import annotations
@@ -31,8 +32,33 @@ UNDO_SHAPES = {
 }
 
 
+MISSING = object()  # a config.json key that is absent (null is a value: `rope_scaling: null`)
+
+
 class LayoutError(ZooError):
     """A map file that is malformed."""
+
+
+def lookup(config: dict[str, Any], key: str) -> Any:
+    """config.json's value at `key`, or MISSING; a dotted key reads into nested objects
+    (transformers 5 keeps rope_theta and the rope type under `rope_parameters`)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return MISSING
+        value = value[part]
+    return value
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over`'s sections on `base`'s: a mapping (config, fields, requires, ...) merged key by
+    key, any other section (tensors, variants, ...) replaced whole."""
+    out = dict(base)
+    for section, value in over.items():
+        below = base.get(section)
+        out[section] = {**below, **value} if isinstance(value, dict) and isinstance(
+            below, dict) else value
+    return out
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:
@@ -64,13 +90,26 @@ class LayoutMap:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data = read_yaml(path)
+        self.data = self._read(path, ())
         where = display_path(path)
         for key in ("model_type", "extends", "config", "tensors"):
             if key not in self.data:
                 raise LayoutError(f"{where}: missing key '{key}'")
         self.rules = [self._rule(entry, where) for entry in self.data["tensors"]]
         self.ignore = [compile_pattern(pattern) for pattern in self.data.get("ignore", [])]
+
+    @staticmethod
+    def _read(path: Path, seen: tuple[str, ...]) -> dict[str, Any]:
+        """The map's data over that of the map its `like` names (in the same folder)."""
+        data = read_yaml(path)
+        base = data.pop("like", None)
+        if base is None:
+            return data
+        base_path = path.parent / f"{base}.yaml"
+        if not isinstance(base, str) or "/" in base or base in seen or not base_path.is_file():
+            raise LayoutError(f"{display_path(path)}: like: {base!r} should name another map "
+                              f"in {display_path(path.parent)}")
+        return merged(LayoutMap._read(base_path, (*seen, path.stem)), data)
 
     @staticmethod
     def _rule(entry: dict[str, Any], where: str) -> Rule:
@@ -91,11 +130,20 @@ class LayoutMap:
         resolved = copy.copy(self)
         resolved.data = dict(self.data)
         for variant in self.data.get("variants", []):
-            if all(config.get(key) == value for key, value in variant["if"].items()):
-                for section, entries in variant.items():
-                    if section != "if":
-                        resolved.data[section] = {**(resolved.data.get(section) or {}), **entries}
+            if all(lookup(config, key) == value for key, value in variant["if"].items()):
+                sections = {key: value for key, value in variant.items() if key != "if"}
+                resolved.data = merged(resolved.data, sections)
         return resolved
+
+    def config_value(self, config: dict[str, Any], field: str) -> tuple[str, Any] | None:
+        """(key, value) of the first of card field `field`'s config.json keys (one, or a list
+        of them, first found first) that is set, not null; None where none is."""
+        keys = self["config"].get(field) or []
+        for key in keys if isinstance(keys, list) else [keys]:
+            value = lookup(config, key)
+            if value is not MISSING and value is not None:
+                return key, value
+        return None
 
     def __getitem__(self, key: str) -> Any:
         return self.data.get(key) or {}

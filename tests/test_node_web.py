@@ -125,8 +125,9 @@ def browser_ready() -> None:
 
 @pytest.fixture(scope="module")
 def exported(shared_export: SharedExport) -> Lazy:
-    """gpt-tiny, bert-tiny and transformer-tiny exported once per session (parity-checked)."""
-    return Lazy(("gpt-tiny", "bert-tiny", "transformer-tiny"), lambda name: shared_export(name)[0])
+    """The tiny cards exported once per session (parity-checked)."""
+    return Lazy(("gpt-tiny", "bert-tiny", "transformer-tiny", "llama-tiny"),
+                lambda name: shared_export(name)[0])
 
 
 def with_tokenizer(folder: Path, copy: Path, name: str, content: str) -> Path:
@@ -184,7 +185,10 @@ def node_generate(folder: Path, ids: list[int], steps: int | None = None) -> dic
     return json.loads(result.stdout)
 
 
-@pytest.mark.parametrize("name, steps", [("gpt-tiny", 64), ("transformer-tiny", 32)])
+@pytest.mark.parametrize("name, steps", [
+    ("gpt-tiny", 64), ("transformer-tiny", 32),
+    pytest.param("llama-tiny", 32, marks=on_shared("llama-tiny")),  # a cache of 2 kv heads
+])
 def test_node_greedy_tokens_equal_python_onnx_runtime_and_pytorch(
         name: str, steps: int, node_ready: None, exported: Lazy) -> None:
     runtime, torch_engine = engines(exported[name])

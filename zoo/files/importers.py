@@ -20,7 +20,7 @@ import torch
 
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
-from registry.layouts import LayoutMap, Rule, known_maps
+from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import validate
 from zoo.build import build_model
@@ -136,20 +136,40 @@ def normalised_tensors(layout: LayoutMap, tensors: dict[str, torch.Tensor], wher
 
 # --- config.json -> card -------------------------------------------------------------------
 
-def _activation(layout: LayoutMap, value: Any, where: str) -> str:
+def _activation(layout: LayoutMap, key: str, value: Any, where: str) -> str:
     known = layout["activations"]
     if value not in known:
-        raise CheckpointError(f"{where}: {layout['config']['activation']}={value!r} is not "
-                              f"supported (known: {', '.join(known)})")
+        raise CheckpointError(f"{where}: {key}={value!r} is not supported (known: "
+                              f"{', '.join(known)})")
     return known[value]
 
 
+def _below(config: dict[str, Any], key: str, bound_key: str) -> bool:
+    """Whether `key` is set (not null) and not at least `bound_key`'s number (Mistral's
+    sliding_window shorter than max_position_embeddings: a window that really slides)."""
+    value, bound = lookup(config, key), lookup(config, bound_key)
+    if value is MISSING or value is None:
+        return False
+    numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in (value, bound))
+    return not numbers or value < bound
+
+
 def _check_requires(layout: LayoutMap, config: dict[str, Any], where: str) -> None:
-    wrong = [f"{key}={config[key]!r} (needs {want!r})" for key, want in layout["requires"].items()
-             if key in config and config[key] != want]
+    """Refuse, in one line naming every key, the settings the zoo's blocks do not compute:
+    `requires` (a key's one value), `equal` (two keys alike), `at_least` (a key, where set, not
+    below another) and `each` (every entry of a list)."""
+    wrong = [f"{key}={value!r} (needs {want!r})" for key, want in layout["requires"].items()
+             if (value := lookup(config, key)) is not MISSING and value != want]
     wrong += [f"{key}={config[key]!r} (needs {other}={config[other]!r}: the zoo has one value "
               "for both stacks)" for key, other in layout["equal"].items()
               if key in config and other in config and config[key] != config[other]]
+    wrong += [f"{key}={lookup(config, key)!r} (needs null or at least {other}="
+              f"{lookup(config, other)!r})" for key, other in layout["at_least"].items()
+              if _below(config, key, other)]
+    wrong += [f"{key} has {', '.join(sorted({str(item) for item in value} - {want}))} (needs "
+              f"every entry {want!r})" for key, want in layout["each"].items()
+              if isinstance(value := lookup(config, key), list)
+              and any(item != want for item in value)]
     if wrong:
         raise CheckpointError(f"{where}: unsupported settings: {', '.join(wrong)}")
 
@@ -158,7 +178,9 @@ def _token_id(spec: dict[str, Any], config: dict[str, Any],
               tokenizer: HuggingFaceTokenizer | None, vocab_size: int) -> int | None:
     """The first usable candidate: from config.json or the tokenizer, then the map's fallbacks.
     An id outside the vocabulary (a tiny model with GPT-2's defaults) is skipped."""
-    found = config.get(spec["config"]) if "config" in spec else None
+    keys = spec.get("config", [])
+    found = next((config[key] for key in (keys if isinstance(keys, list) else [keys])
+                  if config.get(key) is not None), None)  # a list: the first key set
     if "tokenizer" in spec and tokenizer is not None:
         found = tokenizer.backend.token_to_id(spec["tokenizer"])
     candidates = ([found] if found is not None else []) + list(spec.get("fallback", []))
@@ -194,13 +216,18 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
     _check_requires(layout, config, where)
     fields: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    for field, key in layout["config"].items():
-        if config.get(key) is not None:  # absent: the parent card's value (HF's default too)
-            fields[field], origins[field] = config[key], f"{where} ({key})"
+    for field in layout["config"]:
+        found = layout.config_value(config, field)
+        if found is None:  # absent: the map's `defaults`, else the parent card's value
+            continue
+        key, value = found
+        fields[field] = _activation(layout, key, value, where) if field == "activation" else value
+        origins[field] = f"{where} ({key})"
+    for field, value in layout["defaults"].items():  # transformers' value for an absent key
+        fields.setdefault(field, value)
+        origins.setdefault(field, display_path(layout.path))
     for field, value in layout["fields"].items():  # the same for every file of this layout
         fields[field], origins[field] = value, display_path(layout.path)
-    if "activation" in fields:
-        fields["activation"] = _activation(layout, fields["activation"], where)
     if "d_ff" not in fields and "d_ff_per_d_model" in layout.data and "d_model" in fields:
         fields["d_ff"] = layout.data["d_ff_per_d_model"] * fields["d_model"]
     for field, prefix in layout["heads"].items():  # which heads the checkpoint really has

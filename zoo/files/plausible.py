@@ -40,12 +40,12 @@ def _implied_sizes(layout: LayoutMap, config: dict[str, Any]) -> tuple[dict[str,
     """(the parent card with config.json's sizes over it, {field: config.json key}). Values
     that are not whole numbers are left to the card's validation, which names them."""
     parent = open_catalog().get(layout.data["extends"])
-    card = {**parent.fields, **layout["fields"]}
+    card = {**parent.fields, **layout["defaults"], **layout["fields"]}
     keys: dict[str, str] = {}
     for field in SIZES:
-        key = layout["config"].get(field)
-        if key is not None and _whole(config.get(key)):
-            card[field], keys[field] = config[key], key
+        found = layout.config_value(config, field)
+        if found is not None and _whole(found[1]):
+            keys[field], card[field] = found
     ratio = layout.data.get("d_ff_per_d_model")
     if "d_ff" not in keys and ratio is not None:  # GPT-2's n_inner: null
         card["d_ff"] = ratio * card["d_model"]

@@ -1,0 +1,183 @@
+"""`zoo import` of Llama-family folders (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM): tiny random transformers models, saved with save_pretrained and imported with
+the command line, compute transformers' logits on a left-padded batch and generate its greedy
+tokens (in PyTorch and, for one, through an ONNX export); what the zoo cannot compute (rope
+scaling, a sliding window, another activation, experts) is refused in one line.
+
+`transformers` is a test-only dependency: it makes the reference models here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+import cli
+from export.opening import open_model
+from export.runtime.generate import generate, left_padded
+from zoo.files.importers import RECORD
+from zoo.files.weights import load_built
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-4
+STEPS = 8  # new tokens generated
+SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-5, rope_theta=500.0)  # eps and theta off transformers' defaults
+CASES: dict[str, tuple[str, dict[str, Any]]] = {  # transformers' class, and its config besides
+    "llama": ("Llama", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=False)),
+    "mistral": ("Mistral", dict(sliding_window=None, tie_word_embeddings=True)),
+    "qwen2": ("Qwen2", dict(tie_word_embeddings=True, eos_token_id=5)),  # q/k/v biases
+    "qwen3": ("Qwen3", dict(num_key_value_heads=1, head_dim=12, tie_word_embeddings=False)),
+}
+PROMPTS = [[11, 52, 7, 80, 33, 19, 64], [40, 9, 71, 23]]  # two lengths: the second left-padded
+
+
+def randomise(model: torch.nn.Module) -> torch.nn.Module:
+    """Norm weights around one, biases around zero and weights far from the 0.02 init, so a
+    wrong norm, bias, eps or theta shows in the logits."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            mean, std = (1.0, 0.3) if "norm" in name else (0.0, 0.3 if "bias" in name else 0.2)
+            parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
+    return model.eval()
+
+
+def zoo(*args: str) -> Result:
+    return CliRunner().invoke(cli.main, list(args))
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, torch.nn.Module]]:
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    made = {}
+    for name, (kind, extra) in CASES.items():
+        config = getattr(transformers, f"{kind}Config")(**{**SIZES, **extra})
+        model = randomise(getattr(transformers, f"{kind}ForCausalLM")(config))
+        model.save_pretrained(root / name)
+        made[name] = (root / name, model)
+    return made
+
+
+@pytest.fixture(scope="module")
+def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("imported")
+    for name, (folder, _) in sources.items():
+        result = zoo("import", str(folder), "-o", str(root / name))
+        assert result.exit_code == 0, result.output
+    return {name: root / name for name in sources}
+
+
+def padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids, mask = left_padded(prompts, pad)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def transformers_greedy(reference: torch.nn.Module, eos: int | None) -> list[list[int]]:
+    """transformers' greedy tokens, as the zoo gives them: STEPS a row, eos after the first."""
+    ids, mask = padded(PROMPTS, 0)
+    with torch.no_grad():
+        out = reference.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                 max_new_tokens=STEPS, eos_token_id=eos,
+                                 pad_token_id=0 if eos is None else eos)
+    rows = out[:, ids.shape[1]:].tolist()
+    return [row + [eos] * (STEPS - len(row)) for row in rows]  # all rows ended: fewer columns
+
+
+# --- the same outputs as transformers ------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_logits_on_a_left_padded_batch_match_transformers(name: str, sources: dict,
+                                                          imported: dict) -> None:
+    _, reference = sources[name]
+    model, card = load_built(imported[name])
+    config = reference.config
+    assert (card["n_kv_heads"], card["tie_embeddings"]) == (config.num_key_value_heads,
+                                                            config.tie_word_embeddings)
+    assert card["head_dim"] == getattr(config, "head_dim", None) and card["qk_norm"] == (name == "qwen3")
+    assert (card["norm_eps"], card["rope_theta"]) == (1e-5, 500.0)
+    ids, mask = padded(PROMPTS, 0)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ours, _ = model(ids, mask, positions)
+        theirs = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    real = mask.bool()  # padded queries see no key at all: their outputs mean nothing
+    assert theirs[real].abs().max() > 1.0  # logits far from zero, so the tolerance means a lot
+    torch.testing.assert_close(ours[real], theirs[real], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_greedy_tokens_match_transformers_generate(name: str, sources: dict,
+                                                   imported: dict) -> None:
+    _, reference = sources[name]
+    model, card = load_built(imported[name])
+    ids, mask = left_padded(PROMPTS, card["pad_token_id"])
+    tokens = generate(open_model(model, card), ids, mask, STEPS, eos=card["eos_token_id"])
+    assert card["eos_token_id"] == reference.config.eos_token_id
+    assert tokens.tolist() == transformers_greedy(reference, card["eos_token_id"])
+
+
+def test_the_lm_head_is_tied_or_carried_as_config_json_says(imported: dict) -> None:
+    for name, (_, extra) in CASES.items():
+        data = json.loads((imported[name] / RECORD).read_text(encoding="utf-8"))
+        assert data["map"] == f"registry/maps/{name}.yaml" and data["extends"] == "llama-tiny"
+        assert data["heads"] == {"tie_embeddings": extra["tie_word_embeddings"]}
+        model, _ = load_built(imported[name])
+        assert ("head.weight" in model.state_dict()) != extra["tie_word_embeddings"]
+
+
+def test_an_imported_qwen3_exports_and_generates_transformers_tokens(
+        sources: dict, imported: dict, tmp_path: Path) -> None:
+    from export.api import ExportOptions, GenerateOptions, export_model, load
+
+    export_model(imported["qwen3"], tmp_path / "onnx", ExportOptions())  # parity-checked
+    generated = load(tmp_path / "onnx").generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
+    assert [row.ids for row in generated] == transformers_greedy(sources["qwen3"][1], None)
+
+
+# --- refusals: exit 2, one line naming config.json and the key, nothing written ------------
+
+REFUSED = {  # case: (source, config.json changes, parts of the one error line)
+    "rope-scaling": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+                     ["rope_scaling={"]),
+    "rope-parameters-scaling": ("llama", {"rope_parameters": {"rope_type": "linear",
+                                                              "factor": 2.0, "rope_theta": 5e2}},
+                                ["rope_parameters.rope_type='linear'"]),
+    "mistral-sliding-window": ("mistral", {"sliding_window": 16},
+                               ["sliding_window=16", "max_position_embeddings=64"]),
+    "qwen2-sliding-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16},
+                             ["use_sliding_window=True"]),
+    "qwen3-sliding-layers": ("qwen3", {"layer_types": ["full_attention", "sliding_attention"]},
+                             ["layer_types has sliding_attention"]),
+    "gelu": ("llama", {"hidden_act": "gelu"}, ["hidden_act='gelu' is not supported"]),
+    "experts": ("qwen3", {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
+                          "num_experts": 4}, ["'qwen3_moe'", "not a known layout"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refusals(case: str, sources: dict, tmp_path: Path,
+                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    name, changes, parts = REFUSED[case]
+    folder = shutil.copytree(sources[name][0], tmp_path / "src")
+    path = folder / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = zoo("import", "src", "-o", "out")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: src/config.json: "), result.stderr
+    for part in parts:
+        assert part in lines[0], f"{part!r} not in {lines[0]!r}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT, no staging left
+

@@ -242,7 +242,7 @@ def edit_config(folder: Path, **changes: object) -> None:
 
 
 def break_unknown_layout(folder: Path) -> None:
-    edit_config(folder, model_type="llama", architectures=["LlamaForCausalLM"])
+    edit_config(folder, model_type="mamba", architectures=["MambaForCausalLM"])
 
 
 def break_pickle_only(folder: Path) -> None:
@@ -268,7 +268,7 @@ def break_misshaped(folder: Path) -> None:
 
 
 BROKEN = {
-    "unknown-layout": (break_unknown_layout, ["config.json", "'llama'", "not a known layout"]),
+    "unknown-layout": (break_unknown_layout, ["config.json", "'mamba'", "not a known layout"]),
     "pickle-only": (break_pickle_only, ["pytorch_model.bin", "pickle checkpoints are not loaded; "
                                         "convert to safetensors"]),
     "missing-tensors": (break_missing, ["model.safetensors", "missing: h.1.mlp.c_fc.weight, "

@@ -6,11 +6,13 @@ the same weights: a left-padded batch, and a decoding step on the cache."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from registry.params import count_parameters
-from tests.conftest import card, random_ids
+from tests.conftest import SharedExport, card, on_shared, random_ids
 from zoo.build import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -131,3 +133,30 @@ def test_rope_scalings_the_block_does_not_compute_are_refused(scaling: dict, mes
 
     with pytest.raises(CardError, match=message):
         card("llama-tiny", rope_scaling=scaling)
+
+
+@on_shared("llama-tiny")
+@pytest.mark.parametrize("variant", ["plain", "optimize"])
+def test_genai_runs_a_grouped_query_export_under_its_llama_type(variant: str,
+                                                                shared_export: SharedExport
+                                                                ) -> None:
+    """GenAI's native llama type reads the export's 2 key/value heads and gives the zoo's
+    greedy tokens (the plain graph, and --optimize's shared-buffer GroupQueryAttention one)."""
+    pytest.importorskip("onnxruntime_genai")
+    from export.api import GenerateOptions, load
+    from tests.test_serving import genai_greedy
+
+    folder = shared_export("llama-tiny", variant)[0]
+    config = json.loads((folder / "genai_config.json").read_text())["model"]
+    assert config["type"] == "llama" and config["decoder"]["num_key_value_heads"] == 2
+    prompts = [[40, 41, 42, 43], [7, 8]]
+    zoo = [row.ids for row in load(folder).generate(prompts, GenerateOptions(max_new_tokens=6))]
+    assert genai_greedy(folder, prompts, 6) == zoo
+
+
+def test_genai_types_follow_the_layout() -> None:
+    from export.serving.genai import model_type
+
+    assert [model_type(card(name)) for name in ("gpt-tiny", "llama-tiny", "smollm2-135m",
+                                                "qwen2.5-0.5b", "qwen3-0.6b")] == [
+        "decoder", "llama", "llama", "qwen2", "qwen3"]

@@ -81,6 +81,20 @@ def decoder_genai(card: Any, graphs: dict[str, onnx.ModelProto], kv_file: str) -
     return GenAIFiles(genai_config(card, "model.onnx", graphs["model.onnx"], share_buffer=False))
 
 
+def model_type(card: Any) -> str:
+    """GenAI's own model type where the card's layout is one of them: llama (RMSNorm, SwiGLU,
+    rotary, no biases), qwen2 (the same with q/k/v biases), qwen3 (with qk-norm); otherwise
+    its generic decoder. The names are given in the config either way."""
+    llama = (card["norm"] == "rmsnorm" and card["activation"] == "swiglu"
+             and card["position"] == "rotary" and not card["bias"] and not card["output_bias"]
+             and not card["mlp_bias"])
+    if not llama:
+        return MODEL_TYPE
+    if card["qk_norm"]:
+        return "qwen3"
+    return "qwen2" if card["attention_bias"] else "llama"
+
+
 def genai_config(card: Any, file: str, graph: onnx.ModelProto,
                  share_buffer: bool) -> dict[str, Any]:
     """genai_config.json; every name it gives is checked against `graph`'s own."""
@@ -89,7 +103,7 @@ def genai_config(card: Any, file: str, graph: onnx.ModelProto,
     sizes = attention_sizes(card)
     return {
         "model": {
-            "type": MODEL_TYPE,
+            "type": model_type(card),
             "vocab_size": card["vocab_size"],
             "context_length": card["max_positions"],
             "bos_token_id": card["bos_token_id"],

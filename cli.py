@@ -189,7 +189,8 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
               help="Output folder (a built model).")
 @force_option()
 def import_command(source: str, out: str, force: bool) -> None:
-    """Import a Hugging Face GPT-2, BERT or MarianMT folder, a BertForSequenceClassification
+    """Import a Hugging Face GPT-2, BERT, MarianMT, Llama, Mistral, Qwen2 or Qwen3 folder, a
+    BertForSequenceClassification
     folder or a sentence-transformers folder (config.json + model.safetensors).
 
     Writes OUT/model.safetensors, config.yaml, source.json and the tokenizer files DIR has;

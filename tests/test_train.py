@@ -88,9 +88,10 @@ def unigram_entropy(text: str) -> float:
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
 
-def test_lm_brings_loss_well_below_the_unigram_entropy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])  # llama: a Tiny Llama, with GQA
+def test_lm_brings_loss_well_below_the_unigram_entropy(tmp_path: Path, name: str) -> None:
     entropy = unigram_entropy(SHIPPED_TEXT.read_text(encoding="utf-8"))  # ~3.3 nats
-    tiny = card("gpt-tiny")
+    tiny = card(name)
     result = train(build_model(tiny), tiny, options(tmp_path / "lm", steps=200, batch_size=16,
                                                    block_size=64, lr=3e-3, checkpoint_every=200))
     final = float(np.mean(result["losses"][-10:]))

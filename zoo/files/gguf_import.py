@@ -1,0 +1,203 @@
+"""`zoo import FILE.gguf`: a Llama-architecture GGUF file (llama.cpp's format) as a zoo model
+folder. Read with the `gguf` package (ggml's own reader), every tensor dequantized to float32.
+
+GGUF keeps the Hugging Face sizes under `llama.*` keys and the tensors under llama.cpp's names;
+llama.cpp's converter reorders each head's query and key rows for its interleaved rotary
+(`permute` in convert_hf_to_gguf.py), which `_unpermute` undoes so that the zoo's half-split
+rotary sees Hugging Face's order. The tokenizer inside a GGUF file is not turned into a
+tokenizer.json: a `tokenizer.json` beside the file is imported (checked, as from a folder), and
+without one the folder takes token ids only, which the import says.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from registry.catalog import Card, open_catalog
+from registry.errors import ZooError
+from registry.paths import display_path
+from registry.schema import validate
+from zoo.build import build_model
+from zoo.files.atomic import atomic_folder, refuse_existing, sha256
+from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
+
+ARCHITECTURES = {"llama": "llama-tiny"}  # general.architecture -> the card it extends
+CARD_KEYS = {  # card field: the architecture's GGUF key (llama.<key>)
+    "n_layers": "block_count", "max_positions": "context_length",
+    "d_model": "embedding_length", "d_ff": "feed_forward_length",
+    "n_heads": "attention.head_count", "n_kv_heads": "attention.head_count_kv",
+    "rope_theta": "rope.freq_base", "norm_eps": "attention.layer_norm_rms_epsilon",
+}
+TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",
+              "eos_token_id": "tokenizer.ggml.eos_token_id",
+              "pad_token_id": "tokenizer.ggml.padding_token_id"}
+REFUSED = ("rope.scaling.type", "expert_count", "attention.sliding_window")
+LAYER_TENSORS = {  # llama.cpp's name in block i -> the zoo's in layer i
+    "attn_norm.weight": "norms.0.weight", "ffn_norm.weight": "norms.1.weight",
+    "attn_q.weight": "self_attention.query.weight", "attn_k.weight": "self_attention.key.weight",
+    "attn_v.weight": "self_attention.value.weight",
+    "attn_output.weight": "self_attention.out.weight",
+    "ffn_gate.weight": "feed_forward.gate.weight", "ffn_up.weight": "feed_forward.up.weight",
+    "ffn_down.weight": "feed_forward.down.weight",
+}
+MODEL_TENSORS = {"token_embd.weight": "embeddings.token.weight",
+                 "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
+RECORD = "source.json"
+
+
+class GGUFError(ZooError):
+    """A GGUF file the zoo cannot import as it is."""
+
+
+def _reader(path: Path) -> Any:
+    try:
+        from gguf import GGUFReader
+    except ImportError as exc:
+        raise GGUFError(f"{display_path(path)}: reading GGUF needs the gguf package "
+                        "(pip install gguf)") from exc
+    try:
+        return GGUFReader(str(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise GGUFError(f"{display_path(path)}: not a readable GGUF file: {exc}") from exc
+
+
+def _metadata(reader: Any) -> dict[str, Any]:
+    """Every key but the tokenizer's long lists (tokens, merges, types), as Python values."""
+    found = {}
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.ggml.") and len(field.data) > 1:
+            continue
+        found[key] = field.contents()
+    return found
+
+
+def card_fields(metadata: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    """(parent card, card fields) from the file's metadata; what the zoo cannot compute is
+    refused by its key."""
+    architecture = metadata.get("general.architecture")
+    if architecture not in ARCHITECTURES:
+        raise GGUFError(f"{where}: general.architecture={architecture!r} is not imported "
+                        f"(known: {', '.join(ARCHITECTURES)})")
+    for key in REFUSED:
+        if f"{architecture}.{key}" in metadata:
+            raise GGUFError(f"{where}: {architecture}.{key} is set: the zoo has no such block")
+    fields: dict[str, Any] = {}
+    for field, key in CARD_KEYS.items():
+        value = metadata.get(f"{architecture}.{key}")
+        if value is None:
+            raise GGUFError(f"{where}: no {architecture}.{key} (the {field} of the model)")
+        fields[field] = float(value) if isinstance(value, float) else value
+    fields["norm_eps"] = float(np.float32(fields["norm_eps"]))  # GGUF stores it as float32
+    fields.update({field: metadata[key] for field, key in TOKEN_KEYS.items() if key in metadata})
+    fields["description"] = f"{metadata.get('general.name', architecture)} (GGUF)"
+    return ARCHITECTURES[architecture], fields
+
+
+def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of each head's rows (pairs interleaved) back to halves."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2) \
+        .reshape(weight.shape)
+
+
+def _array(tensor: Any) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne0 first
+    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return np.asarray(tensor.data, np.float32).reshape(shape)
+    return np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32).reshape(shape)
+
+
+def zoo_tensors(reader: Any, card: Any, where: str) -> dict[str, torch.Tensor]:
+    """The file's tensors under the zoo's names, query and key rows back in Hugging Face's
+    order; a name the zoo has no place for is refused."""
+    heads, kv_heads = card["n_heads"], card["n_kv_heads"] or card["n_heads"]
+    found = {}
+    for tensor in reader.tensors:
+        name = tensor.name
+        target = MODEL_TENSORS.get(name)
+        if target is None and name.startswith("blk."):
+            _, layer, rest = name.split(".", 2)
+            target = f"layers.{layer}.{LAYER_TENSORS[rest]}" if rest in LAYER_TENSORS else None
+        if target is None:
+            raise GGUFError(f"{where}: tensor {name} has no place in a {card.name} model")
+        array = _array(tensor)
+        if target.endswith("query.weight"):
+            array = _unpermute(array, heads)
+        elif target.endswith("key.weight"):
+            array = _unpermute(array, kv_heads)
+        found[target] = torch.from_numpy(np.array(array, np.float32))  # writable, owned
+    return found
+
+
+def import_gguf(path: Path, out: Path, force: bool = False) -> dict[str, Any]:
+    """Write `out` as a built folder from a GGUF file; returns source.json's data."""
+    path, out = Path(path), Path(out)
+    refuse_existing(out, force)
+    where = display_path(path)
+    if not path.is_file():
+        raise GGUFError(f"{where}: no such file")
+    reader = _reader(path)
+    parent_name, fields = card_fields(_metadata(reader), where)
+    parent = open_catalog().get(parent_name)
+    names = {tensor.name for tensor in reader.tensors}
+    fields.update(vocab_size=_vocab_size(reader, where), dropout=0.0,
+                  tie_embeddings="output.weight" not in names)
+    card_data = validate({**parent.fields, **fields}, where)
+    card = Card(out.name, path, card_data, {key: where for key in card_data})
+    model = build_model(card, seed=None)
+    tensors = zoo_tensors(reader, card, where)
+    expected = model.state_dict()
+    wrong = sorted(f"{name} {tuple(t.shape)} != {tuple(expected[name].shape)}"
+                   for name, t in tensors.items() if name in expected
+                   and t.shape != expected[name].shape)
+    missing = sorted(set(expected) - set(tensors))
+    if wrong or missing:
+        raise GGUFError(f"{where}: " + "; ".join(part for part in (
+            f"mis-shaped: {', '.join(wrong[:6])}" if wrong else "",
+            f"missing: {', '.join(missing[:6])}" if missing else "") if part))
+    model.load_state_dict(tensors, strict=True)
+    return _land(path, out, force, model, card)
+
+
+def _vocab_size(reader: Any, where: str) -> int:
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise GGUFError(f"{where}: no token_embd.weight")
+    rows = int(embedding.shape.tolist()[-1])
+    if field is not None and len(field.data) != rows:
+        raise GGUFError(f"{where}: {len(field.data)} tokens, but token_embd.weight has "
+                        f"{rows} rows")
+    return rows
+
+
+def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any
+          ) -> dict[str, Any]:
+    from zoo.files.importers import check_tokenizer_file, source_file
+    from zoo.files.weights import save_built
+
+    tokenizer = source_file(path.parent, HF_TOKENIZER)
+    has_tokenizer = tokenizer.is_file()
+    if has_tokenizer:
+        check_tokenizer_file(tokenizer)
+        size = HuggingFaceTokenizer(tokenizer).backend.get_vocab_size(with_added_tokens=True)
+        if size > card["vocab_size"]:
+            raise GGUFError(f"{display_path(tokenizer)}: {size} tokens, but the model has "
+                            f"{card['vocab_size']}")
+    record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
+              "architecture": card["description"], "extends": ARCHITECTURES["llama"],
+              "tokenizer": HF_TOKENIZER if has_tokenizer else None}
+    with atomic_folder(out, force) as staging:
+        save_built(model, card, staging, force=True)
+        if has_tokenizer:
+            (staging / HF_TOKENIZER).write_bytes(tokenizer.read_bytes())
+        (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record

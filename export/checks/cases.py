@@ -1,10 +1,12 @@
 """The parity grid's cases, per family: shapes that differ from the traced ones.
 
-Batch 1 and 3; sequence 1, a middle length and the card's maximum; past length 0 and > 0; rows
-with padding. Any cache and encoder memory a case needs is computed by the reference engine.
+Batch 1 and 3; sequence 1, a middle length and the card's maximum (up to LONGEST); past length
+0 and > 0; rows with padding. Any cache and encoder memory a case needs is computed by the reference engine.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +16,14 @@ from export.runtime.decoding import empty_past
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
 from registry.schema import target_vocab_size
+
+LONGEST = 1024  # the grid's longest sequence: eager attention over 8k-32k positions (Llama,
+# Qwen) would need tens of GB for one (B, H, T, T) score tensor; 1024 is GPT-2's whole context
+
+
+def longest(card: Any) -> int:
+    """The longest sequence the grid runs: max_positions, up to LONGEST."""
+    return min(card["max_positions"], LONGEST)
 
 
 def lengths(limit: int) -> tuple[int, int]:
@@ -36,7 +46,7 @@ def left_padding(batch: int, length: int) -> np.ndarray:
 
 def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
     card = engine.card
-    limit = card["max_positions"]
+    limit = longest(card)
     middle, past = lengths(limit)
     inputs = past_names(card["n_layers"], CACHE_INPUT)
     outputs = past_names(card["n_layers"], CACHE_OUTPUT)
@@ -71,7 +81,7 @@ def right_padding(batch: int, length: int) -> np.ndarray:
 
 def encoder_cases(engine: Engine, rng: np.random.Generator, file: str,
                   with_token_types: bool) -> list[Case]:
-    limit = engine.card["max_positions"]
+    limit = longest(engine.card)
     middle, _ = lengths(limit)
     cases = []
     shapes = [(1, 1, False), (3, middle, False), (1, limit, False), (3, middle, True)]
@@ -94,7 +104,7 @@ def encoder_cases(engine: Engine, rng: np.random.Generator, file: str,
 
 def seq2seq_decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
     card = engine.card
-    limit = card["max_positions"]
+    limit = longest(card)
     middle, past = lengths(limit)
     inputs = past_names(card["n_layers"], CACHE_INPUT, DECODER)
     outputs = past_names(card["n_layers"], CACHE_OUTPUT, DECODER)

@@ -1,7 +1,8 @@
 """The parity grid's cases, per family: shapes that differ from the traced ones.
 
 Batch 1 and 3; sequence 1, a middle length and the card's maximum (up to LONGEST); past length
-0 and > 0; rows with padding. Any cache and encoder memory a case needs is computed by the reference engine.
+0 and > 0; rows with padding. Any cache and encoder memory a case needs is computed by the
+reference engine.
 """
 
 from __future__ import annotations

@@ -385,6 +385,9 @@ def triton_command(folder: str, repository: str, kind: str, instances: int,
               help="Comma-separated token ids; repeat for a (left-padded) batch.")
 @click.option("--text", "texts", multiple=True,
               help="Text prompt (needs an export with a tokenizer); repeat for a batch.")
+@click.option("--chat", "chats", multiple=True,
+              help="A user's message, put in the export's chat template "
+                   "(chat_template.jinja); prints the reply. Repeat for more.")
 @click.option("--json", "as_json", is_flag=True,
               help="Classifiers and embedding models: print the raw numbers as JSON.")
 @click.option("--max-new-tokens", default=32, show_default=True)
@@ -395,8 +398,8 @@ def triton_command(folder: str, repository: str, kind: str, instances: int,
 @seed_option("Sampling seed.")
 @threads_option
 def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str, ...],
-        as_json: bool, max_new_tokens: int, temperature: float, top_k: int, top_p: float,
-        beams: int, seed: int, threads: int | None) -> None:
+        chats: tuple[str, ...], as_json: bool, max_new_tokens: int, temperature: float,
+        top_k: int, top_p: float, beams: int, seed: int, threads: int | None) -> None:
     """Run an exported FOLDER with ONNX Runtime.
 
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
@@ -408,8 +411,8 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
     from export.commands.run import RunRequest, run_export
 
     options = GenerateOptions(max_new_tokens, temperature, top_k, top_p, beams, seed)
-    request = RunRequest(Path(folder), texts, tuple(parse_ids(i) for i in id_lists), as_json,
-                         options, provider, threads)
+    request = RunRequest(Path(folder), texts, tuple(parse_ids(i) for i in id_lists), chats,
+                         as_json, options, provider, threads)
     echo(run_export(request, progress))
 
 

@@ -37,8 +37,9 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.files.atomic import refuse_existing
+from zoo.files.chat import CHAT_TEMPLATE, render_chat
 from zoo.files.sources import load_source
-from zoo.files.tokenizer import Tokenizer, load_tokenizer
+from zoo.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["ExportOptions", "Exported", "GenerateOptions", "Generated", "ZooError", "export_model",
            "load"]
@@ -121,6 +122,24 @@ class Exported:
                         self.card["eos_token_id"])
         return [Generated(prompt, row, self._text(row)) for prompt, row in
                 zip(batch, rows.tolist(), strict=True)]
+
+    def chat(self, messages: str | list[dict[str, str]],
+             options: GenerateOptions | None = None) -> Generated:
+        """The assistant's reply: `messages` (a user's text, or {role, content} dicts) put in
+        the export's chat template (chat_template.jinja), then generated to eos."""
+        return self.generate([self.chat_prompt(messages)], options, "--chat")[0]
+
+    def chat_prompt(self, messages: str | list[dict[str, str]]) -> list[int]:
+        template = self.folder / CHAT_TEMPLATE
+        if not template.is_file() or not isinstance(self.tokenizer, HuggingFaceTokenizer):
+            raise ZooError(f"{display_path(self.folder)}: no chat template (chat_template.jinja "
+                           "and tokenizer.json); give the prompt as text")
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": check_text(messages)}]
+        specials = {name: self.tokenizer.label(self.card[f"{name}_token_id"])
+                    if self.card[f"{name}_token_id"] is not None else "" for name in ("bos", "eos")}
+        text = render_chat(template, messages, specials["bos"], specials["eos"])
+        return self.tokenizer.encode(text)
 
     def _text(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None

@@ -62,7 +62,7 @@ def gguf_name(name: str) -> str:
 
 
 def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None,
-               tokenizer: Any = None) -> None:
+               tokenizer: Any = None, chat_template: str | None = None) -> None:
     """The file, and the model's weights set to what the file holds (Q8_0 dequantized);
     `tokenizer` (a byte-level BPE) as llama.cpp stores one: tokens, merges, token types."""
     config = model.config
@@ -75,6 +75,8 @@ def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None,
         writer.add_token_list([token for token, _ in vocab])
         writer.add_token_merges([" ".join(merge) for merge in spec["model"]["merges"]])
         writer.add_token_types([3 if token in special else 1 for token, _ in vocab])
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     writer.add_name("tiny llama")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -173,6 +175,42 @@ def test_the_files_byte_level_bpe_becomes_transformers_tokenizer(tmp_path: Path)
         ids = ours.encode(text).ids  # special tokens kept: ids 0-2 here are also pad/bos/eos
         assert ours.decode(ids, skip_special_tokens=False) == reference.decode(ids) == text
     assert ours.token_to_id("<|end|>") == bpe.token_to_id("<|end|>")
+
+
+TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|start|>assistant\n{% endif %}")
+
+
+def test_the_files_chat_template_renders_as_transformers_renders_it(tmp_path: Path) -> None:
+    """`zoo run --chat` puts a message in the template the GGUF carries (imported as
+    chat_template.jinja): the ids transformers' apply_chat_template gives."""
+    from zoo.files.chat import CHAT_TEMPLATE, render_chat
+    from zoo.files.tokenizer import HuggingFaceTokenizer
+
+    bpe = byte_level_bpe(300)
+    write_gguf(hf_model(True, bpe.get_vocab_size()), tmp_path / "tiny.gguf", tokenizer=bpe,
+               chat_template=TEMPLATE)
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Who is ROMEO?"}]
+    text = render_chat(tmp_path / "out" / CHAT_TEMPLATE, messages)
+    ours = HuggingFaceTokenizer(tmp_path / "out" / "tokenizer.json").encode(text)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    expected = reference.apply_chat_template(messages, add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+    assert ours == list(expected)
+    assert bpe.token_to_id("<|start|>") in ours  # special tokens parsed, not spelled out
+
+
+def test_a_hostile_chat_template_is_refused_in_the_sandbox(tmp_path: Path) -> None:
+    from registry.errors import ZooError
+    from zoo.files.chat import render_chat
+
+    (tmp_path / "chat_template.jinja").write_text("{{ ''.__class__.__mro__[1].__subclasses__() }}")
+    with pytest.raises(ZooError, match="the chat template failed"):
+        render_chat(tmp_path / "chat_template.jinja", [{"role": "user", "content": "hi"}])
 
 
 def test_a_tokenizer_json_beside_the_file_is_imported(tmp_path: Path) -> None:

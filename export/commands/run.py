@@ -21,6 +21,7 @@ class RunRequest:
     folder: Path
     texts: tuple[str, ...] = ()
     id_lists: tuple[list[int], ...] = ()
+    chats: tuple[str, ...] = ()  # user messages, put in the export's chat template
     as_json: bool = False
     options: GenerateOptions = GenerateOptions()
     provider: str = "cpu"
@@ -30,6 +31,10 @@ class RunRequest:
 def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: None
                ) -> list[str]:
     check_new_tokens(request.options.max_new_tokens)  # bad options need no export opened
+    if request.chats:
+        exported = load(request.folder, request.provider, request.threads)
+        return [exported.chat(message, request.options).text or ""
+                for message in request.chats]
     texts = tuple(check_text(text) for text in request.texts)
     if not texts and not request.id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")

@@ -24,6 +24,7 @@ from registry.paths import display_path
 from registry.schema import validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
+from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
 from zoo.files.tokenizer import HF_TOKENIZER
 
 ARCHITECTURES = {"llama": "llama-tiny"}  # general.architecture -> the card it extends
@@ -238,5 +239,9 @@ def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
         save_built(model, card, staging, force=True)
         if tokenizer is not None:
             (staging / HF_TOKENIZER).write_bytes(tokenizer)
+        template = reader.fields.get("tokenizer.chat_template")
+        if tokenizer is not None and template is not None:  # for `zoo run --chat`
+            (staging / CHAT_TEMPLATE).write_text(template.contents(), encoding="utf-8")
+            check_chat_template(staging / CHAT_TEMPLATE)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record

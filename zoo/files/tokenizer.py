@@ -18,6 +18,7 @@ from typing import Protocol
 
 from registry.errors import ZooError
 from registry.paths import display_path, inside
+from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
 from zoo.files.spm_tokenizer import (
     SOURCE_SPM,
     SPM_FILES,
@@ -32,7 +33,8 @@ from zoo.files.spm_tokenizer import (
 BYTE_TOKENIZER = "byte-tokenizer.json"
 HF_TOKENIZER = "tokenizer.json"
 WORD_TOKENIZER = "word-tokenizer.json"
-TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, *SPM_FILES, TARGET_VOCAB)
+TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, *SPM_FILES, TARGET_VOCAB,
+                   CHAT_TEMPLATE)
 
 
 class Tokenizer(Protocol):
@@ -163,7 +165,7 @@ def check_tokenizer_file(path: Path) -> None:
     under a tokenizer's name) is refused in one line before it is copied anywhere."""
     readers = {BYTE_TOKENIZER: _byte_tokenizer, HF_TOKENIZER: HuggingFaceTokenizer,
                WORD_TOKENIZER: _word_tokenizer, VOCAB: vocabulary, TARGET_VOCAB: vocabulary,
-               SOURCE_SPM: processor, TARGET_SPM: processor}
+               SOURCE_SPM: processor, TARGET_SPM: processor, CHAT_TEMPLATE: check_chat_template}
     reader = readers.get(Path(path).name)
     if reader is None:
         raise ZooError(f"{display_path(path)}: not a tokenizer file the zoo reads "

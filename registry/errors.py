@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 
 class ZooError(Exception):
     """A problem with the user's input: a card, a file, an option. Its message is one line."""
@@ -9,6 +12,16 @@ class ZooError(Exception):
 
 class CardError(ZooError):
     """A card that cannot be read, resolved or validated."""
+
+
+def needs_package(package: str, where: str) -> Any:
+    """The optional package a kind of file is read with, or one line saying how to install it
+    (sentencepiece for MarianMT's spm files, gguf for GGUF files)."""
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise ZooError(f"{where}: reading it needs the {package} package "
+                       f"(pip install {package})") from exc
 
 
 def first_line(exc: BaseException, default: str | None = None) -> str:

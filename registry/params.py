@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from registry.blocks import BLOCKS
-from registry.schema import target_vocab_size
+from registry.schema import effective_bias, target_vocab_size
 from registry.sizes import attention_sizes
 
 
@@ -29,14 +29,8 @@ def norm_params(card: dict[str, Any]) -> int:
     return {"layernorm": 2 * d, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
 
 
-def _bias(card: dict[str, Any], field: str) -> bool:
-    """A bias switch that defaults to the card's `bias` (null or absent)."""
-    value = card.get(field)
-    return card["bias"] if value is None else value
-
-
 def ffn_params(card: dict[str, Any]) -> int:
-    d, f, bias = card["d_model"], card["d_ff"], _bias(card, "mlp_bias")
+    d, f, bias = card["d_model"], card["d_ff"], effective_bias(card, "mlp_bias")
     if card["activation"] in ("relu", "gelu", "gelu_tanh", "silu"):
         return 2 * d * f + (f + d if bias else 0)
     if card["activation"] == "swiglu":
@@ -48,7 +42,8 @@ def attention_params(card: dict[str, Any]) -> int:
     """Query and output projections at the query width, key and value at the key/value width."""
     d, sizes = card["d_model"], attention_sizes(card)
     weights = 2 * d * sizes.query_width + 2 * d * sizes.kv_width
-    projections = sizes.query_width + 2 * sizes.kv_width if _bias(card, "attention_bias") else 0
+    qkv_bias = effective_bias(card, "attention_bias")
+    projections = sizes.query_width + 2 * sizes.kv_width if qkv_bias else 0
     qk_norms = 2 * norm_params({**card, "d_model": sizes.head_dim}) if card.get("qk_norm") else 0
     return weights + projections + (d if card["bias"] else 0) + qk_norms
 

@@ -218,6 +218,16 @@ def _check_rope_scaling(card: dict[str, Any], where: str) -> None:
                         "low_freq_factor")
 
 
+def effective_bias(card: Any, field: str) -> bool:
+    """`attention_bias` or `mlp_bias` as built: null (or absent, in older cards) follows
+    `bias`."""
+    try:
+        value = card[field]
+    except KeyError:
+        value = None
+    return card["bias"] if value is None else value
+
+
 def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, str]) -> None:
     if card["n_kv_heads"] is not None and card["n_heads"] % card["n_kv_heads"]:
         raise CardError(f"{where}: n_kv_heads={card['n_kv_heads']} does not divide "

@@ -271,6 +271,17 @@ def count_module_parameters(model: torch.nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
+def renamed(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """A state dict under another layout's names: each `old` part of a name replaced by `new`,
+    in the order given (the zoo's names into transformers', for the reference tests)."""
+    out = {}
+    for name, tensor in state.items():
+        for old, new in names.items():
+            name = name.replace(old, new)
+        out[name] = tensor
+    return out
+
+
 def prompt_feeds(card: Card, ids: list[int]) -> dict:
     """Feeds for a decoder's model.onnx: the whole prompt, unpadded, with an empty cache."""
     import numpy as np

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from registry.params import count_parameters
-from tests.conftest import SharedExport, card, on_shared, random_ids
+from tests.conftest import SharedExport, card, on_shared, random_ids, renamed
 from zoo.build import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -59,12 +59,8 @@ def pair(variant: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
         rope_theta=tiny["rope_theta"], rope_scaling=tiny["rope_scaling"],
         tie_word_embeddings=False, **extra)
     reference = getattr(transformers, f"{kind}ForCausalLM")(config).eval()
-    state = {}
-    for name, tensor in ours.state_dict().items():
-        for old, new in NAMES.items():
-            name = name.replace(old, new)
-        state[name] = tensor
-    missing, unexpected = reference.load_state_dict(state, strict=False)
+    missing, unexpected = reference.load_state_dict(renamed(ours.state_dict(), NAMES),
+                                                    strict=False)
     assert not unexpected and not missing, (missing, unexpected)
     return ours, reference, tiny
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import card, random_ids
+from tests.conftest import card, random_ids, renamed
 from zoo.blocks.feedforward import SwiGLUFeedForward
 from zoo.blocks.norms import RMSNorm
 from zoo.blocks.positions import RotaryPositions, apply_rotary
@@ -80,12 +80,8 @@ def test_llama_style_decoder_equals_transformers_llama() -> None:
              "feed_forward.gate": "mlp.gate_proj", "feed_forward.up": "mlp.up_proj",
              "feed_forward.down": "mlp.down_proj", "norms.0": "input_layernorm",
              "norms.1": "post_attention_layernorm", "layers.": "model.layers."}
-    state = {}
-    for name, tensor in ours.state_dict().items():
-        for old, new in names.items():
-            name = name.replace(old, new)
-        state[name] = tensor
-    missing, unexpected = reference.load_state_dict(state, strict=False)
+    missing, unexpected = reference.load_state_dict(renamed(ours.state_dict(), names),
+                                                    strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
     ids = random_ids(tiny, 2, 11)
     with torch.no_grad():

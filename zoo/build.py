@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from registry.catalog import Card
-from registry.schema import target_vocab_size
+from registry.schema import effective_bias, target_vocab_size
 from registry.sizes import attention_sizes
 from zoo.blocks.attention import Attention
 from zoo.blocks.classes import block_class
@@ -40,12 +40,11 @@ class Parts:
         head_norm = ((lambda size: self.norm_class(size, c["norm_eps"])) if c["qk_norm"]
                      else None)
         return Attention(c["d_model"], sizes.heads, c["dropout"], c["bias"], sizes.kv_heads,
-                         sizes.head_dim, c["attention_bias"], head_norm)
+                         sizes.head_dim, effective_bias(c, "attention_bias"), head_norm)
 
     def layer(self, cross: bool = False) -> Layer:
         c = self.card
-        mlp_bias = c["bias"] if c["mlp_bias"] is None else c["mlp_bias"]
-        ffn = self.ffn_class(c["d_model"], c["d_ff"], c["dropout"], mlp_bias)
+        ffn = self.ffn_class(c["d_model"], c["d_ff"], c["dropout"], effective_bias(c, "mlp_bias"))
         return Layer(
             self_attention=self.attention(),
             feed_forward=ffn,

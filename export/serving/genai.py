@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
 from export.serving.genai_tokenizer import write_genai_tokenizer
 from registry.errors import ZooError
+from registry.schema import effective_bias
 from registry.sizes import attention_sizes
 
 GENAI_CONFIG = "genai_config.json"
@@ -87,12 +88,12 @@ def model_type(card: Any) -> str:
     its generic decoder. The names are given in the config either way."""
     llama = (card["norm"] == "rmsnorm" and card["activation"] == "swiglu"
              and card["position"] == "rotary" and not card["bias"] and not card["output_bias"]
-             and not card["mlp_bias"])
+             and not effective_bias(card, "mlp_bias"))
     if not llama:
         return MODEL_TYPE
     if card["qk_norm"]:
         return "qwen3"
-    return "qwen2" if card["attention_bias"] else "llama"
+    return "qwen2" if effective_bias(card, "attention_bias") else "llama"
 
 
 def genai_config(card: Any, file: str, graph: onnx.ModelProto,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from registry.catalog import Card, open_catalog
-from registry.errors import ZooError
+from registry.errors import ZooError, needs_package
 from registry.paths import display_path
 from registry.schema import validate
 from zoo.build import build_model
@@ -56,13 +56,9 @@ class GGUFError(ZooError):
 
 
 def _reader(path: Path) -> Any:
+    gguf = needs_package("gguf", display_path(path))
     try:
-        from gguf import GGUFReader
-    except ImportError as exc:
-        raise GGUFError(f"{display_path(path)}: reading GGUF needs the gguf package "
-                        "(pip install gguf)") from exc
-    try:
-        return GGUFReader(str(path))
+        return gguf.GGUFReader(str(path))
     except (OSError, ValueError, KeyError) as exc:
         raise GGUFError(f"{display_path(path)}: not a readable GGUF file: {exc}") from exc
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from registry.errors import ZooError
+from registry.errors import ZooError, needs_package
 from registry.paths import display_path
 
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
@@ -23,11 +23,7 @@ SPECIAL = ("</s>", "<unk>", "<pad>")
 
 
 def processor(path: Path) -> Any:
-    try:
-        import sentencepiece
-    except ImportError as exc:
-        raise ZooError(f"{display_path(path)}: reading it needs the sentencepiece package "
-                       "(pip install sentencepiece)") from exc
+    sentencepiece = needs_package("sentencepiece", display_path(path))
     try:
         return sentencepiece.SentencePieceProcessor(model_file=str(path))
     except (OSError, RuntimeError) as exc:

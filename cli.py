@@ -156,8 +156,7 @@ def list_cards(pattern: str, registries: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("name")
-@click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
-              help="Override a card field (repeatable), as for build and export.")
+@sets_option
 @registry_option
 def show(name: str, sets: tuple[str, ...], registries: tuple[str, ...]) -> None:
     """Show card NAME resolved, where each field came from, and its parameter count."""
@@ -344,8 +343,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
 @main.command()
 @click.argument("folder", type=click.Path())
 @provider_option
-@click.option("--atol", default=1e-4, show_default=True, help="Absolute tolerance.")
-@click.option("--rtol", default=1e-3, show_default=True, help="Relative tolerance.")
+@tolerance_options
 def parity(folder: str, provider: str, atol: float, rtol: float) -> None:
     """Check an exported FOLDER: PyTorch against ONNX Runtime on the shape grid (a quantized
     export: the agreement check against fp32 PyTorch instead)."""

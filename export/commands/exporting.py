@@ -9,6 +9,7 @@ from typing import Any
 
 from export.api import export_model
 from export.checks.verify import verify
+from export.commands import wrote
 from export.opening import open_export
 from export.options import ExportOptions
 from export.serving.triton import TritonOptions, write_repository
@@ -28,8 +29,7 @@ def export_command(source: str, out: Path, options: ExportOptions, seed: int = 0
         refuse_existing(triton, options.force)
         check_writable(triton)
     report = export_model(source, out, options, seed, overrides, registries, progress)
-    files = ", ".join(sorted(p.name for p in out.iterdir()))
-    lines = [report.table(), f"wrote {out}/ ({files})"]
+    lines = [report.table(), wrote(out)]
     if triton is not None:
         kind = "gpu" if options.provider == "cuda" else "cpu"
         lines += triton_command(out, triton, TritonOptions(kind=kind), options.force)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from export.commands import wrote
 from registry.catalog import open_catalog
 from zoo.build import build_model
 from zoo.files.atomic import refuse_existing
@@ -48,8 +49,7 @@ def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
     if record["ignored"] or record["tied"]:
         lines.append(f"left out {len(record['ignored']) + len(record['tied'])} tensors "
                      "(buffers, tied copies, heads the zoo lacks; listed in source.json)")
-    files = ", ".join(sorted(p.name for p in out.iterdir()))
-    return lines + [f"wrote {out}/ ({files})"]
+    return lines + [wrote(out)]
 
 
 def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:
@@ -59,8 +59,7 @@ def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:
                      "beside it, so the folder takes token ids")
     else:
         lines.append(f"tokenizer.json from {record['tokenizer']}")
-    files = ", ".join(sorted(p.name for p in out.iterdir()))
-    return lines + [f"wrote {out}/ ({files})"]
+    return lines + [wrote(out)]
 
 
 def train_command(source: str, options: TrainOptions, registries: Sequence[str] = (),

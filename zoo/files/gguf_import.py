@@ -17,15 +17,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from registry.catalog import Card, open_catalog
+from registry.catalog import open_catalog
 from registry.errors import ZooError, needs_package
 from registry.paths import display_path
-from registry.schema import validate
+from registry.sizes import attention_sizes
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
+from zoo.files.importers import (
+    RECORD,
+    check_tokenizer_file,
+    check_tokenizer_fits,
+    make_card,
+    source_file,
+)
 from zoo.files.tokenizer import HF_TOKENIZER
+from zoo.files.weights import save_built
 
 ARCHITECTURES = {"llama": "llama-tiny"}  # general.architecture -> the card it extends
 CARD_KEYS = {  # card field: the architecture's GGUF key (llama.<key>)
@@ -48,7 +57,6 @@ LAYER_TENSORS = {  # llama.cpp's name in block i -> the zoo's in layer i
 }
 MODEL_TENSORS = {"token_embd.weight": "embeddings.token.weight",
                  "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
-RECORD = "source.json"
 
 
 class GGUFError(ZooError):
@@ -115,7 +123,8 @@ def _array(tensor: Any) -> np.ndarray:
 def zoo_tensors(reader: Any, card: Any, where: str) -> dict[str, torch.Tensor]:
     """The file's tensors under the zoo's names, query and key rows back in Hugging Face's
     order; a name the zoo has no place for is refused."""
-    heads, kv_heads = card["n_heads"], card["n_kv_heads"] or card["n_heads"]
+    sizes = attention_sizes(card)
+    heads, kv_heads = sizes.heads, sizes.kv_heads
     found = {}
     for tensor in reader.tensors:
         name = tensor.name
@@ -147,8 +156,7 @@ def import_gguf(path: Path, out: Path, force: bool = False) -> dict[str, Any]:
     names = {tensor.name for tensor in reader.tensors}
     fields.update(vocab_size=_vocab_size(reader, where), dropout=0.0,
                   tie_embeddings="output.weight" not in names)
-    card_data = validate({**parent.fields, **fields}, where)
-    card = Card(out.name, path, card_data, {key: where for key in card_data})
+    card, _ = make_card(parent, out.name, fields, {key: where for key in fields}, where)
     model = build_model(card, seed=None)
     tensors = zoo_tensors(reader, card, where)
     expected = model.state_dict()
@@ -184,8 +192,6 @@ def byte_level_bpe(reader: Any) -> str | None:
     fields = reader.fields
     if "tokenizer.ggml.model" not in fields or fields["tokenizer.ggml.model"].contents() != "gpt2":
         return None
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     tokens = fields["tokenizer.ggml.tokens"].contents()
     merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"].contents()]
     tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
@@ -204,8 +210,6 @@ CONTROL = 3  # llama.cpp's token type of a special (control) token
 def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, str | None]:
     """(tokenizer.json's bytes, where they came from): a tokenizer.json beside the file
     (checked, as from a folder) first, else the file's own byte-level BPE, else none."""
-    from zoo.files.importers import check_tokenizer_file, source_file
-
     beside = source_file(path.parent, HF_TOKENIZER)
     if beside.is_file():
         check_tokenizer_file(beside)
@@ -215,18 +219,13 @@ def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, 
         if converted is None:
             return None, None
         content, origin = converted.encode(), f"{display_path(path)} (its byte-level BPE)"
-    from tokenizers import Tokenizer as Backend
-
-    size = Backend.from_str(content.decode()).get_vocab_size(with_added_tokens=True)
-    if size > vocab_size:
-        raise GGUFError(f"{origin}: {size} tokens, but the model has {vocab_size}")
+    size = Tokenizer.from_str(content.decode()).get_vocab_size(with_added_tokens=True)
+    check_tokenizer_fits(size, vocab_size, origin)
     return content, origin
 
 
 def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
           reader: Any) -> dict[str, Any]:
-    from zoo.files.weights import save_built
-
     tokenizer, origin = _tokenizer(path, reader, card["vocab_size"])
     record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
               "architecture": card["description"], "extends": ARCHITECTURES["llama"],

@@ -355,14 +355,17 @@ def read_tokenizer(folder: Path) -> HuggingFaceTokenizer | None:
     return HuggingFaceTokenizer(path) if path.is_file() else None
 
 
-def _check_tokenizer(tokenizer: HuggingFaceTokenizer | None, folder: Path, card: Card) -> None:
+def check_tokenizer_fits(size: int, vocab_size: int, where: str) -> None:
     """A tokenizer whose ids run past the embedding table would index out of range."""
-    if tokenizer is None:
-        return
-    size = tokenizer.backend.get_vocab_size(with_added_tokens=True)
-    if size > card["vocab_size"]:
-        raise CheckpointError(f"{display_path(folder / HF_TOKENIZER)}: {size} tokens, but the "
-                              f"model's vocab_size is {card['vocab_size']}")
+    if size > vocab_size:
+        raise CheckpointError(f"{where}: {size} tokens, but the model's vocab_size is "
+                              f"{vocab_size}")
+
+
+def _check_tokenizer(tokenizer: HuggingFaceTokenizer | None, folder: Path, card: Card) -> None:
+    if tokenizer is not None:
+        check_tokenizer_fits(tokenizer.backend.get_vocab_size(with_added_tokens=True),
+                             card["vocab_size"], display_path(folder / HF_TOKENIZER))
 
 
 def layout_tokenizer_files(layout: LayoutMap, folder: Path) -> list[str]:

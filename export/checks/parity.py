@@ -1,6 +1,10 @@
 """Parity: PyTorch against ONNX Runtime on the family's grid of shapes that differ from the
-traced ones (checks/cases.py). An element passes when |ort - torch| <= atol + rtol * |torch|
-(numpy's allclose). Families that generate must also give identical greedy tokens.
+traced ones (checks/cases.py). An element passes when
+|ort - torch| <= atol * scale + rtol * |torch|, where scale is the output's largest |torch| in
+that case, at least 1: float32's rounding grows with the magnitudes a graph adds up, so a real
+model's logits near 30 differ by 3e-4 where a tiny one's near 1 differ by 1e-6 (SmolLM2-135M,
+measured), and an element near zero inside a large output is held to the output's scale, not
+its own. Families that generate must also give identical greedy tokens.
 """
 
 from __future__ import annotations
@@ -68,9 +72,11 @@ def compare(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float
     difference = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
     if difference.size == 0:
         return 0.0, 0.0, True
+    magnitude = np.abs(expected.astype(np.float64))
+    scale = max(1.0, float(magnitude.max()))
     # Relative to |expected| + atol, so that elements near zero do not dominate the figure.
-    relative = difference / (np.abs(expected) + atol)
-    passed = bool(np.all(difference <= atol + rtol * np.abs(expected)))
+    relative = difference / (magnitude + atol)
+    passed = bool(np.all(difference <= atol * scale + rtol * magnitude))
     return float(difference.max()), float(relative.max()), passed
 
 

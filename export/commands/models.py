@@ -53,7 +53,8 @@ def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
 
 
 def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:
-    lines = [f"imported {record['architecture']} as {record['extends']} (dequantized to float32)"]
+    lines = [f"imported {record['architecture']} as card {out.name} (over {record['extends']}'s "
+             "fields; dequantized to float32)"]
     if record["tokenizer"] is None:
         lines.append("no tokenizer: the file's is not byte-level BPE and no tokenizer.json lies "
                      "beside it, so the folder takes token ids")

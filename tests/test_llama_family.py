@@ -165,3 +165,45 @@ def test_the_parity_grid_of_a_long_context_card_stays_within_memory() -> None:
 
     assert longest(card("smollm2-135m")) == LONGEST == 1024
     assert longest(card("gpt2-small")) == 1024 and longest(card("llama-tiny")) == 128
+
+
+@on_shared("llama-tiny")
+def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
+        shared_export: SharedExport, tmp_path) -> None:  # noqa: ANN001
+    """--optimize's model_kv.onnx hands rotary to GroupQueryAttention (do_rotary, with cos and
+    sin tables of the card's max_positions rows and head_dim / 2 columns: no half-rotation
+    left in the graph), and every RMSNorm becomes one SimplifiedLayerNormalization (or its Skip
+    form) when ONNX Runtime loads the graph. Its tokens are the PyTorch model's: the export's
+    own check, and here PyTorch's greedy tokens through the shared-cache loop."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from export.opening import open_export, open_model
+    from export.runtime.generate import generate
+    from registry.sizes import attention_sizes
+    from zoo.files.weights import load_built
+
+    folder = shared_export("llama-tiny", "optimize")[0]
+    graph = onnx.load(str(folder / "model_kv.onnx"), load_external_data=False)
+    attentions = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    tiny = card("llama-tiny")
+    assert len(attentions) == tiny["n_layers"]
+    head_dim = attention_sizes(tiny).head_dim
+    shapes = {i.name: list(i.dims) for i in graph.graph.initializer}
+    for node in attentions:
+        assert {a.name: a.i for a in node.attribute}["do_rotary"] == 1
+        assert shapes.get(node.input[7]) == [tiny["max_positions"], head_dim // 2]
+    assert not any(n.op_type == "Neg" for n in graph.graph.node)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "loaded.onnx")
+    ort.InferenceSession(str(folder / "model_kv.onnx"), options,
+                         providers=["CPUExecutionProvider"])
+    loaded = [n.op_type for n in onnx.load(str(tmp_path / "loaded.onnx"),
+                                           load_external_data=False).graph.node]
+    norms = sum(op.endswith("SimplifiedLayerNormalization") for op in loaded)
+    assert norms == 2 * tiny["n_layers"] + 1 and "Sqrt" not in loaded
+    ids = np.array([[40, 41, 42, 43, 44], [0, 0, 7, 8, 9]])
+    mask = (np.arange(5) >= np.array([[0], [2]])).astype(np.int64)
+    torch_tokens = generate(open_model(*load_built(folder)), ids, mask, 8)
+    assert np.array_equal(generate(open_export(folder), ids, mask, 8), torch_tokens)

@@ -74,7 +74,7 @@ class DecoderFamily(Family):
         progress(f"exporting {KV_FILE} (key/value cache updated in place)...")
         graph, args, shapes = kv_trace(model, card)
         names = kv_names(card["n_layers"])
-        with shared_cache_attention(model):
+        with shared_cache_attention(model, card):
             proto = export_graph(graph, args, shapes, names, opset, KV_FILE_PATH)
         strip_debug(proto)
         set_metadata(proto, metadata)

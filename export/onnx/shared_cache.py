@@ -50,8 +50,21 @@ def kv_names(n_layers: int) -> tuple[list[str], list[str]]:
 class GroupQueryAttentionCore:
     """An attention core (zoo.blocks.attention.AttentionCore) that runs GroupQueryAttention on
     the module's own projections (its query and key/value heads, default scale 1/sqrt(head_dim),
-    causal within the new tokens). Its `mask` is (seqlens_k, total_sequence_length), passed
-    through unchanged by the layer; its `past` and present are the in-place buffers."""
+    causal within the new tokens). Its `mask` is (seqlens_k, total_sequence_length,
+    position_ids), passed through unchanged by the layer; its `past` and present are the
+    in-place buffers.
+
+    With `tables` (cos and sin of every position's angles, (max_positions, head_dim / 2)) the
+    kernel rotates queries and keys itself (do_rotary): about twenty nodes a layer fewer (the
+    split into heads, the half-rotation and the merge). ONNX Runtime 1.31's CPU kernel ignores
+    its position_ids input (measured) and rotates at the positions seqlens_k implies: 0.. for a
+    first prompt, the row's length after it. Those are exactly the positions the shared-cache
+    loop feeds (rows compacted to the buffer's start) and GenAI's loop feeds (right-padded, from
+    0); position_ids is passed for a kernel that reads it. The export's check of this loop
+    against the plain one proves it on a left-padded batch."""
+
+    def __init__(self, tables: Rotary | None = None) -> None:
+        self.tables = tables
 
     def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
                  mask: tuple[torch.Tensor, torch.Tensor], past: KeyValue,
@@ -61,15 +74,19 @@ class GroupQueryAttentionCore:
         if a.query_norm is not None and a.key_norm is not None:  # qk-norm: before rotary
             query = _per_head(a, query, a.n_heads, a.query_norm)
             key = _per_head(a, key, a.kv_heads, a.key_norm)
-        if rotary is not None:
+        seqlens_k, total, position_ids = mask
+        inputs = [query, key, value, past[0], past[1], seqlens_k, total]
+        attributes: dict[str, int] = {"num_heads": a.n_heads, "kv_num_heads": a.kv_heads}
+        if rotary is not None and self.tables is not None:
+            inputs += [*self.tables, position_ids]
+            attributes["do_rotary"] = 1
+        elif rotary is not None:
             rotate = lambda heads: apply_rotary(heads, rotary)  # noqa: E731
             query = _per_head(a, query, a.n_heads, rotate)
-            key = _per_head(a, key, a.kv_heads, rotate)
-        seqlens_k, total = mask
+            inputs[1] = _per_head(a, key, a.kv_heads, rotate)
+            inputs[0] = query
         output, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
-            "com.microsoft::GroupQueryAttention",
-            (query, key, value, past[0], past[1], seqlens_k, total),
-            {"num_heads": a.n_heads, "kv_num_heads": a.kv_heads},
+            "com.microsoft::GroupQueryAttention", tuple(inputs), attributes,
             dtypes=(query.dtype, query.dtype, query.dtype),
             shapes=(query.shape, past[0].shape, past[1].shape),
             version=1,
@@ -98,7 +115,7 @@ class SharedCacheDecoderGraph(nn.Module):
         m = self.model
         x = m.embeddings(input_ids, position_ids)
         rotary = m.embeddings.position.rotary(position_ids)
-        lengths = (seqlens_k, total_sequence_length)
+        lengths = (seqlens_k, total_sequence_length, position_ids)
         presents = []
         for layer, cache in zip(m.layers, pair_up(past), strict=True):
             x, present = layer(x, lengths, past=cache, rotary=rotary)
@@ -112,10 +129,20 @@ class SharedCacheDecoderGraph(nn.Module):
         return (m.head(x, m.embeddings.token.weight)[:, 0], *flatten(presents))
 
 
-def shared_cache_attention(model: nn.Module) -> contextlib.AbstractContextManager:
+def shared_cache_attention(model: nn.Module, card: Card) -> contextlib.AbstractContextManager:
     """Every decoder layer's self-attention on GroupQueryAttention, for the export only."""
     return attention_core((layer.self_attention for layer in model.layers),
-                          GroupQueryAttentionCore())
+                          GroupQueryAttentionCore(rotary_tables(model, card)))
+
+
+def rotary_tables(model: nn.Module, card: Card) -> Rotary | None:
+    """(cos, sin) of every position's rotary angles, as GroupQueryAttention's cos_cache and
+    sin_cache, for a card with rotary positions (its frequencies as scaled); else None."""
+    inv_freq = getattr(model.embeddings.position, "inv_freq", None)
+    if inv_freq is None:
+        return None
+    angles = torch.arange(card["max_positions"], dtype=torch.float32)[:, None] * inv_freq
+    return angles.cos(), angles.sin()
 
 
 def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:

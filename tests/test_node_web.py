@@ -402,6 +402,24 @@ def test_page_generates_the_same_tokens_as_python(server: str, exported: Lazy,
     assert "ms per token" in shown["status"]
 
 
+@on_shared("llama-tiny")
+def test_page_generates_a_grouped_query_exports_tokens(browser_ready: None, exported: Lazy,
+                                                       tmp_path: Path) -> None:
+    """llama-tiny (rotary, RMSNorm, SwiGLU; a cache of 2 key/value heads for 4 query heads,
+    sized from the manifest): the page's greedy tokens are Python's."""
+    root = tmp_path / "web-root"
+    root.mkdir()
+    (root / "web").symlink_to(WEB_DIR)
+    (root / "llama").symlink_to(exported["llama-tiny"])
+    ids = PROMPTS[0]
+    with serving(root) as url:
+        shown = open_page(url, tmp_path, "llama", ids, 32)
+    assert shown["state"] == "done", shown["error"]
+    runtime, torch_engine = engines(exported["llama-tiny"])
+    assert shown["tokens"] == python_tokens(runtime, ids, 32)
+    assert shown["tokens"] == python_tokens(torch_engine, ids, 32)
+
+
 def test_page_shows_the_text_zoo_run_prints(server: str, with_text: Lazy,
                                             tmp_path: Path) -> None:
     """Text typed on the page gives, greedily, the text `zoo run --text` prints, with the

@@ -178,6 +178,20 @@ def classifier_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        CLASSIFIER_SEED)
 
 
+# Fresh exports loaded by the Hugging Face clients (tests/hf_exports.py): the tests of
+# tests/test_transformers_js.py and tests/test_optimum.py run in one worker and share them.
+ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
+
+
+@pytest.fixture(scope="session")
+def hf_client_exports(tmp_path_factory: pytest.TempPathFactory) -> Lazy:
+    """{key of tests/hf_exports.py's MODELS: its fresh export}, each made on first use."""
+    from tests.hf_exports import MODELS, fresh_export
+
+    root = tmp_path_factory.mktemp("hf-exports")
+    return Lazy(MODELS, lambda key: fresh_export(root, key))
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> dict[tuple, onnx.ModelProto]:
     """This worker's traced graphs, for traces_reused."""

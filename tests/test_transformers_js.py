@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 
 from export.api import GenerateOptions, load
-from tests.hf_exports import MODELS, TEXTS, fresh_export
+from tests.conftest import ON_HF_CLIENTS, Lazy
+from tests.hf_exports import TEXTS
 from tests.test_node_web import require, run_node
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "transformers-js" / "run.mjs"
 STEPS = 24
-pytestmark = pytest.mark.xdist_group("hf-clients")  # one worker makes the exports once
+pytestmark = ON_HF_CLIENTS  # one worker makes the exports once
 
 
 def transformers_js_problem() -> str | None:
@@ -37,10 +38,9 @@ def transformers_js_problem() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def exports(hf_client_exports: Lazy) -> Lazy:
     require(transformers_js_problem())
-    root = tmp_path_factory.mktemp("hf-exports")
-    return {key: fresh_export(root, key) for key in MODELS}
+    return hf_client_exports
 
 
 def transformers_js(folder: Path, task: str, *args: str) -> dict:
@@ -56,7 +56,7 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
 
 
 @pytest.mark.parametrize("key", ["gpt", "llama"])
-def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, exports: dict[str, Path]
+def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, exports: Lazy
                                                       ) -> None:
     exported = load(exports[key])
     for text in TEXTS:
@@ -69,7 +69,7 @@ def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, exports: dict[st
         assert got["tokens"][len(prompt):] == expected, text
 
 
-def test_feature_extraction_gives_the_sentence_embedding(exports: dict[str, Path]) -> None:
+def test_feature_extraction_gives_the_sentence_embedding(exports: Lazy) -> None:
     expected = load(exports["embedder"]).embed(TEXTS)
     got = np.array(transformers_js(exports["embedder"], "feature-extraction", "--pooling",
                                    "mean", "--normalize", *sum((["--text", t] for t in TEXTS),
@@ -79,7 +79,7 @@ def test_feature_extraction_gives_the_sentence_embedding(exports: dict[str, Path
 
 
 @pytest.mark.parametrize("key", ["classifier", "pooler-classifier"])
-def test_text_classification_gives_zoo_runs_labels(key: str, exports: dict[str, Path]) -> None:
+def test_text_classification_gives_zoo_runs_labels(key: str, exports: Lazy) -> None:
     expected = load(exports[key]).classify(TEXTS)
     got = transformers_js(exports[key], "text-classification")
     assert got["labels"] == [next(iter(row)) for row in expected]

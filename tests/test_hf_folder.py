@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import onnx
 import pytest
 from click.testing import CliRunner
 
@@ -16,6 +17,8 @@ from cli import main as zoo
 from export.onnx.contract import MANIFEST
 from registry.sizes import attention_sizes
 from tests.conftest import ON_HF_CLIENTS, Lazy, card
+from tests.contract_doc import documented_axes
+from tests.hf_exports import MODELS
 from zoo.files.hf_config import hf_config
 
 CARDS = {  # card: (overrides, the transformers class config.json must name, or None)
@@ -101,3 +104,20 @@ def test_the_manifest_covers_every_file_of_the_folder(hf_client_exports: Lazy,
     result = CliRunner().invoke(zoo, ["parity", str(changed)])
     assert result.exit_code != 0
     assert "1_Pooling/config.json: sha256 does not match" in result.output
+
+
+@ON_HF_CLIENTS
+@pytest.mark.parametrize("key", ["gpt", "llama", "embedder"])
+def test_the_graph_axes_carry_the_documented_names(hf_client_exports: Lazy, key: str) -> None:
+    """transformers.js makes the empty past from these shapes, filling in only `batch_size`."""
+    axes = documented_axes()
+    graph = onnx.load(str(hf_client_exports[key] / "onnx" / "model.onnx")).graph
+    dims = {value.name: [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            for value in graph.input}
+    assert dims["input_ids"] == [axes["B"], axes["T"]]
+    past = [shape for name, shape in dims.items() if name.startswith("past_key_values.")]
+    assert len(past) == (2 * card(MODELS[key][0])["n_layers"] if key != "embedder" else 0)
+    for shape in past:
+        assert shape[0] == axes["B"] and shape[2] == axes["P"]
+    if key != "embedder":
+        assert dims["attention_mask"] == [axes["B"], axes["P + T"]]

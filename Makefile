@@ -96,7 +96,7 @@ demo-reverse: $(STAMP)
 # so `make test` runs those tests; without npm they skip and say why.
 node-deps:
 	@if command -v npm >/dev/null 2>&1; then \
-		for dir in examples/node examples/web; do \
+		for dir in examples/node examples/web examples/transformers-js; do \
 			test $$dir/node_modules/.zoo-installed -nt $$dir/package-lock.json || { \
 				(cd $$dir && npm ci --ignore-scripts --no-audit --no-fund) && \
 				touch $$dir/node_modules/.zoo-installed; } || exit 1; \

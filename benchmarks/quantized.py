@@ -87,7 +87,7 @@ def make_models(work: Path, train: Path, steps: int) -> dict[str, Path]:
 def onnx_bytes(folder: Path) -> dict[str, int]:
     """The external weights file (shared by the graphs) and the graphs themselves (the
     --optimize export has three: model, model_kv, model_genai)."""
-    files = list(folder.iterdir())
+    files = [p for p in folder.rglob("*") if p.is_file()]  # the graphs are under onnx/
     return {"weights_bytes": sum(p.stat().st_size for p in files if p.name.endswith(".data")),
             "graph_bytes": sum(p.stat().st_size for p in files if p.name.endswith(".onnx"))}
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-CACHE_AXES = ("batch", "kv_heads", "past_sequence", "head_dim")  # one key or value tensor
-CROSS_CACHE_AXES = ("batch", "kv_heads", "encoder_sequence", "head_dim")
+# One key or value tensor; the names are the graphs' own (Optimum's).
+CACHE_AXES = ("batch_size", "kv_heads", "past_sequence_length", "head_dim")
+CROSS_CACHE_AXES = ("batch_size", "kv_heads", "encoder_sequence_length", "head_dim")
 
 
 @dataclass(frozen=True)

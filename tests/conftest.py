@@ -190,6 +190,20 @@ def classifier_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        CLASSIFIER_SEED)
 
 
+# Fresh exports loaded by the Hugging Face clients (tests/hf_exports.py): the tests of
+# tests/test_transformers_js.py and tests/test_optimum.py run in one worker and share them.
+ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
+
+
+@pytest.fixture(scope="session")
+def hf_client_exports(tmp_path_factory: pytest.TempPathFactory) -> Lazy:
+    """{key of tests/hf_exports.py's MODELS: its fresh export}, each made on first use."""
+    from tests.hf_exports import MODELS, fresh_export
+
+    root = tmp_path_factory.mktemp("hf-exports")
+    return Lazy(MODELS, lambda key: fresh_export(root, key))
+
+
 @pytest.fixture(scope="session")
 def shared_traces() -> dict[tuple, onnx.ModelProto]:
     """This worker's traced graphs, for traces_reused."""
@@ -339,17 +353,22 @@ def tensor_payload_bytes(tensor: onnx.TensorProto) -> int:
 
 
 def _onnx_tensors(folder: Path) -> Iterator[tuple[str, onnx.TensorProto]]:
-    """(file, tensor) for every initializer and Constant value of every .onnx in `folder`."""
-    for path in sorted(folder.glob("*.onnx")):
+    """(file, tensor) for every initializer and Constant value of every .onnx in `folder`
+    (and its onnx/), the file as a path inside `folder`."""
+    for path in sorted(folder.rglob("*.onnx")):
         model = onnx.load(str(path), load_external_data=False)
-        yield from ((path.name, tensor) for tensor in model.graph.initializer)
-        yield from ((path.name, a.t) for node in model.graph.node for a in node.attribute
+        file = path.relative_to(folder).as_posix()
+        yield from ((file, tensor) for tensor in model.graph.initializer)
+        yield from ((file, a.t) for node in model.graph.node for a in node.attribute
                     if a.type == onnx.AttributeProto.TENSOR)
 
 
-def _external_range(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+def _external_range(file: str, tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    """(the data file as a path inside the export, offset, length): a location is relative to
+    the graph that names it."""
     info = {entry.key: entry.value for entry in tensor.external_data}
-    return info["location"], int(info.get("offset", 0)), int(info["length"])
+    location = (Path(file).parent / info["location"]).as_posix()
+    return location, int(info.get("offset", 0)), int(info["length"])
 
 
 def stored_tensor_bytes(folder: Path) -> int:
@@ -357,9 +376,9 @@ def stored_tensor_bytes(folder: Path) -> int:
     values in each .onnx, plus each distinct range of the external data files (without the
     alignment padding between them)."""
     inline, ranges = 0, set()
-    for _, tensor in _onnx_tensors(folder):
+    for file, tensor in _onnx_tensors(folder):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            ranges.add(_external_range(tensor))
+            ranges.add(_external_range(file, tensor))
         else:
             inline += tensor_payload_bytes(tensor)
     return inline + sum(length for _, _, length in ranges)
@@ -378,9 +397,9 @@ def weight_copies(folder: Path) -> dict[str, tuple[int, int]]:
 
     stored: Counter[str] = Counter()
     ranges: set[tuple[str, int, int]] = set()
-    for _, tensor in _onnx_tensors(folder):
+    for file, tensor in _onnx_tensors(folder):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            where = _external_range(tensor)
+            where = _external_range(file, tensor)
             if where not in ranges:
                 ranges.add(where)
                 with (folder / where[0]).open("rb") as data:

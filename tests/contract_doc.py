@@ -97,3 +97,12 @@ def documented_contract(card: Any, attentions: bool = False
             outputs += _attention_outputs(text, family, file, card["n_layers"])
         contract[file] = (inputs, outputs)
     return contract
+
+
+def documented_axes() -> dict[str, str]:
+    """{symbol: the dynamic axis name}, from section 2's sentence "Dynamic axes carry these
+    names in the ONNX files (Optimum's): `batch_size` (B), ..."."""
+    text = DOC.read_text(encoding="utf-8")
+    sentence = text.split("Dynamic axes carry these names", 1)[1].split("Everything else", 1)[0]
+    return {symbol.split(":")[0]: name
+            for name, symbol in re.findall(r"`([\w +]+)` \(([^)]+)\)", sentence)}

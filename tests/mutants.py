@@ -172,6 +172,20 @@ MUTANTS = [
     Mutant("beam-finished-flags-not-reordered", "export/runtime/sampling.py",
            "finished = finished[rows] |", "finished = finished |",
            ("tests/test_pinned_outputs.py::test_beam_search_is_the_textbook_beam_search",)),
+    Mutant("cache-batch-axis-not-batch-size", "export/onnx/trace.py",
+           "dims = {name: Dim(name) for name in TRACE_SIZES}",
+           'dims = {name: Dim(name.replace("batch_size", "batch")) for name in TRACE_SIZES}',
+           ("tests/test_hf_folder.py::test_the_graph_axes_carry_the_documented_names",)),
+    Mutant("hf-config-claimed-without-round-trip", "zoo/files/hf_config.py",
+           "    if architecture(read) != architecture(card):\n        return False\n", "",
+           ("tests/test_hf_folder.py::test_a_card_no_transformers_layout_computes_gets_no_config",)),
+    Mutant("hf-config-labels-reversed", "zoo/files/hf_config.py",
+           "enumerate(labels)}\n        config[\"label2id\"]",
+           "enumerate(labels[::-1])}\n        config[\"label2id\"]",
+           ("tests/test_hf_folder.py::test_a_classifier_config_names_its_labels_and_only_a_class_that_computes_it",)),
+    Mutant("manifest-misses-nested-files", "export/onnx/manifest.py",
+           'for p in folder.rglob("*")', 'for p in folder.glob("*")',
+           ("tests/test_hf_folder.py::test_the_manifest_covers_every_file_of_the_folder",)),
 ]
 
 

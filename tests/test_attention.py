@@ -137,7 +137,7 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
             feeds = prompt_feeds(tiny, ids)
         elif tiny["type_vocab_size"]:
             feeds["token_type_ids"] = np.zeros_like(source)
-        outputs, group = runtime.run("model.onnx", feeds), "attentions"
+        outputs, group = runtime.run("onnx/model.onnx", feeds), "attentions"
     assert drawn["attention"] == group
     for panel in drawn["panels"]:
         expected = outputs[f"{group}.{panel['layer']}"][0, panel["head"]]
@@ -156,7 +156,7 @@ def test_the_pictures_hold_the_maps_in_grid_order(attention_exports: dict,
     ids = looked.group.queries
     assert ids[:4] == [5, 9, 17, 33] and len(ids) == 6  # the prompt and 2 generated tokens
     heads = tiny["n_heads"]
-    outputs = open_export(folder).run("model.onnx", prompt_feeds(tiny, ids))
+    outputs = open_export(folder).run("onnx/model.onnx", prompt_feeds(tiny, ids))
     for index, image in enumerate(drawn.images):
         layer, head = divmod(index, heads)
         np.testing.assert_allclose(image, outputs[f"attentions.{layer}"][0, head], atol=1e-6)

@@ -80,7 +80,7 @@ def grid_outputs(fields: dict) -> set[str]:
     """The parity rows a full grid has: every output of every file, all layers' cache as one."""
     labels = set()
     for file, (_, outputs) in documented_contract(fields).items():
-        prefix = "" if file == "model.onnx" else f"{file.removesuffix('.onnx')}:"
+        prefix = "" if file == "onnx/model.onnx" else f"{file.removesuffix('.onnx')}:"
         labels |= {prefix + ("present.*" if o.startswith("present.") else o) for o in outputs}
     return labels
 

@@ -48,16 +48,16 @@ def reference(name: str, overrides: dict, seed: int) -> tuple[np.ndarray, np.nda
 
 
 def test_export_declares_the_optimum_names(classifier_export: Path) -> None:
-    graph = read_manifest(classifier_export)["graphs"]["model.onnx"]
+    graph = read_manifest(classifier_export)["graphs"]["onnx/model.onnx"]
     assert graph["outputs"] == ["last_hidden_state", "pooler_output", "sentence_embedding",
                                 "logits"]
     import onnx
 
-    model = onnx.load(str(classifier_export / "model.onnx"))
+    model = onnx.load(str(classifier_export / "onnx/model.onnx"))
     shapes = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
               for o in model.graph.output}
-    assert shapes["sentence_embedding"] == ["batch", 64]
-    assert shapes["logits"] == ["batch", 3]
+    assert shapes["sentence_embedding"] == ["batch_size", 64]
+    assert shapes["logits"] == ["batch_size", 3]
 
 
 def test_run_json_matches_each_text_alone(classifier_export: Path) -> None:
@@ -105,7 +105,7 @@ def test_decoder_embedder_export_and_run(tmp_path: Path) -> None:
     """A GPT-style mean-pooled embedder exports without cache and matches the formula."""
     overrides = {"pooling": "mean", "normalize": True}
     folder = export_card(tmp_path, "gpt-tiny", overrides, seed=2)
-    graph = read_manifest(folder)["graphs"]["model.onnx"]
+    graph = read_manifest(folder)["graphs"]["onnx/model.onnx"]
     assert graph == {"inputs": ["input_ids", "attention_mask"],
                      "outputs": ["last_hidden_state", "sentence_embedding"]}
     data = json.loads(zoo("run", str(folder), "--json",

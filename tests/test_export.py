@@ -102,8 +102,9 @@ def test_the_manifest_records_the_cache_shape_the_graphs_take(name: str, exporte
     manifest = json.loads((exported[name] / MANIFEST).read_text())
     heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
     kv_heads = tiny["n_kv_heads"] or heads  # grouped-query attention: the cache's heads
+    shape = ["batch_size", kv_heads, "past_sequence_length", head_dim]
     assert manifest["cache"] == {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-                                 "shape": ["batch", kv_heads, "past_sequence", head_dim]}
+                                 "shape": shape}
     for file in manifest["graphs"]:
         graph = onnx.load(str(exported[name] / file), load_external_data=False).graph
         for value in graph.input:
@@ -183,7 +184,7 @@ def sequence_log_prob(engine: TorchEngine, prompt: np.ndarray, tokens: np.ndarra
     ids = np.concatenate([prompt, tokens])[None]
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
              "position_ids": np.arange(ids.shape[1])[None], **empty_past_feeds(engine.card.fields)}
-    logits = engine.run("model.onnx", feeds)["logits"][0].astype(np.float64)
+    logits = engine.run("onnx/model.onnx", feeds)["logits"][0].astype(np.float64)
     log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
                                 keepdims=True)) - logits.max(-1, keepdims=True)
     positions = np.arange(len(prompt) - 1, ids.shape[1] - 1)
@@ -255,15 +256,15 @@ def test_the_parity_grid_runs_sizes_the_trace_never_saw(name: str,
     assert seen
     for (file, axis), sizes in seen.items():
         assert sizes - {TRACE_SIZES[axis]}, f"{file} {axis}: only the traced size {sizes}"
-        if axis in ("batch", "sequence"):
+        if axis in ("batch_size", "sequence_length"):
             assert 1 in sizes, f"{file} {axis}: never 1 ({sizes})"
-        if axis == "past_sequence":
+        if axis == "past_sequence_length":
             assert 0 in sizes and max(sizes) > 0, f"{file} past: {sizes}"
 
 
 def test_tampered_file_is_detected(exported: Lazy, tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
-    with (folder / "model.onnx").open("ab") as stream:
+    with (folder / "onnx/model.onnx").open("ab") as stream:
         stream.write(b"\0")
     with pytest.raises(ManifestError, match="sha256 does not match"):
         read_manifest(folder)
@@ -289,14 +290,14 @@ def test_the_tolerance_follows_the_outputs_scale() -> None:
 def test_altered_weights_fail_the_parity_check(exported: Lazy,
                                               tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
-    model = onnx.load(str(folder / "model.onnx"))
+    model = onnx.load(str(folder / "onnx/model.onnx"))
     tensor = next(t for t in model.graph.initializer if t.name.endswith("token.weight"))
     array = numpy_helper.to_array(tensor).copy()
     array[:, :3] += 0.05
     tensor.CopyFrom(numpy_helper.from_array(array, tensor.name))
-    onnx.save(model, str(folder / "model.onnx"))
+    onnx.save(model, str(folder / "onnx/model.onnx"))
     manifest = json.loads((folder / MANIFEST).read_text())  # as if exported this way
-    manifest["files"]["model.onnx"]["sha256"] = sha256(folder / "model.onnx")
+    manifest["files"]["onnx/model.onnx"]["sha256"] = sha256(folder / "onnx/model.onnx")
     (folder / MANIFEST).write_text(json.dumps(manifest))
     result = CliRunner().invoke(main, ["parity", str(folder)])
     assert result.exit_code == 2
@@ -369,10 +370,10 @@ def test_bad_input_gives_one_line_and_exit_2(args: list[str], message: str, tmp_
 def test_truncated_onnx_is_reported_in_one_line(exported: Lazy,
                                                tmp_path: Path) -> None:
     folder = copy_export(exported["gpt-tiny"], tmp_path)
-    onnx_file = folder / "model.onnx"
+    onnx_file = folder / "onnx/model.onnx"
     onnx_file.write_bytes(onnx_file.read_bytes()[: onnx_file.stat().st_size // 2])
     manifest = json.loads((folder / MANIFEST).read_text())
-    manifest["files"]["model.onnx"]["sha256"] = sha256(onnx_file)
+    manifest["files"]["onnx/model.onnx"]["sha256"] = sha256(onnx_file)
     (folder / MANIFEST).write_text(json.dumps(manifest))
     result = CliRunner().invoke(main, ["run", str(folder), "--ids", "1"])
     assert result.exit_code == 2
@@ -404,10 +405,11 @@ def test_feeds_are_validated_before_onnx_runtime(change, message: str,
     runtime = open_export(exported["gpt-tiny"])
     feeds = {"input_ids": np.array([[1, 2]]), "attention_mask": np.ones((1, 2), np.int64),
              "position_ids": np.array([[0, 1]]), **empty_past_feeds(GPT_TINY)}
-    assert runtime.run("model.onnx", dict(feeds))["logits"].shape == (1, 2, GPT_TINY["vocab_size"])
+    logits = runtime.run("onnx/model.onnx", dict(feeds))["logits"]
+    assert logits.shape == (1, 2, GPT_TINY["vocab_size"])
     change(feeds)
     with pytest.raises(OrtError) as error:
-        runtime.run("model.onnx", feeds)
+        runtime.run("onnx/model.onnx", feeds)
     assert message in str(error.value)
 
 
@@ -440,7 +442,7 @@ def test_cuda_matches_cpu_and_pytorch(name: str, exported: Lazy) -> None:
 def test_gpt2_small_export_stores_weights_once(tmp_path: Path) -> None:
     gpt2 = card("gpt2-small")
     export_and_verify(build_model(gpt2), gpt2, tmp_path / "gpt2")
-    onnx_bytes = (tmp_path / "gpt2" / "model.onnx").stat().st_size
+    onnx_bytes = (tmp_path / "gpt2" / "onnx/model.onnx").stat().st_size
     assert onnx_bytes <= 1.01 * (tmp_path / "gpt2" / WEIGHTS).stat().st_size
 
 
@@ -469,7 +471,7 @@ def test_the_documented_names_come_from_the_documents_tables(tmp_path: Path,
     import tests.contract_doc as contract_doc
 
     gpt = card("gpt-tiny")
-    inputs, outputs = contract_doc.documented_contract(gpt)["model.onnx"]
+    inputs, outputs = contract_doc.documented_contract(gpt)["onnx/model.onnx"]
     layers = range(gpt["n_layers"])
     assert inputs == ["input_ids", "attention_mask", "position_ids",
                       *(f"past_key_values.{i}.{kind}" for i in layers for kind in ("key", "value"))]
@@ -479,4 +481,4 @@ def test_the_documented_names_come_from_the_documents_tables(tmp_path: Path,
     edited.write_text(contract_doc.DOC.read_text(encoding="utf-8").replace(
         "`present.{i}.key`, `present.{i}.value`", "`present.{i}.k`, `present.{i}.v`"))
     monkeypatch.setattr(contract_doc, "DOC", edited)
-    assert contract_doc.documented_contract(gpt)["model.onnx"][1][1] == "present.0.k"
+    assert contract_doc.documented_contract(gpt)["onnx/model.onnx"][1][1] == "present.0.k"

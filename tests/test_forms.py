@@ -90,7 +90,7 @@ def test_a_default_session_runs_the_fast_forms(name: str, shared_export, tmp_pat
     the mask is built once and the scale rides in the attention MatMul; BERT's GELU runs as
     BiasGelu, GPT-2's as FastGelu; each layer's Q, K and V are one MatMul and a Split."""
     folder, _ = shared_export(name)
-    ops = _session_graph(folder / "model.onnx", tmp_path)
+    ops = _session_graph(folder / "onnx/model.onnx", tmp_path)
     layers = card(name)["n_layers"]
     assert ops["SkipLayerNormalization"] == 0
     assert ops["Sum"] >= layers

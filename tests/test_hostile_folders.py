@@ -46,7 +46,7 @@ def files_under(folder: Path) -> set[str]:
 def fake_export(folder: Path, location: str) -> Path:
     """A gpt-tiny 'export' (manifest with every sha256 right) whose model.onnx keeps one
     initializer in the external file `location`: what a hostile folder hands `zoo triton`."""
-    folder.mkdir(parents=True)
+    (folder / "onnx").mkdir(parents=True)
     weight = helper.make_tensor("w", TensorProto.FLOAT, [4], np.ones(4, np.float32).tobytes(),
                                 raw=True)
     weight.ClearField("raw_data")
@@ -57,11 +57,12 @@ def fake_export(folder: Path, location: str) -> Path:
     graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
                               [weight])
-    onnx.save(helper.make_model(graph), str(folder / "model.onnx"))
+    onnx.save(helper.make_model(graph), str(folder / "onnx/model.onnx"))
     card = open_catalog().get("gpt-tiny")
     manifest = {"format_version": FORMAT_VERSION, "name": card.name, "family": card.family,
-                "card": card.fields, "graphs": {"model.onnx": {"inputs": [], "outputs": ["y"]}},
-                "files": {"model.onnx": {"sha256": sha256(folder / "model.onnx")}}}
+                "card": card.fields,
+                "graphs": {"onnx/model.onnx": {"inputs": [], "outputs": ["y"]}},
+                "files": {"onnx/model.onnx": {"sha256": sha256(folder / "onnx/model.onnx")}}}
     (folder / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
     return folder
 
@@ -77,14 +78,14 @@ def test_triton_refuses_external_data_outside_the_export(tmp_path: Path, locatio
     export = fake_export(tmp_path / "a" / "exp", location)
     before = files_under(tmp_path)
     result = zoo("triton", str(export), "-o", str(tmp_path / "repo"))
-    assert_refused(result, "model.onnx", "external data location", repr(location), says)
+    assert_refused(result, "onnx/model.onnx", "external data location", repr(location), says)
     assert files_under(tmp_path) == before  # no repository, no file linked or made anywhere
 
 
 def test_triton_refuses_external_data_symlinked_out_of_the_export(tmp_path: Path) -> None:
     (tmp_path / "secret.bin").write_bytes(b"\0" * 16)
     export = fake_export(tmp_path / "exp", "data.bin")
-    (export / "data.bin").symlink_to(tmp_path / "secret.bin")
+    (export / "onnx" / "data.bin").symlink_to(tmp_path / "secret.bin")
     result = zoo("triton", str(export), "-o", str(tmp_path / "repo"))
     assert_refused(result, "'data.bin'", "is a symlink out of the folder")
     assert not (tmp_path / "repo").exists()
@@ -94,7 +95,7 @@ def test_triton_still_places_external_data_inside_the_export(tmp_path: Path) -> 
     """The check refuses only what leaves: a location inside is linked as before (the graph
     here is no real gpt-tiny, so the config step then refuses it, after the data was found)."""
     export = fake_export(tmp_path / "exp", "data.bin")
-    (export / "data.bin").write_bytes(b"\0" * 16)
+    (export / "onnx" / "data.bin").write_bytes(b"\0" * 16)
     result = zoo("triton", str(export), "-o", str(tmp_path / "repo"))
     assert "external data" not in result.output and "Traceback" not in result.output
 

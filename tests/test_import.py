@@ -163,7 +163,7 @@ def test_imported_gpt2_exports_with_parity(sources: dict, imported: dict,
              "position_ids": torch.arange(ids.shape[1]).expand_as(ids).numpy(),
              **{f"past_key_values.{i}.{kind}": past.numpy()
                 for i in range(card["n_layers"]) for kind in ("key", "value")}}
-    logits = open_export(tmp_path / "onnx").run("model.onnx", feeds)["logits"]
+    logits = open_export(tmp_path / "onnx").run("onnx/model.onnx", feeds)["logits"]
     with torch.no_grad():
         theirs = sources["gpt2-lm"][1](input_ids=ids).logits
     torch.testing.assert_close(torch.from_numpy(logits), theirs, atol=ATOL, rtol=1e-3)
@@ -172,7 +172,7 @@ def test_imported_gpt2_exports_with_parity(sources: dict, imported: dict,
 def test_imported_bert_exports_through_the_cli(imported: dict, tmp_path: Path) -> None:
     result = zoo("export", str(imported["bert-mlm"]), "--onnx", "-o", str(tmp_path / "onnx"))
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "onnx" / "model.onnx").is_file()
+    assert (tmp_path / "onnx" / "onnx/model.onnx").is_file()
 
 
 # --- what the card and source.json record --------------------------------------------------

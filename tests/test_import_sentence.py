@@ -96,7 +96,8 @@ def test_sentence_transformers_folder_through_onnx_runtime(tmp_path: Path) -> No
     expected = sentence_folder(tmp_path / "st", "mean", True)
     zoo("import", str(tmp_path / "st"), "-o", str(tmp_path / "zoo"))
     zoo("export", str(tmp_path / "zoo"), "--onnx", "-o", str(tmp_path / "onnx"))
-    got = open_export(tmp_path / "onnx", "cpu").run("model.onnx", feeds())["sentence_embedding"]
+    runtime = open_export(tmp_path / "onnx", "cpu")
+    got = runtime.run("onnx/model.onnx", feeds())["sentence_embedding"]
     np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
     record = json.loads((tmp_path / "zoo" / "source.json").read_text())
     assert record["sentence_transformers"]["pooling"] == "mean"
@@ -137,5 +138,5 @@ def test_sequence_classification_folder_through_pytorch_and_onnx(tmp_path: Path)
     np.testing.assert_allclose(through_torch(tmp_path / "zoo")["logits"], expected,
                                atol=TOLERANCE, rtol=0)
     zoo("export", str(tmp_path / "zoo"), "--onnx", "-o", str(tmp_path / "onnx"))
-    got = open_export(tmp_path / "onnx", "cpu").run("model.onnx", feeds())["logits"]
+    got = open_export(tmp_path / "onnx", "cpu").run("onnx/model.onnx", feeds())["logits"]
     np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)

@@ -179,13 +179,14 @@ def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
     import onnx
     import onnxruntime as ort
 
+    from export.onnx.shared_cache import KV_FILE
     from export.opening import open_export, open_model
     from export.runtime.generate import generate
     from registry.sizes import attention_sizes
     from zoo.files.weights import load_built
 
     folder = shared_export("llama-tiny", "optimize")[0]
-    graph = onnx.load(str(folder / "model_kv.onnx"), load_external_data=False)
+    graph = onnx.load(str(folder / KV_FILE), load_external_data=False)
     attentions = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
     tiny = card("llama-tiny")
     assert len(attentions) == tiny["n_layers"]
@@ -197,7 +198,7 @@ def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
     assert not any(n.op_type == "Neg" for n in graph.graph.node)
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "loaded.onnx")
-    ort.InferenceSession(str(folder / "model_kv.onnx"), options,
+    ort.InferenceSession(str(folder / KV_FILE), options,
                          providers=["CPUExecutionProvider"])
     loaded = [n.op_type for n in onnx.load(str(tmp_path / "loaded.onnx"),
                                            load_external_data=False).graph.node]

@@ -64,7 +64,7 @@ def test_node_classify_refuses_a_generator_export(tmp_path: Path) -> None:
     require(node_problem())
     manifest = {"format_version": 1, "name": "gpt-tiny", "family": "decoder",
                 "card": card("gpt-tiny").fields, "files": {},
-                "graphs": {"model.onnx": {"inputs": ["input_ids"], "outputs": ["logits"]}}}
+                "graphs": {"onnx/model.onnx": {"inputs": ["input_ids"], "outputs": ["logits"]}}}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     result = run_node(NODE_DIR / "classify.mjs", str(tmp_path), "--ids", "1,2")
     assert result.returncode == 2

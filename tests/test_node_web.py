@@ -335,7 +335,7 @@ def server(browser_ready: None, exported: Lazy, attention_export: Path,
     (root / "gpt-text").symlink_to(with_text["gpt-tiny"])
     (root / "empty").mkdir()
     broken = Path(shutil.copytree(with_text["gpt-tiny"], root / "broken"))  # all but one file
-    (broken / "model.onnx").unlink()
+    (broken / "onnx/model.onnx").unlink()
     with serving(root) as url:
         yield url
 
@@ -457,7 +457,7 @@ def test_page_draws_the_attention_python_computes(server: str, attention_export:
     layer = tiny["n_layers"] - 1
     drawn = shown["attention"]
     assert drawn["layer"] == layer and drawn["tokens"] == ids
-    outputs = open_export(attention_export).run("model.onnx", prompt_feeds(tiny, ids))
+    outputs = open_export(attention_export).run("onnx/model.onnx", prompt_feeds(tiny, ids))
     np.testing.assert_allclose(np.asarray(drawn["heads"]), outputs[f"attentions.{layer}"][0],
                                atol=1e-5)
     assert plain["attention"] is None

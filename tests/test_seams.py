@@ -52,19 +52,19 @@ def mean_pooler() -> Iterator[None]:
 def test_a_registered_head_output_exports_and_passes_parity(mean_pooler: None,
                                                             tmp_path: Path) -> None:
     tiny = card("bert-tiny")
-    outputs = family_of(tiny).contract(tiny)["model.onnx"][1]
+    outputs = family_of(tiny).contract(tiny)["onnx/model.onnx"][1]
     assert outputs == ["last_hidden_state", "pooler_output", "logits", "sentence_embedding"]
     model = build_model(tiny, seed=0)
     report = export_and_verify(model, tiny, tmp_path / "out")
     assert "sentence_embedding" in {row.output for row in report.rows}
 
     runtime = open_export(tmp_path / "out")
-    assert runtime.manifest["graphs"]["model.onnx"]["outputs"] == outputs
+    assert runtime.manifest["graphs"]["onnx/model.onnx"]["outputs"] == outputs
     ids = random_ids(tiny, 3, 9).numpy()
     mask = np.ones_like(ids)
     mask[1, 6:] = 0
     mask[2, 3:] = 0
-    result = runtime.run("model.onnx", encoder_feeds(tiny, ids, mask))
+    result = runtime.run("onnx/model.onnx", encoder_feeds(tiny, ids, mask))
     hidden = result["last_hidden_state"].astype(np.float64)
     expected = np.stack([hidden[row, mask[row] == 1].mean(axis=0) for row in range(3)])
     np.testing.assert_allclose(result["sentence_embedding"], expected, atol=1e-5)

@@ -30,7 +30,7 @@ from export.opening import open_export
 from export.options import ExportOptions
 from export.runtime.generate import generate, left_padded
 from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
-from export.serving.genai_tokenizer import byte_level_json
+from export.serving.tokenizer_files import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
 from registry.errors import ZooError
 from tests.conftest import ON_TRAINED, Lazy, SharedExport, on_shared, traces_reused
@@ -208,7 +208,7 @@ def test_optimized_export_runs_the_shared_cache_graph_in_genai(exports: Lazy) ->
     assert config["model"]["decoder"]["filename"] == GENAI_GRAPH
     assert config["search"]["past_present_share_buffer"] is True
     plain = json.loads((exports["gpt-tiny"] / GENAI_CONFIG).read_text())
-    assert plain["model"]["decoder"]["filename"] == "model.onnx"
+    assert plain["model"]["decoder"]["filename"] == "onnx/model.onnx"
     assert plain["search"]["past_present_share_buffer"] is False
     manifest = json.loads((exports["gpt-tiny-optimized"] / "manifest.json").read_text())
     assert {GENAI_CONFIG, GENAI_GRAPH, "tokenizer.json"} <= set(manifest["files"])
@@ -258,7 +258,7 @@ def onnx_tensors(values: list[onnx.ValueInfoProto]) -> list[tuple[str, str, list
     for value in values:
         tensor = value.type.tensor_type
         dtype = np_to_triton_dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
-        assert tensor.shape.dim[0].dim_param == "batch", value.name
+        assert tensor.shape.dim[0].dim_param == "batch_size", value.name
         dims = [d.dim_value if d.dim_value else -1 for d in tensor.shape.dim[1:]]
         found.append((value.name, dtype, dims))
     return found
@@ -304,7 +304,7 @@ def test_triton_configs_parse_with_tritons_schema_and_match_the_graphs(
         # The layout the ONNX Runtime backend loads: model.onnx, or with external data a
         # folder model.onnx/ holding model.onnx and the data; ORT opens it from there.
         placed = folder / "1" / "model.onnx"
-        external = (exports[name] / "weights.onnx.data").is_file()
+        external = any(exports[name].rglob("weights.onnx.data"))
         assert placed.is_dir() == external
         graph_path = placed / "model.onnx" if external else placed
         session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import ort from 'onnxruntime-node';
 
 export const FORMAT_VERSION = 1; // the manifest format this program (and the Python side) reads
+export const MODEL_GRAPH = 'onnx/model.onnx'; // the encoder's and decoder's graph, where transformers.js looks
 
 export class InputError extends Error {}
 

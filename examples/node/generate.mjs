@@ -18,7 +18,7 @@
 
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
-import { InputError, firstLine, int64, open, readManifest } from './contract.mjs';
+import { InputError, MODEL_GRAPH, firstLine, int64, open, readManifest } from './contract.mjs';
 import { readTokenizer, textStream } from './text.mjs';
 
 function parseArgs(argv) {
@@ -71,10 +71,10 @@ function checkIds(ids, steps, manifest) {
   }
 }
 
-// The cache before the first step: the manifest's cache shape (batch, kv_heads, past_sequence,
+// The cache before the first step: the manifest's cache shape (batch_size, kv_heads, past_sequence_length,
 // head_dim) with batch 1 and past length 0.
 function emptyPast(manifest, names) {
-  const sizes = { batch: 1, past_sequence: 0 };
+  const sizes = { batch_size: 1, past_sequence_length: 0 };
   const dims = manifest.cache.shape.map((axis) => sizes[axis] ?? axis);
   const empty = () => new ort.Tensor('float32', new Float32Array(0), dims);
   return Object.fromEntries(names.map((name) => [name, empty()]));
@@ -125,7 +125,7 @@ async function greedy(session, manifest, first, steps, feedsFor, cache, onToken)
 }
 
 async function runDecoder(folder, manifest, ids, steps, onToken) {
-  const session = await open(folder, 'model.onnx');
+  const session = await open(folder, MODEL_GRAPH);
   let length = 0; // tokens seen so far (past + new): the mask covers all of them
   const feedsFor = (tokens) => {
     const positions = tokens.map((_, i) => length + i); // no padding: cumsum(mask) - 1
@@ -136,7 +136,7 @@ async function runDecoder(folder, manifest, ids, steps, onToken) {
       position_ids: int64(positions, [1, tokens.length]),
     };
   };
-  const cache = cacheNames(manifest.graphs['model.onnx']);
+  const cache = cacheNames(manifest.graphs[MODEL_GRAPH]);
   return { tokens: await greedy(session, manifest, ids, steps, feedsFor, cache, onToken) };
 }
 
@@ -162,9 +162,9 @@ async function runSeq2Seq(folder, manifest, ids, steps, onToken) {
 }
 
 async function runEncoder(folder, manifest, ids) {
-  const session = await open(folder, 'model.onnx');
-  const inputs = manifest.graphs['model.onnx'].inputs;
-  if (!manifest.graphs['model.onnx'].outputs.includes('pooler_output')) {
+  const session = await open(folder, MODEL_GRAPH);
+  const inputs = manifest.graphs[MODEL_GRAPH].inputs;
+  if (!manifest.graphs[MODEL_GRAPH].outputs.includes('pooler_output')) {
     throw new InputError(`${manifest.name}: this encoder has no pooler (card pooler: false)`);
   }
   const feeds = {

@@ -18,6 +18,7 @@ const ORT_DIST = new URL('./node_modules/onnxruntime-web/dist/', import.meta.url
 const TOKENIZERS = new URL('./node_modules/@huggingface/tokenizers/dist/tokenizers.min.mjs',
                            import.meta.url);
 const FORMAT_VERSION = 1; // the manifest format this page (and the Python side) reads
+const MODEL_GRAPH = 'onnx/model.onnx'; // the encoder's and decoder's graph, where transformers.js looks
 
 const $ = (id) => document.getElementById(id);
 const setState = (state, text) => {
@@ -167,7 +168,7 @@ function cacheNames(graph) {
 }
 
 async function decoderSteps(folder, manifest, ids) {
-  const session = await openSession(folder, manifest, 'model.onnx');
+  const session = await openSession(folder, manifest, MODEL_GRAPH);
   let length = 0; // past + new: the attention mask covers all of them (no padding here)
   const feedsFor = (next) => {
     const positions = next.map((_, i) => length + i); // cumsum(mask) - 1 without padding
@@ -178,7 +179,7 @@ async function decoderSteps(folder, manifest, ids) {
       position_ids: int64(positions, [1, next.length]),
     };
   };
-  return { session, feedsFor, first: ids, graph: manifest.graphs['model.onnx'] };
+  return { session, feedsFor, first: ids, graph: manifest.graphs[MODEL_GRAPH] };
 }
 
 async function seq2seqSteps(folder, manifest, ids) {
@@ -266,9 +267,9 @@ async function generate(request) {
   const random = seeded(request.seed);
 
   // First step: the whole prompt (or the start token), past length 0: cache tensors of the
-  // manifest's cache shape (batch, kv_heads, past_sequence, head_dim) with batch 1, past 0.
+  // manifest's cache shape (batch_size, kv_heads, past_sequence_length, head_dim) with batch 1, past 0.
   const cache = cacheNames(graph);
-  const sizes = { batch: 1, past_sequence: 0 };
+  const sizes = { batch_size: 1, past_sequence_length: 0 };
   const dims = manifest.cache.shape.map((axis) => sizes[axis] ?? axis);
   let past = Object.fromEntries(cache.map(([name]) =>
     [name, new ort.Tensor('float32', new Float32Array(0), dims)]));

@@ -14,7 +14,7 @@ from torch import nn
 from export.bench.context import Context, Figure, figure, median, random_cache, tensor
 from export.bench.cost import decoder_cost, onnx_matmul_weight_bytes
 from export.bench.profile import op_times, profiled_graph
-from export.onnx.contract import CACHE_INPUT, past_names
+from export.onnx.contract import CACHE_INPUT, MODEL_GRAPH, past_names
 from export.runtime.decoding import DecoderSession
 from export.runtime.sampling import Sampling, decode
 from export.runtime.sessions import Runtime
@@ -85,8 +85,8 @@ def plan_decoder(ctx: Context) -> DecoderPlan:
         cost, rng.integers(3, card["vocab_size"], (1, prompt_length), dtype=np.int64),
         new_tokens, pasts, past_names(card["n_layers"], CACHE_INPUT), kv,
         4.0 * (cost.layer_params + cost.head_params),
-        onnx_matmul_weight_bytes(runtime.folder / (kv.path.name if kv else "model.onnx")),
-        onnx_matmul_weight_bytes(runtime.folder / "model.onnx"))
+        onnx_matmul_weight_bytes(kv.path if kv else runtime.folder / MODEL_GRAPH),
+        onnx_matmul_weight_bytes(runtime.folder / MODEL_GRAPH))
 
 
 def bench_decoder(ctx: Context) -> dict[str, dict[str, Figure]]:
@@ -114,7 +114,7 @@ def _prefill(ctx: Context, plan: DecoderPlan, session: Any) -> dict[str, Figure]
     plain_feeds = {"input_ids": prompt, "attention_mask": np.ones_like(prompt),
                    "position_ids": np.arange(length)[None], **empty}
     t = ctx.time(f"prefill {length} (ort plain)",
-                 lambda: ctx.runtime.run("model.onnx", plain_feeds))
+                 lambda: ctx.runtime.run(MODEL_GRAPH, plain_feeds))
     entry["ort_plain"] = figure(t, ctx.limits["ort_flops_per_s"],
                                 cost.decoder_forward(length, 0, length))
     if session is not None:
@@ -139,7 +139,7 @@ def _decode_steps(ctx: Context, plan: DecoderPlan, session: Any
                  "position_ids": np.array([[past]]),
                  **dict(zip(plan.inputs, random_cache(ctx, 1, past, numpy=True), strict=True))}
         t = ctx.time(f"decode at past {past} (ort plain)",
-                     lambda feeds=feeds: ctx.runtime.run("model.onnx", feeds))
+                     lambda feeds=feeds: ctx.runtime.run(MODEL_GRAPH, feeds))
         entry["ort_plain"] = figure(t, bound, bytes_read=plan.plain_weights + cache_bytes)
         if session is not None:
             session.prefill(plan.prompt[:, :1], None)
@@ -210,7 +210,7 @@ def decoder_profile(runtime: Runtime, card: Card, threads: int | None, folder: P
     empty = np.zeros(cache_shape(card, 1, past), np.float32)
     feeds = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, past + 1), np.int64),
              "position_ids": np.array([[past]]), **{name: empty for name in inputs}}
-    graph = profiled_graph(runtime.folder / "model.onnx", runtime.provider, threads, folder)
+    graph = profiled_graph(runtime.folder / MODEL_GRAPH, runtime.provider, threads, folder)
     result = {f"model.onnx decode step, past {past}": op_times(
         graph, lambda: graph.session.run(None, feeds))}
     entry = runtime.manifest.get("generation")

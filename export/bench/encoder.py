@@ -10,6 +10,7 @@ import torch
 from export.bench.context import Context, Figure, figure, median, tensor
 from export.bench.cost import encoder_cost
 from export.bench.profile import op_times, profiled_graph
+from export.onnx.contract import MODEL_GRAPH
 from export.runtime.encode import encoder_feeds
 from export.runtime.sessions import Runtime
 from registry.catalog import Card
@@ -30,7 +31,7 @@ def _encoder_batch(ctx: Context, flops: float, feeds: dict[str, np.ndarray]
                      slow=batch > 1, torch_side=True)
     entry = {"torch": figure(t, ctx.limits["torch_flops_per_s"], flops)}
     t = ctx.time(f"forward batch {batch} x {length} (ort)",
-                 lambda: ctx.runtime.run("model.onnx", feeds), slow=batch > 1)
+                 lambda: ctx.runtime.run(MODEL_GRAPH, feeds), slow=batch > 1)
     entry["ort"] = entry["ort_plain"] = figure(t, ctx.limits["ort_flops_per_s"], flops)
     return entry
 
@@ -56,12 +57,12 @@ def encoder_summary(measurements: dict[str, dict[str, Figure]]) -> dict[str, flo
 
 
 def forward_profile(runtime: Runtime, card: Card, threads: int | None, folder: Path,
-                    file: str = "model.onnx") -> dict[str, dict[str, float]]:
+                    file: str = MODEL_GRAPH) -> dict[str, dict[str, float]]:
     """Per-operator times of one 1 x 128 forward pass through `file`."""
     length = min(128, card["max_positions"])
     feeds = {"input_ids": np.full((1, length), 5), "attention_mask": np.ones((1, length),
                                                                             np.int64)}
-    if file == "model.onnx":
+    if file == MODEL_GRAPH:
         feeds = encoder_feeds(card, feeds["input_ids"], feeds["attention_mask"])
     graph = profiled_graph(runtime.folder / file, runtime.provider, threads, folder)
     return {f"{file} forward 1 x {length}": op_times(

@@ -19,7 +19,7 @@ from export.runtime.sessions import Graph
 from registry.catalog import Card
 from zoo.blocks.heads import LMHead
 
-SOURCE = ("batch", "encoder_sequence")
+SOURCE = ("batch_size", "encoder_sequence_length")
 FILE = "decoder_recompute.onnx"
 
 
@@ -37,7 +37,7 @@ class RecomputingDecoderGraph(Wrapper):
 def recomputing_graph(model: nn.Module, card: Card, folder: Path, optimize: bool,
                       provider: str, threads: int | None) -> Graph:
     """The old decoder.onnx (fused as `--optimize` fuses, if asked), in a session."""
-    io = GraphIO((Input("input_ids", ("batch", "sequence"), "ids"),
+    io = GraphIO((Input("input_ids", ("batch_size", "sequence_length"), "ids"),
                   Input("encoder_hidden_states", (*SOURCE, "d_model"), "normal"),
                   Input("encoder_attention_mask", SOURCE, "ones")),
                  (LMHead.graph_output,), RecomputingDecoderGraph, cache_infix=DECODER)

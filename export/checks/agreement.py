@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from export.onnx.contract import MODEL_GRAPH
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
 from registry.catalog import Card
@@ -118,8 +119,8 @@ def masked_lm_agreement(reference: Engine, candidate: Engine, seed: int) -> Agre
     length = min(STEPS, card["max_positions"])
     feeds = encoder_feeds(card, rng.integers(3, card["vocab_size"], (2, length),
                                              dtype=np.int64))
-    expected = reference.run("model.onnx", feeds)
-    actual = candidate.run("model.onnx", feeds)
+    expected = reference.run(MODEL_GRAPH, feeds)
+    actual = candidate.run(MODEL_GRAPH, feeds)
     name = "logits" if "logits" in expected else "last_hidden_state"
     e, a = expected[name].reshape(-1, expected[name].shape[-1]), actual[name].reshape(
         -1, expected[name].shape[-1])

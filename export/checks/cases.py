@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from export.family import Case
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, DECODER, ENCODER, past_names
+from export.onnx.contract import (
+    CACHE_INPUT,
+    CACHE_OUTPUT,
+    DECODER,
+    ENCODER,
+    MODEL_GRAPH,
+    past_names,
+)
 from export.runtime.decoding import empty_past
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
@@ -61,13 +68,13 @@ def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         cache = empty_past(engine, batch)
         if past_length:  # a real cache: the reference run over a prefix
-            prefix = engine.run("model.onnx", {
+            prefix = engine.run(MODEL_GRAPH, {
                 "input_ids": random_ids(engine, rng, batch, past_length),
                 "attention_mask": mask[:, :past_length], "position_ids": positions[:, :past_length],
                 **dict(zip(inputs, cache, strict=True))})
             cache = [prefix[name] for name in outputs]
         name = f"b{batch} s{length} past{past_length}" + (" padded" if padded else "")
-        cases.append(Case(name, "model.onnx", {
+        cases.append(Case(name, MODEL_GRAPH, {
             "input_ids": random_ids(engine, rng, batch, length), "attention_mask": mask,
             "position_ids": positions[:, past_length:], **dict(zip(inputs, cache, strict=True))}))
     return cases

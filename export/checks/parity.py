@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from export.checks.cases import left_padding, random_ids
+from export.onnx.contract import MODEL_GRAPH
 from export.runtime.engine import Engine
 from export.runtime.generate import generate
 from registry.errors import ZooError
@@ -92,7 +93,7 @@ def check_parity(reference: Engine, candidate: Engine, atol: float = DEFAULT_ATO
         for output, value in expected.items():
             max_abs, max_rel, passed = compare(value, actual[output], atol, rtol)
             label = PER_LAYER_OUTPUT.sub(r"\1.*", output)
-            if case.file != "model.onnx":
+            if case.file != MODEL_GRAPH:
                 label = f"{case.file[:-5]}:{label}"
             row = grouped.setdefault(label, Row(label, case.name, 0.0, 0.0, True))
             row.max_abs, row.max_rel = max(row.max_abs, max_abs), max(row.max_rel, max_rel)

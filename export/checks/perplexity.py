@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.onnx.contract import CACHE_INPUT, past_names
+from export.onnx.contract import CACHE_INPUT, MODEL_GRAPH, past_names
 from export.runtime.decoding import empty_past
 from export.runtime.engine import Engine
 from registry.errors import ZooError
@@ -61,7 +61,7 @@ def _run(engine: Engine, ids: np.ndarray) -> np.ndarray:
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
              "position_ids": np.broadcast_to(np.arange(length, dtype=np.int64), ids.shape).copy(),
              **dict(zip(names, empty_past(engine, batch), strict=True))}
-    return engine.run("model.onnx", feeds)["logits"]
+    return engine.run(MODEL_GRAPH, feeds)["logits"]
 
 
 def score_text(engine: Engine, ids: Sequence[int], window: int | None = None,

@@ -17,6 +17,7 @@ from export.checks.cases import decoder_cases
 from export.families.sequence import SequenceDecoderFamily
 from export.family import Case, Extras, Family, GraphIO, Input
 from export.inspect.maps import decoder_maps
+from export.onnx.contract import MODEL_GRAPH
 from export.onnx.files import set_metadata, strip_debug
 from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
 from export.onnx.trace import export_graph
@@ -47,10 +48,10 @@ class DecoderFamily(Family):
         return SEQUENCE if card["pooling"] is not None else self
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
-        inputs = (Input("input_ids", ("batch", "sequence"), "ids"),
-                  Input("attention_mask", ("batch", "total_sequence"), "ones"),
-                  Input("position_ids", ("batch", "sequence"), "positions"))
-        return {"model.onnx": GraphIO(inputs, (LMHead.graph_output,), DecoderGraph,
+        inputs = (Input("input_ids", ("batch_size", "sequence_length"), "ids"),
+                  Input("attention_mask", ("batch_size", "total_sequence_length"), "ones"),
+                  Input("position_ids", ("batch_size", "sequence_length"), "positions"))
+        return {MODEL_GRAPH: GraphIO(inputs, (LMHead.graph_output,), DecoderGraph,
                                       cache_infix="", attention_groups=("attentions",))}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:

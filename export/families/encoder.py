@@ -13,11 +13,12 @@ from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import encoder_maps
+from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
 from zoo.blocks.heads import encoder_heads
 
-TOKENS = ("batch", "sequence")
+TOKENS = ("batch_size", "sequence_length")
 
 
 class EncoderFamily(Family):
@@ -36,11 +37,11 @@ class EncoderFamily(Family):
         outputs = ("last_hidden_state",
                    *(spec.head.graph_output for spec in encoder_heads(card)))
         kept = tuple(i for i in inputs if i.when is None or card[i.when])
-        return {"model.onnx": GraphIO(kept, outputs, EncoderGraph,
+        return {MODEL_GRAPH: GraphIO(kept, outputs, EncoderGraph,
                                       attention_groups=("attentions",))}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
-        return encoder_cases(reference, rng, "model.onnx", with_token_types=True)
+        return encoder_cases(reference, rng, MODEL_GRAPH, with_token_types=True)
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         return masked_lm_agreement(reference, candidate, seed)

@@ -22,7 +22,7 @@ from export.runtime.decoding import Seq2SeqSession
 from registry.catalog import Card
 from zoo.blocks.heads import LMHead
 
-SOURCE = ("batch", "encoder_sequence")
+SOURCE = ("batch_size", "encoder_sequence_length")
 AGREEMENT_PROMPT = 12
 
 
@@ -43,7 +43,7 @@ class Seq2SeqFamily(Family):
                            Input("attention_mask", SOURCE, "ones")), ("last_hidden_state",),
                           SourceEncoderGraph, attention_groups=("encoder_attentions",),
                           cross_cache="out")
-        decoder = GraphIO((Input("input_ids", ("batch", "sequence"), "target_ids"),
+        decoder = GraphIO((Input("input_ids", ("batch_size", "sequence_length"), "target_ids"),
                            Input("encoder_attention_mask", SOURCE, "ones")),
                           (LMHead.graph_output,), TargetDecoderGraph, cache_infix=DECODER,
                           attention_groups=("decoder_attentions", "cross_attentions"),

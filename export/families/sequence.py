@@ -11,6 +11,7 @@ import numpy as np
 from export.checks.cases import encoder_cases
 from export.families.encoder import TOKENS, EncoderFamily
 from export.family import Case, GraphIO, Input
+from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import SequenceGraph
 from registry.catalog import Card
 from zoo.blocks.heads import sequence_heads
@@ -24,8 +25,8 @@ class SequenceDecoderFamily(EncoderFamily):
         inputs = (Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"))
         outputs = ("last_hidden_state",
                    *(spec.head.graph_output for spec in sequence_heads(card)))
-        return {"model.onnx": GraphIO(inputs, outputs, SequenceGraph,
+        return {MODEL_GRAPH: GraphIO(inputs, outputs, SequenceGraph,
                                       attention_groups=("attentions",))}
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
-        return encoder_cases(reference, rng, "model.onnx", with_token_types=False)
+        return encoder_cases(reference, rng, MODEL_GRAPH, with_token_types=False)

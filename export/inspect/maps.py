@@ -14,7 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from export.family import attention_names
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, DECODER, ENCODER, past_names
+from export.onnx.contract import (
+    CACHE_INPUT,
+    CACHE_OUTPUT,
+    DECODER,
+    ENCODER,
+    MODEL_GRAPH,
+    past_names,
+)
 from export.runtime.decoding import empty_past
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
@@ -48,14 +55,14 @@ def decoder_maps(engine: Engine, prompt: list[int], generated: list[int]
              "position_ids": np.arange(len(ids), dtype=np.int64)[None],
              **dict(zip(past_names(card["n_layers"], CACHE_INPUT), empty_past(engine, 1),
                         strict=True))}
-    outputs = engine.run("model.onnx", feeds)
+    outputs = engine.run(MODEL_GRAPH, feeds)
     return [_group(outputs, "attentions", card["n_layers"], ids, ids)]
 
 
 def encoder_maps(engine: Engine, prompt: list[int], generated: list[int]
                  ) -> list[AttentionGroup]:
     card = engine.card
-    outputs = engine.run("model.onnx", encoder_feeds(card, np.array([prompt], np.int64)))
+    outputs = engine.run(MODEL_GRAPH, encoder_feeds(card, np.array([prompt], np.int64)))
     return [_group(outputs, "attentions", card["n_layers"], prompt, prompt)]
 
 

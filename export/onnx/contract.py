@@ -9,6 +9,8 @@ sequence and past length are dynamic axes.
 from __future__ import annotations
 
 MANIFEST = "manifest.json"
+# The encoder's and decoder's one graph, where transformers.js and Optimum look for it.
+MODEL_GRAPH = "onnx/model.onnx"
 FORMAT_VERSION = 1
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 

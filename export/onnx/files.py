@@ -31,8 +31,13 @@ def set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
         entry.key, entry.value = key, value
 
 
-def _externalise(models: dict[str, onnx.ModelProto], data_path: Path) -> None:
-    """Move large initializers into one shared file, each distinct tensor written once."""
+def _externalise(models: dict[str, onnx.ModelProto], folder: Path) -> None:
+    """Move large initializers into one shared file beside the graphs (which share one
+    folder: its location is relative to each), each distinct tensor written once."""
+    parents = {Path(name).parent for name in models}
+    if len(parents) != 1:
+        raise ZooError(f"graphs {sorted(models)} should share one folder for {SHARED_DATA}")
+    data_path = folder / parents.pop() / SHARED_DATA
     written: dict[str, tuple[int, int]] = {}
     with data_path.open("wb") as stream:
         for model in models.values():
@@ -60,8 +65,10 @@ def save_models(models: dict[str, onnx.ModelProto], folder: Path) -> None:
     """One graph that fits in a protobuf is saved whole (simplest for any runtime); several
     graphs, or one too large, share an external data file."""
     too_large = any(model.ByteSize() > PROTO_LIMIT for model in models.values())
+    for name in models:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
     if len(models) > 1 or too_large:
-        _externalise(models, folder / SHARED_DATA)
+        _externalise(models, folder)
     for name, model in models.items():
         onnx.save_model(model, str(folder / name))
 

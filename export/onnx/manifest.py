@@ -42,7 +42,8 @@ def build_manifest(folder: Path, card: Card, opset: int, versions: dict[str, str
     """What manifest.json will say of the files now in `folder`. `contract`: {graph file:
     (input names, output names)}, in the graphs' own order; `entries`: what a variant adds
     (optimization, generation, quantization, attentions)."""
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                   if p.is_file() and p.name != MANIFEST)
     return {
         "format_version": FORMAT_VERSION,
         "name": card.name,

@@ -36,7 +36,7 @@ from zoo.blocks.attention import Attention, KeyValue, attention_core
 from zoo.blocks.heads import LMHead
 from zoo.blocks.positions import Rotary, apply_rotary
 
-KV_FILE = "model_kv.onnx"
+KV_FILE = "onnx/model_kv.onnx"
 KV_INPUTS = ["input_ids", "position_ids", "seqlens_k", "total_sequence_length"]
 # >= 2 everywhere: torch.export specialises sizes 0 and 1 (docs/architecture.md, traps)
 TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY = 2, 3, 8
@@ -152,7 +152,7 @@ def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:
     args = (torch.randint(3, card["vocab_size"], (b, t)), torch.arange(t).expand(b, t).contiguous(),
             torch.tensor([t - 1, t - 2], dtype=torch.int32), torch.tensor(t, dtype=torch.int32),
             cache)
-    batch, sequence, slots = Dim("batch"), Dim("sequence"), Dim("capacity")
+    batch, sequence, slots = Dim("batch_size"), Dim("sequence_length"), Dim("capacity")
     shapes = ({0: batch, 1: sequence}, {0: batch, 1: sequence}, {0: batch}, None,
               tuple({0: batch, 2: slots} for _ in cache))
     return SharedCacheDecoderGraph(model), args, shapes

@@ -25,8 +25,12 @@ from registry.sizes import attention_sizes
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
 # torch.export specialises any dimension whose example size is 0 or 1: trace with >= 2 everywhere.
-TRACE_SIZES = {"batch": 2, "sequence": 3, "past_sequence": 4, "encoder_sequence": 5}
-TRACE_SIZES["total_sequence"] = TRACE_SIZES["past_sequence"] + TRACE_SIZES["sequence"]
+# The axes carry the names Optimum's exports give them (transformers.js sizes an empty cache from
+# the graph's own input shapes and resolves only `batch_size`).
+TRACE_SIZES = {"batch_size": 2, "sequence_length": 3, "past_sequence_length": 4,
+               "encoder_sequence_length": 5}
+TRACE_SIZES["total_sequence_length"] = (TRACE_SIZES["past_sequence_length"]
+                                        + TRACE_SIZES["sequence_length"])
 
 
 class ExportError(ZooError):
@@ -56,7 +60,7 @@ def _example(kind: str, shape: tuple[int, ...], card: Card) -> torch.Tensor:
     if kind == "zeros":
         return torch.zeros(shape, dtype=torch.long)
     if kind == "positions":  # the new tokens follow the traced past
-        start = TRACE_SIZES["past_sequence"]
+        start = TRACE_SIZES["past_sequence_length"]
         return torch.arange(start, start + shape[-1]).expand(shape).contiguous()
     return torch.randn(shape)
 

@@ -22,6 +22,7 @@ from export.onnx.manifest import build_manifest, package_versions, write_manifes
 from export.onnx.trace import ExportError, export_graph, trace_inputs
 from export.onnx.variants import VariantResult, apply_variant
 from export.options import ExportOptions
+from export.serving.huggingface import write_hf_files
 from registry.catalog import Card
 from registry.errors import first_line
 from zoo.files.atomic import atomic_folder
@@ -105,8 +106,11 @@ def export_onnx(
         save_models(protos, staging)
         for file_name in protos:
             _check(staging / file_name)
-        if genai is not None:  # before the manifest, so their sha256 are recorded
-            genai.write(staging, card)
+        # before the manifest, so their sha256 are recorded
+        for note in write_hf_files(staging, card, list(contract)):
+            progress(note)
+        if genai is not None:
+            genai.write(staging)
         manifest = build_manifest(staging, card, options.opset, versions, contract, entries)
         check = verify(staging, manifest) if verify is not None else None
         write_manifest(staging, manifest)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from export.onnx.contract import MODEL_GRAPH
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
 from export.runtime.prompts import check_ids
@@ -66,7 +67,7 @@ def run_sequences(engine: Engine, prompts: list[list[int]]) -> SequenceOutputs:
     card = engine.card
     check_ids(card, prompts)
     ids, mask = right_padded(prompts, card["pad_token_id"])
-    outputs = engine.run("model.onnx", encoder_feeds(card, ids, mask))
+    outputs = engine.run(MODEL_GRAPH, encoder_feeds(card, ids, mask))
     probabilities = softmax(outputs["logits"]) if card["num_labels"] else None
     return SequenceOutputs(outputs["sentence_embedding"], probabilities, label_names(card))
 

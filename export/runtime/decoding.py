@@ -18,6 +18,7 @@ from export.onnx.contract import (
     CACHE_OUTPUT,
     DECODER,
     ENCODER,
+    MODEL_GRAPH,
     past_names,
 )
 from export.runtime.engine import Engine
@@ -30,7 +31,7 @@ def empty_past(engine: Engine, batch: int) -> list[np.ndarray]:
 
 
 class DecoderSession:
-    file = "model.onnx"
+    file = MODEL_GRAPH
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

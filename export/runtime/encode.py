@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from export.onnx.contract import MODEL_GRAPH
 from export.runtime.engine import Engine
 from export.runtime.prompts import check_ids
 from registry.catalog import Card
@@ -38,7 +39,7 @@ def encode(engine: Engine, ids: np.ndarray, top: int = 5
     ids = np.asarray(ids, np.int64)[None]
     check_ids(card, ids)
     feeds = encoder_feeds(card, ids)
-    outputs = engine.run("model.onnx", feeds)
+    outputs = engine.run(MODEL_GRAPH, feeds)
     pooled = outputs["pooler_output"][0] if "pooler_output" in outputs else None
     predictions = []
     if "logits" in outputs and card["mask_token_id"] is not None:

@@ -25,14 +25,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
-from export.serving.genai_tokenizer import write_genai_tokenizer
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, MODEL_GRAPH
 from registry.errors import ZooError
 from registry.schema import effective_bias
 from registry.sizes import attention_sizes
 
 GENAI_CONFIG = "genai_config.json"
-GENAI_GRAPH = "model_genai.onnx"
+GENAI_GRAPH = "onnx/model_genai.onnx"
 MODEL_TYPE = "decoder"  # GenAI's generic decoder-only type (`gpt2` expects other names)
 NAMES = {  # GenAI's config key -> the contract name (templates take the layer for %d)
     "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
@@ -53,10 +52,12 @@ class GenAIFiles:
     config: dict[str, Any]
     graphs: dict[str, onnx.ModelProto] = field(default_factory=dict)
 
-    def write(self, folder: Path, card: Any) -> list[str]:
+    def write(self, folder: Path) -> list[str]:
+        """genai_config.json; its tokenizer files are the export's own
+        (export/serving/tokenizer_files.py, written for every family)."""
         (Path(folder) / GENAI_CONFIG).write_text(json.dumps(self.config, indent=2) + "\n",
                                                  encoding="utf-8")
-        return [GENAI_CONFIG, *write_genai_tokenizer(Path(folder), card)]
+        return [GENAI_CONFIG]
 
 
 def genai_batch(folder: Path, prompts: list[list[int]]) -> np.ndarray:
@@ -79,7 +80,7 @@ def decoder_genai(card: Any, graphs: dict[str, onnx.ModelProto], kv_file: str) -
         graph = shared_cache_for_genai(graphs[kv_file])
         return GenAIFiles(genai_config(card, GENAI_GRAPH, graph, share_buffer=True),
                           {GENAI_GRAPH: graph})
-    return GenAIFiles(genai_config(card, "model.onnx", graphs["model.onnx"], share_buffer=False))
+    return GenAIFiles(genai_config(card, MODEL_GRAPH, graphs[MODEL_GRAPH], share_buffer=False))
 
 
 def model_type(card: Any) -> str:

@@ -35,7 +35,7 @@ from zoo.files.atomic import atomic_folder
 CONFIG = "config.pbtxt"
 MODEL_FILE = "model.onnx"  # the ONNX Runtime backend's default_model_filename
 VERSION = "1"
-BATCH_AXIS = "batch"
+BATCH_AXIS = "batch_size"
 DTYPES = {  # ONNX element type -> Triton data type
     onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
     onnx.TensorProto.BFLOAT16: "TYPE_BF16", onnx.TensorProto.DOUBLE: "TYPE_FP64",

@@ -15,6 +15,7 @@ from registry.errors import ZooError
 from registry.paths import display_path, inside
 
 MODULES = "modules.json"
+SENTENCE_CONFIG = "sentence_bert_config.json"
 POOLING_CONFIG = "config.json"
 # sentence-transformers' Pooling flags -> the card's pooling
 POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
@@ -86,3 +87,25 @@ def read_modules(folder: Path) -> SentenceModules | None:
         raise ZooError(f"{where}: expected a Transformer and a Pooling module")
     return SentenceModules(body, fields, {"modules": [m.get("type") for m in modules],
                                           **fields})
+
+
+def modules_files(card: Any) -> dict[str, dict[str, Any] | list[dict[str, Any]]] | None:
+    """The files that make a folder holding `card`'s body a sentence-transformers folder, read
+    back by `read_modules` as the card's pooling and normalize ({path: JSON}); None where
+    sentence-transformers has no module for the card's sentence vector (`pooler`) or none."""
+    modes = {mode: key for key, mode in POOLING_MODES.items()}
+    if card["pooling"] not in modes or card["num_labels"]:
+        return None
+    pooling = {"word_embedding_dimension": card["d_model"],
+               **{key: key == modes[card["pooling"]] for key in (*POOLING_MODES,
+                                                                 *UNSUPPORTED_MODES)},
+               "include_prompt": True}
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]
+    if card["normalize"]:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    return {MODULES: modules, f"1_Pooling/{POOLING_CONFIG}": pooling,
+            SENTENCE_CONFIG: {"max_seq_length": card["max_positions"], "do_lower_case": False}}

@@ -135,7 +135,7 @@ class HuggingFaceTokenizer:
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The tokenizer saved in `folder`, or None where there is none. The byte tokenizer wins
     when both files are there: a decoder export's tokenizer.json is then its translation for
-    ONNX Runtime GenAI (export/serving/genai_tokenizer.py)."""
+    ONNX Runtime GenAI (export/serving/tokenizer_files.py)."""
     folder = Path(folder)
     path = folder / BYTE_TOKENIZER
     if not path.is_file():

@@ -1,5 +1,7 @@
-"""Tokenizer files in the form ONNX Runtime GenAI's tokenizer reads: a Hugging Face
-`tokenizer.json` with a `tokenizer_config.json` that names its class.
+"""Tokenizer files in the form the clients read: a Hugging Face `tokenizer.json`, with
+`tokenizer_config.json` naming its class and `special_tokens_map.json` its special tokens
+(transformers.js, transformers, Optimum and sentence-transformers read the three; ONNX Runtime
+GenAI's tokenizer reads the first two).
 
 The byte tokenizer (ids 0..255 are UTF-8 bytes) is exactly a byte-level BPE with no merges: GPT-2's
 byte-to-character table maps each byte to one vocabulary entry whose id is the byte, so the zoo's
@@ -16,6 +18,7 @@ from typing import Any
 from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 BYTE_SPECIALS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>", "mask": "<|mask|>"}
 
 
@@ -45,25 +48,34 @@ def byte_level_json(tokenizer: ByteTokenizer) -> str:
     return backend.to_str(pretty=True)
 
 
-def tokenizer_config(tokenizer_json: str, card: Any) -> dict[str, Any] | None:
-    """tokenizer_config.json naming the class GenAI should read `tokenizer_json` as; None for a
-    model GenAI's tokenizer has no class for (only byte-level BPE is mapped here)."""
+def tokenizer_config(tokenizer_json: str, card: Any) -> dict[str, Any]:
+    """tokenizer_config.json for `tokenizer_json`: GPT2Tokenizer for a byte-level BPE (the
+    class GenAI's tokenizer reads it as), else the generic fast tokenizer, which every client
+    builds from tokenizer.json alone; the card's special tokens by their strings."""
     spec = json.loads(tokenizer_json)
-    if spec.get("model", {}).get("type") != "BPE" or not _byte_level(spec):
-        return None
-    names = {entry["id"]: entry["content"] for entry in spec.get("added_tokens", [])}
-    names.update({i: token for token, i in spec["model"].get("vocab", {}).items()
-                  if i in (card["bos_token_id"], card["eos_token_id"], card["pad_token_id"])})
+    byte_level = spec.get("model", {}).get("type") == "BPE" and _byte_level(spec)
+    tokens = special_tokens(spec, card)
     return {
-        "tokenizer_class": "GPT2Tokenizer",
-        "add_prefix_space": False,
+        "tokenizer_class": "GPT2Tokenizer" if byte_level else "PreTrainedTokenizerFast",
+        **({"add_prefix_space": False} if byte_level else {}),
         "clean_up_tokenization_spaces": False,
         "model_max_length": card["max_positions"],
-        "bos_token": names.get(card["bos_token_id"]),
-        "eos_token": names.get(card["eos_token_id"]),
-        "pad_token": names.get(card["pad_token_id"]),
+        **{role: tokens.get(role) for role in ("bos_token", "eos_token", "pad_token")},
+        **({"mask_token": tokens["mask_token"]} if "mask_token" in tokens else {}),
         "unk_token": None,
     }
+
+
+def special_tokens(spec: dict[str, Any], card: Any) -> dict[str, str]:
+    """{bos_token: its string, ...} for the card's special ids that the tokenizer has."""
+    vocab = spec.get("model", {}).get("vocab")  # {token: id}; a Unigram's: [[token, score]]
+    names = ({i: token for token, i in vocab.items()} if isinstance(vocab, dict)
+             else {i: entry[0] for i, entry in enumerate(vocab or [])})
+    names.update({entry["id"]: entry["content"] for entry in spec.get("added_tokens", [])})
+    roles = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "pad_token": "pad_token_id",
+             "mask_token": "mask_token_id"}
+    return {role: names[card[field]] for role, field in roles.items()
+            if card[field] is not None and card[field] in names}
 
 
 def _byte_level(spec: dict[str, Any]) -> bool:
@@ -72,9 +84,10 @@ def _byte_level(spec: dict[str, Any]) -> bool:
     return any(part.get("type") == "ByteLevel" for part in parts)
 
 
-def write_genai_tokenizer(folder: Path, card: Any) -> list[str]:
-    """Add what GenAI's tokenizer needs beside the export's own tokenizer file; the names of
-    the files written (none when the folder has no tokenizer, or one GenAI cannot read)."""
+def write_tokenizer_files(folder: Path, card: Any) -> list[str]:
+    """Beside the export's own tokenizer file: tokenizer.json (the byte tokenizer's
+    translation), tokenizer_config.json and special_tokens_map.json; the names written (none
+    where the folder has no tokenizer.json to describe: words, sentencepiece)."""
     folder = Path(folder)
     written = []
     if not (folder / HF_TOKENIZER).is_file() and (folder / BYTE_TOKENIZER).is_file():
@@ -83,9 +96,9 @@ def write_genai_tokenizer(folder: Path, card: Any) -> list[str]:
         written.append(HF_TOKENIZER)
     if not (folder / HF_TOKENIZER).is_file():
         return written
-    config = tokenizer_config((folder / HF_TOKENIZER).read_text(encoding="utf-8"), card)
-    if config is not None:
-        (folder / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n",
-                                               encoding="utf-8")
-        written.append(TOKENIZER_CONFIG)
+    text = (folder / HF_TOKENIZER).read_text(encoding="utf-8")
+    for name, content in ((TOKENIZER_CONFIG, tokenizer_config(text, card)),
+                          (SPECIAL_TOKENS_MAP, special_tokens(json.loads(text), card))):
+        (folder / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        written.append(name)
     return written

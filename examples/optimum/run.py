@@ -1,0 +1,110 @@
+"""Loads a zoo export folder with Optimum's ORTModelFor* classes or sentence-transformers, as a
+Hugging Face model folder: nothing added or edited. Runs in examples/optimum/.venv (setup.sh):
+optimum-onnx needs an older transformers than the zoo's own environment has.
+
+    .venv/bin/python run.py FOLDER causal-lm --text "ROMEO:" [--max-new-tokens 32]
+    .venv/bin/python run.py FOLDER feature-extraction --text A --text B
+    .venv/bin/python run.py FOLDER sequence-classification --text A --text B
+    .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
+
+Prints one JSON object: `tokens` (prompt and new ids) for causal-lm; `last_hidden_state` (one
+(T, D) list per text) for feature-extraction; `labels` and `scores` ({label: probability} per
+text) for sequence-classification; `vectors` for sentence-transformers.
+
+    .venv/bin/python run.py --jobs JOBS.json
+
+runs a JSON list of {"folder", "task", "texts", "max_new_tokens"} in one process (the libraries
+take seconds to import) and prints the list of results, an error as {"error": "..."}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def causal_lm(folder: str, texts: list[str], max_new_tokens: int) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForCausalLM
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = ORTModelForCausalLM.from_pretrained(folder)
+    inputs = tokenizer(texts[0], return_tensors="pt")
+    output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return {"tokens": output[0].tolist()}
+
+
+def feature_extraction(folder: str, texts: list[str]) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForFeatureExtraction
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = ORTModelForFeatureExtraction.from_pretrained(folder)
+    states = [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].tolist()
+              for text in texts]
+    return {"last_hidden_state": states}
+
+
+def sequence_classification(folder: str, texts: list[str]) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForSequenceClassification
+    from transformers import AutoTokenizer, pipeline
+
+    classifier = pipeline("text-classification",
+                          model=ORTModelForSequenceClassification.from_pretrained(folder),
+                          tokenizer=AutoTokenizer.from_pretrained(folder))
+    ranked = [classifier(text, top_k=None) for text in texts]
+    return {"labels": [row[0]["label"] for row in ranked],
+            "scores": [{entry["label"]: entry["score"] for entry in row} for row in ranked]}
+
+
+def sentence_transformers(folder: str, texts: list[str]) -> dict[str, Any]:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(folder, backend="onnx", device="cpu")
+    return {"vectors": model.encode(texts).tolist()}
+
+
+TASKS = {"causal-lm": causal_lm, "feature-extraction": feature_extraction,
+         "sequence-classification": sequence_classification,
+         "sentence-transformers": sentence_transformers}
+
+
+def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32) -> dict[str, Any]:
+    if task == "causal-lm":
+        return causal_lm(folder, texts, max_new_tokens)
+    return TASKS[task](folder, texts)
+
+
+def error_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--jobs"]:
+        results = []
+        for job in json.loads(open(sys.argv[2], encoding="utf-8").read()):
+            try:
+                results.append(run(**job))
+            except Exception as exc:  # the libraries raise many types: one line per job
+                results.append({"error": error_line(exc)})
+        print(json.dumps(results))
+        return 0
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("task", choices=list(TASKS))
+    parser.add_argument("--text", action="append", required=True)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    args = parser.parse_args()
+    try:
+        result = run(args.folder, args.task, args.text, args.max_new_tokens)
+    except Exception as exc:  # the libraries raise many types: one line, exit 1
+        print(error_line(exc), file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

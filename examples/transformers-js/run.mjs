@@ -1,0 +1,82 @@
+// Loads a zoo export folder with transformers.js, as a Hugging Face model folder: nothing added
+// or edited (config.json, the tokenizer files and onnx/model.onnx are the export's own).
+//
+//   node run.mjs FOLDER text-generation --text "ROMEO:" [--max-new-tokens 32]
+//   node run.mjs FOLDER feature-extraction --text A --text B [--pooling mean] [--normalize]
+//   node run.mjs FOLDER text-classification --text A --text B
+//
+// Prints one JSON object: generation's `tokens` (prompt and new ids) and `text`; the
+// embeddings' `vectors`; the classifier's `labels` (each text's best) and `scores` (every
+// label's probability, by label). Errors: one line on stderr, exit 1.
+
+import { basename, dirname, resolve } from 'node:path';
+import { AutoModelForCausalLM, AutoTokenizer, env, pipeline } from '@huggingface/transformers';
+
+const TASKS = ['text-generation', 'feature-extraction', 'text-classification'];
+
+function parse(argv) {
+  const [folder, task, ...rest] = argv;
+  if (!folder || !TASKS.includes(task)) {
+    throw new Error(`usage: node run.mjs FOLDER (${TASKS.join('|')}) --text TEXT ...`);
+  }
+  const args = { folder: resolve(folder), task, texts: [], maxNewTokens: 32, pooling: 'mean',
+                 normalize: false };
+  for (let i = 0; i < rest.length; i++) {
+    const flag = rest[i];
+    if (flag === '--text') args.texts.push(rest[++i]);
+    else if (flag === '--max-new-tokens') args.maxNewTokens = Number(rest[++i]);
+    else if (flag === '--pooling') args.pooling = rest[++i];
+    else if (flag === '--normalize') args.normalize = true;
+    else throw new Error(`unknown option ${flag}`);
+  }
+  if (args.texts.length === 0) throw new Error('give at least one --text');
+  return args;
+}
+
+async function generate(id, texts, maxNewTokens) {
+  const tokenizer = await AutoTokenizer.from_pretrained(id);
+  const model = await AutoModelForCausalLM.from_pretrained(id);
+  const inputs = tokenizer(texts[0]);
+  const output = await model.generate({ ...inputs, max_new_tokens: maxNewTokens,
+                                        do_sample: false });
+  const tokens = Array.from(output.data, Number);
+  return { tokens, text: tokenizer.decode(tokens, { skip_special_tokens: true }) };
+}
+
+async function embed(id, texts, pooling, normalize) {
+  const extractor = await pipeline('feature-extraction', id);
+  const vectors = [];
+  for (const text of texts) { // one at a time: no padding, each row its own length
+    const output = await extractor(text, { pooling, normalize });
+    vectors.push(Array.from(output.data));
+  }
+  return { vectors };
+}
+
+async function classify(id, texts) {
+  const classifier = await pipeline('text-classification', id);
+  const labels = [];
+  const scores = [];
+  for (const text of texts) {
+    const ranked = await classifier(text, { top_k: null });
+    labels.push(ranked[0].label);
+    scores.push(Object.fromEntries(ranked.map(({ label, score }) => [label, score])));
+  }
+  return { labels, scores };
+}
+
+async function main() {
+  const args = parse(process.argv.slice(2));
+  env.allowRemoteModels = false; // only the folder: nothing is fetched
+  env.localModelPath = `${dirname(args.folder)}/`;
+  const id = basename(args.folder);
+  const result = args.task === 'text-generation' ? await generate(id, args.texts, args.maxNewTokens)
+    : args.task === 'feature-extraction' ? await embed(id, args.texts, args.pooling, args.normalize)
+      : await classify(id, args.texts);
+  process.stdout.write(`${JSON.stringify(result)}\n`);
+}
+
+main().catch((error) => {
+  process.stderr.write(`${String(error?.message ?? error).split('\n')[0]}\n`);
+  process.exit(1);
+});

@@ -1,0 +1,62 @@
+"""What makes an export folder also a Hugging Face model folder, which transformers.js, Optimum's
+ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
+
+- `config.json`: the card in a transformers layout's terms (zoo/files/hf_config.py: written
+  only where the importer reads it back as this card), with `id2label` for a classifier and
+  `transformers.js_config.dtype` naming the graph transformers.js opens (`fp32`: the suffix-less
+  `onnx/model.onnx`; its browser default, `q8`, would look for `onnx/model_quantized.onnx`).
+- `generation_config.json` (decoders): the special tokens and greedy decoding, as `zoo run`.
+- the tokenizer files (export/serving/tokenizer_files.py), where the export has a tokenizer.
+- `modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json` (encoders with a
+  sentence vector sentence-transformers computes: cls, mean or last pooling).
+
+The graph itself is `onnx/model.onnx` (export/onnx/contract.py), where transformers.js looks
+(`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from export.onnx.contract import MODEL_GRAPH
+from export.serving.tokenizer_files import write_tokenizer_files
+from registry.catalog import Card
+from zoo.files.hf_config import hf_config
+from zoo.files.sentence_transformers import modules_files
+
+CONFIG_JSON = "config.json"
+GENERATION_CONFIG = "generation_config.json"
+
+
+def _write_json(path: Path, content: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+
+
+def generation_config(card: Card) -> dict[str, Any]:
+    return {"bos_token_id": card["bos_token_id"], "eos_token_id": card["eos_token_id"],
+            "pad_token_id": card["pad_token_id"], "do_sample": False,
+            "max_length": card["max_positions"]}
+
+
+def write_hf_files(folder: Path, card: Card, graphs: list[str]) -> list[str]:
+    """Write the files into the staged export `folder` (its graphs already there); the lines
+    to show (why there is no config.json, what it leaves out)."""
+    folder = Path(folder)
+    write_tokenizer_files(folder, card)
+    if MODEL_GRAPH not in graphs:
+        return [f"no {CONFIG_JSON}: the encoder-decoder's graphs are not in the seq2seq layout "
+                "(encoder_model.onnx, decoder_model_merged.onnx) the Hugging Face clients load"]
+    found = hf_config(card)
+    if found.config is None:
+        return [found.note] if found.note else []
+    config = {**found.config, "torch_dtype": "float32",
+              "transformers.js_config": {"dtype": "fp32"}}
+    _write_json(folder / CONFIG_JSON, config)
+    if card.family == "decoder":
+        _write_json(folder / GENERATION_CONFIG, generation_config(card))
+    for name, content in (modules_files(card) or {}).items():
+        _write_json(folder / name, content)
+    return [found.note] if found.note else []

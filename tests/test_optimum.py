@@ -1,0 +1,113 @@
+"""Optimum's ORTModelForCausalLM / ORTModelForFeatureExtraction / ORTModelForSequenceClassification
+and sentence-transformers (`backend="onnx"`) load fresh `zoo export` folders as they are and
+agree with `zoo run` on them: the same greedy tokens, hidden states and sentence vectors within
+1e-4, the same labels and probabilities within 1e-4.
+
+They run in examples/optimum/.venv (optimum-onnx needs transformers < 4.58), driven by
+examples/optimum/run.py in one subprocess. Skips where that environment is missing
+(`bash examples/optimum/setup.sh` makes it), except under ZOO_REQUIRE_OPTIMUM=1 (.ci/run makes
+it and sets that), where that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from export.api import GenerateOptions, load
+from export.onnx.contract import MODEL_GRAPH
+from export.opening import open_export
+from export.runtime.encode import encoder_feeds
+from tests.conftest import ON_HF_CLIENTS, Lazy
+from tests.hf_exports import TEXTS
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNER = ROOT / "examples" / "optimum" / "run.py"
+PYTHON = ROOT / "examples" / "optimum" / ".venv" / "bin" / "python"
+STEPS = 24
+GENERATORS = ("gpt", "llama")
+CLASSIFIERS = ("classifier", "pooler-classifier")
+pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
+
+
+def require_optimum() -> None:
+    if PYTHON.is_file():
+        return
+    problem = f"{PYTHON} missing: run `bash examples/optimum/setup.sh`"
+    if os.environ.get("ZOO_REQUIRE_OPTIMUM") == "1":
+        pytest.fail(f"{problem} (ZOO_REQUIRE_OPTIMUM=1: these tests must run here)")
+    pytest.skip(problem)
+
+
+@pytest.fixture(scope="module")
+def clients(hf_client_exports: Lazy, tmp_path_factory: pytest.TempPathFactory
+            ) -> dict[tuple[str, str, str], Any]:
+    """{(export key, task, text or ""): what the client gave}, every job in one process."""
+    require_optimum()
+    jobs = [(key, "causal-lm", text) for key in GENERATORS for text in TEXTS]
+    jobs += [("embedder", "feature-extraction", ""), ("embedder", "sentence-transformers", "")]
+    jobs += [(key, "sequence-classification", "") for key in CLASSIFIERS]
+    spec = [{"folder": str(hf_client_exports[key]), "task": task,
+             "texts": [text] if text else TEXTS, "max_new_tokens": STEPS}
+            for key, task, text in jobs]
+    path = tmp_path_factory.mktemp("optimum") / "jobs.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([str(PYTHON), str(RUNNER), "--jobs", str(path)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout.strip().splitlines()[-1])
+    for job, got in zip(jobs, results, strict=True):
+        assert "error" not in got, (job, got["error"])
+    return dict(zip(jobs, results, strict=True))
+
+
+def until_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+@pytest.mark.parametrize("key", GENERATORS)
+def test_ort_model_for_causal_lm_gives_zoo_runs_greedy_tokens(
+        key: str, clients: dict, hf_client_exports: Lazy) -> None:
+    exported = load(hf_client_exports[key])
+    for text in TEXTS:
+        new = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0].ids
+        expected = exported.tokenizer.encode(text) + until_eos(new, exported.card["eos_token_id"])
+        assert clients[key, "causal-lm", text]["tokens"] == expected, text
+
+
+def test_ort_model_for_feature_extraction_gives_the_hidden_states(
+        clients: dict, hf_client_exports: Lazy) -> None:
+    runtime = open_export(hf_client_exports["embedder"])
+    tokenizer = load(hf_client_exports["embedder"]).tokenizer
+    got = clients["embedder", "feature-extraction", ""]["last_hidden_state"]
+    for text, states in zip(TEXTS, got, strict=True):
+        ids = np.array([tokenizer.encode(text)])
+        expected = runtime.run(MODEL_GRAPH, encoder_feeds(runtime.card, ids))["last_hidden_state"]
+        np.testing.assert_allclose(np.array(states), expected[0], atol=1e-4, rtol=0)
+
+
+def test_sentence_transformers_gives_the_sentence_embedding(
+        clients: dict, hf_client_exports: Lazy) -> None:
+    expected = load(hf_client_exports["embedder"]).embed(TEXTS)
+    got = np.array(clients["embedder", "sentence-transformers", ""]["vectors"])
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key", CLASSIFIERS)
+def test_ort_model_for_sequence_classification_gives_zoo_runs_labels(
+        key: str, clients: dict, hf_client_exports: Lazy) -> None:
+    expected = load(hf_client_exports[key]).classify(TEXTS)
+    got = clients[key, "sequence-classification", ""]
+    assert got["labels"] == [next(iter(row)) for row in expected]
+    for scores, row in zip(got["scores"], expected, strict=True):
+        assert scores.keys() == row.keys()
+        np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
+                                   atol=1e-4, rtol=0)

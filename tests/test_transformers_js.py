@@ -1,0 +1,89 @@
+"""transformers.js (@huggingface/transformers from npm, in Node.js) loads fresh `zoo export`
+folders as they are and agrees with `zoo run` on them (the zoo's Python API: the same code):
+the same greedy tokens (text-generation, from text through the export's own tokenizer files),
+sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
+1e-4 (text-classification).
+
+Needs `node` and `npm ci --ignore-scripts` in examples/transformers-js (`make node-deps`);
+skips where they are missing, except under ZOO_REQUIRE_NODE_WEB=1 (.ci/run), where that fails.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from export.api import GenerateOptions, load
+from tests.conftest import ON_HF_CLIENTS, Lazy
+from tests.hf_exports import TEXTS
+from tests.test_node_web import require, run_node
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "transformers-js" / "run.mjs"
+STEPS = 24
+pytestmark = ON_HF_CLIENTS  # one worker makes the exports once
+
+
+def transformers_js_problem() -> str | None:
+    if shutil.which("node") is None:
+        return "node is not on PATH (Node.js >= 20 runs examples/transformers-js)"
+    if not (SCRIPT.parent / "node_modules" / "@huggingface" / "transformers").is_dir():
+        return ("examples/transformers-js/node_modules missing: run "
+                "`npm ci --ignore-scripts` there (make node-deps)")
+    return None
+
+
+@pytest.fixture(scope="module")
+def exports(hf_client_exports: Lazy) -> Lazy:
+    require(transformers_js_problem())
+    return hf_client_exports
+
+
+def transformers_js(folder: Path, task: str, *args: str) -> dict:
+    texts = [arg for text in TEXTS for arg in ("--text", text)] if "--text" not in args else []
+    result = run_node(SCRIPT, str(folder), task, *texts, *args, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def until_eos(ids: list[int], eos: int) -> list[int]:
+    """`zoo run`'s tokens as a client returns them: up to and including the first eos."""
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+@pytest.mark.parametrize("key", ["gpt", "llama"])
+def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, exports: Lazy
+                                                      ) -> None:
+    exported = load(exports[key])
+    for text in TEXTS:
+        expected = until_eos(exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0]
+                             .ids, exported.card["eos_token_id"])
+        got = transformers_js(exports[key], "text-generation", "--text", text,
+                              "--max-new-tokens", str(STEPS))
+        prompt = exported.tokenizer.encode(text)
+        assert got["tokens"][:len(prompt)] == prompt, text  # the tokenizer files' own ids
+        assert got["tokens"][len(prompt):] == expected, text
+
+
+def test_feature_extraction_gives_the_sentence_embedding(exports: Lazy) -> None:
+    expected = load(exports["embedder"]).embed(TEXTS)
+    got = np.array(transformers_js(exports["embedder"], "feature-extraction", "--pooling",
+                                   "mean", "--normalize", *sum((["--text", t] for t in TEXTS),
+                                                               []))["vectors"])
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key", ["classifier", "pooler-classifier"])
+def test_text_classification_gives_zoo_runs_labels(key: str, exports: Lazy) -> None:
+    expected = load(exports[key]).classify(TEXTS)
+    got = transformers_js(exports[key], "text-classification")
+    assert got["labels"] == [next(iter(row)) for row in expected]
+    for scores, row in zip(got["scores"], expected, strict=True):
+        assert scores.keys() == row.keys()
+        np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
+                                   atol=1e-4, rtol=0)

@@ -1,0 +1,169 @@
+"""A card as a Hugging Face `config.json`: the importer's layout maps (registry/maps/*.yaml) run
+backwards, then forwards again as the proof.
+
+For each map, config.json is written from the card through the map's own `config` keys (and
+its `requires`, `each` and `tokens`); then the importer reads that config back
+(zoo/files/importers.py `card_fields`, `make_card`). Only where it gives back the card's every
+architecture field is the map's `model_type` claimed: a card no map reproduces (gpt-tiny with
+rotary positions, a Marian-like card with the paper's sinusoids) gets no config.json, and the
+reason in one line. The maps know nothing twice: what the importer accepts is what is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from registry.catalog import Card, open_catalog, read_yaml
+from registry.errors import ZooError
+from registry.layouts import LayoutMap, known_maps
+from registry.schema import FIELDS, effective_bias
+from registry.sizes import attention_sizes
+from zoo.files.importers import card_fields, make_card
+
+# Card fields that are not the computation: the names, training settings, token ids (written,
+# but filled by the importer from its own fallbacks) and the sentence heads, checked apart.
+NOT_ARCHITECTURE = {"family", "description", "dropout", "pad_token_id", "bos_token_id",
+                    "eos_token_id", "mask_token_id", "pooling", "normalize", "num_labels",
+                    "labels"}
+STANDARD_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+WHERE = "config.json (written from the card)"
+
+
+@dataclass
+class HFConfig:
+    """config.json's object, or None with the one line that says why there is none; `note`
+    also says what a written config leaves out (a head no transformers class has)."""
+
+    config: dict[str, Any] | None
+    note: str | None = None
+
+
+def _ordered_maps() -> list[LayoutMap]:
+    """Maps of their own first (Llama before Mistral, which is Llama's layout with settings of
+    its own): where two reproduce a card, the first one's name is given."""
+    maps = list(known_maps().values())
+    return sorted(maps, key=lambda layout: ("like" in read_yaml(layout.path),
+                                            layout.path.stem))
+
+
+def _first_key(keys: str | list[str]) -> str:
+    """The key to write a field under: the first plain one (a dotted key reads into an object
+    that transformers 5 writes; its 4.x readers, Optimum's among them, read the plain one)."""
+    keys = keys if isinstance(keys, list) else [keys]
+    return next((key for key in keys if "." not in key), keys[0])
+
+
+def _value(layout: LayoutMap, card: Card, field: str) -> Any:
+    """The card's value as config.json spells it."""
+    sizes = attention_sizes(card)
+    if field == "n_kv_heads":
+        return sizes.kv_heads
+    if field == "head_dim":
+        return sizes.head_dim
+    if field in ("attention_bias", "mlp_bias"):
+        return effective_bias(card, field)
+    if field == "activation":  # the first config.json name the map reads as this activation
+        return next((name for name, ours in layout["activations"].items()
+                     if ours == card["activation"]), card["activation"])
+    return card[field]
+
+
+def _labels(card: Card) -> list[str]:
+    return list(card["labels"] or [f"LABEL_{i}" for i in range(card["num_labels"])])
+
+
+def _written(layout: LayoutMap, card: Card) -> dict[str, Any]:
+    config: dict[str, Any] = {"model_type": layout.data["model_type"]}
+    for field, keys in layout["config"].items():
+        config[_first_key(keys)] = _value(layout, card, field)
+    config.update(layout["requires"])
+    for key, other in layout["equal"].items():
+        config[key] = config.get(other)
+    for key, want in layout["each"].items():
+        config[key] = [want] * card["n_layers"]
+    for field, spec in layout["tokens"].items():
+        if "config" in spec and card[field] is not None:
+            config[_first_key(spec["config"])] = card[field]
+    for field in STANDARD_TOKENS:
+        if card[field] is not None:
+            config.setdefault(field, card[field])
+    if card["num_labels"]:
+        labels = _labels(card)
+        config["id2label"] = {str(i): label for i, label in enumerate(labels)}
+        config["label2id"] = {label: i for i, label in enumerate(labels)}
+    return config
+
+
+def architecture(card: Card | dict[str, Any]) -> dict[str, Any]:
+    """What the card computes, with the fields that default to another's resolved."""
+    sizes = attention_sizes(card)
+    fields = {name: card[name] for name in FIELDS if name not in NOT_ARCHITECTURE}
+    fields.update(n_kv_heads=sizes.kv_heads, head_dim=sizes.head_dim,
+                  attention_bias=effective_bias(card, "attention_bias"),
+                  mlp_bias=effective_bias(card, "mlp_bias"))
+    return fields
+
+
+def _classifier_claimed(layout: LayoutMap, card: Card) -> bool:
+    """A classifier is the layout's class only where its head reads the same sentence vector
+    (BertForSequenceClassification: the pooler's, not normalized)."""
+    classifier = layout["classifier"]
+    return bool(card["num_labels"] and classifier and card["pooling"] == classifier["pooling"]
+                and not card["normalize"])
+
+
+def _reproduces(layout: LayoutMap, card: Card, config: dict[str, Any]) -> bool:
+    """Whether the importer reads `config` back as `card` (heads and all)."""
+    names = [f"{prefix}weight" for field, prefix in layout["heads"].items() if card[field]]
+    if _classifier_claimed(layout, card):
+        names.append(f"{layout['classifier']['prefix']}weight")
+    parent = open_catalog().get(layout.data["extends"])
+    if parent.family != card.family:
+        return False
+    try:
+        resolved = layout.for_config(config)
+        fields, origins = card_fields(resolved, config, names, None, parent, WHERE)
+        read, _ = make_card(parent, card.name, fields, origins, WHERE)
+    except ZooError:  # the importer refuses this config: the layout cannot say this card
+        return False
+    if architecture(read) != architecture(card):
+        return False
+    return not _classifier_claimed(layout, card) or (
+        read["num_labels"], read["labels"]) == (card["num_labels"], _labels(card))
+
+
+def _class_name(layout: LayoutMap, card: Card) -> tuple[str | None, str | None]:
+    """(the transformers class this card is, or None; a note where there is none)."""
+    names = layout.architectures()
+    if card.family == "decoder":
+        wanted = [n for n in names if n.endswith(("ForCausalLM", "LMHeadModel"))]
+    elif card.family == "encoder-decoder":
+        wanted = names
+    elif card["num_labels"]:
+        if not _classifier_claimed(layout, card):
+            return None, (f"architectures left out: a {card['pooling']}-pooled classifier is no "
+                          "transformers class (the graph computes it whole)")
+        wanted = [n for n in names if n.endswith("ForSequenceClassification")]
+    elif card["mlm_head"]:
+        wanted = [n for n in names if n.endswith("ForMaskedLM")]
+    else:
+        wanted = [n for n in names if n.endswith("Model") and "For" not in n]
+    return (wanted[0], None) if wanted else (None, None)
+
+
+def hf_config(card: Card) -> HFConfig:
+    """config.json for `card`, from the first layout map that reproduces it; else none."""
+    if card.family == "decoder" and card["pooling"]:
+        return HFConfig(None, "no config.json: a pooled decoder is no transformers class")
+    for layout in _ordered_maps():
+        config = _written(layout, card)
+        if not _reproduces(layout, card, config):
+            continue
+        name, note = _class_name(layout, card)
+        if name:
+            config["architectures"] = [name]
+        return HFConfig(config, note)
+    known = ", ".join(sorted(known_maps()))
+    return HFConfig(None, f"no config.json: the card matches no Hugging Face layout the zoo "
+                          f"knows ({known})")

@@ -309,9 +309,11 @@ def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force:
 @click.option("--optimize", is_flag=True,
               help="ONNX Runtime's transformer fusions; decoders also get model_kv.onnx, a "
                    "generation graph whose key/value cache is updated in place.")
-@click.option("--quantize", type=click.Choice(["int8", "int4"]),
-              help="Weight-only MatMul quantization; checked by top-1 agreement with fp32 "
-                   "instead of the parity grid.")
+@click.option("--quantize", type=click.Choice(["int8", "int4", "int8-dynamic"]),
+              help="int8/int4: weight-only MatMul quantization, checked by top-1 agreement "
+                   "with fp32; int8-dynamic (encoders, embedders, classifiers): int8 weights "
+                   "and activations, checked by a quality gate (sentence cosine, label "
+                   "agreement, MLM top-1) instead of the parity grid.")
 @click.option("--attentions", is_flag=True,
               help="Also output every layer's attention maps (attentions.{i}, Hugging Face's "
                    "names); checked by the parity grid like every output.")
@@ -455,7 +457,7 @@ def evaluate_command(folder: str, data: str | None, task: str | None, text_file:
               help="Timed runs per figure (slow figures a third), after three warm-up runs.")
 @click.option("--optimize/--no-optimize", default=True, show_default=True,
               help="When exporting NAME or a built folder: --optimize it.")
-@click.option("--quantize", type=click.Choice(["int8", "int4"]),
+@click.option("--quantize", type=click.Choice(["int8", "int4", "int8-dynamic"]),
               help="When exporting NAME or a built folder: --quantize it.")
 @click.option("--profile", is_flag=True, help="Add ONNX Runtime's per-operator times.")
 @seed_option("Seed when building a card.")

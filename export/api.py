@@ -24,6 +24,7 @@ import numpy as np
 
 from export.checks.agreement import AgreementReport
 from export.checks.parity import Report
+from export.checks.quality import GateReport
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import VariantReport, export_and_verify
@@ -180,7 +181,7 @@ def export_model(source: str | Path, out: str | Path, options: ExportOptions | N
                  seed: int = 0, overrides: dict[str, Any] | None = None,
                  registries: Sequence[str] = (),
                  progress: Callable[[str], None] = lambda message: None
-                 ) -> Report | AgreementReport | VariantReport:
+                 ) -> Report | AgreementReport | GateReport | VariantReport:
     """`zoo export`: a card name (built with `seed` and `overrides`) or a model folder to a
     checked export in `out`; returns the check's report (it raised if the check failed).
     The options are checked once, by the pipeline, before anything is traced."""

@@ -11,6 +11,7 @@ from export.bench.cost import encoder_cost
 from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
 from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
+from export.checks.quality import Measure, encoder_quality
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import encoder_maps
 from export.onnx.wrappers import EncoderGraph
@@ -29,6 +30,7 @@ class EncoderFamily(Family):
     bench_summary = staticmethod(encoder_summary)
     profile = staticmethod(forward_profile)
     attention_maps = staticmethod(encoder_maps)
+    dynamic_files = ("model.onnx",)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = [Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"),
@@ -44,3 +46,6 @@ class EncoderFamily(Family):
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         return masked_lm_agreement(reference, candidate, seed)
+
+    def quality(self, reference: Any, candidate: Any, seed: int) -> list[Measure]:
+        return encoder_quality(reference, candidate, "model.onnx", seed)

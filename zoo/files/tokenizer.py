@@ -123,6 +123,15 @@ class HuggingFaceTokenizer:
         return self.backend.id_to_token(token) or f"<{token}>"
 
 
+def sequence_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A whole text's ids as a sequence model reads them (a sentence vector, a class): a
+    tokenizer.json adds its special tokens (BERT's [CLS] ... [SEP], as transformers and
+    sentence-transformers do); the byte and word tokenizers have none to add."""
+    if isinstance(tokenizer, HuggingFaceTokenizer):
+        return tokenizer.backend.encode(text, add_special_tokens=True).ids
+    return tokenizer.encode(text)
+
+
 def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The tokenizer saved in `folder`, or None where there is none. The byte tokenizer wins
     when both files are there: a decoder export's tokenizer.json is then its translation for

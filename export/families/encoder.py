@@ -17,6 +17,7 @@ from export.inspect.maps import encoder_maps
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
 from zoo.blocks.heads import encoder_heads
+from zoo.files.tokenizer import load_tokenizer
 
 TOKENS = ("batch", "sequence")
 
@@ -48,4 +49,6 @@ class EncoderFamily(Family):
         return masked_lm_agreement(reference, candidate, seed)
 
     def quality(self, reference: Any, candidate: Any, seed: int) -> list[Measure]:
-        return encoder_quality(reference, candidate, "model.onnx", seed)
+        folder = getattr(candidate, "folder", None)  # a Runtime: the export's own tokenizer
+        tokenizer = load_tokenizer(folder) if folder is not None else None
+        return encoder_quality(reference, candidate, "model.onnx", seed, tokenizer)

@@ -9,6 +9,12 @@ bias. Products between activations (Q·Kᵀ, the attention-weighted values) stay
 `reduce_range` (7-bit weights) where the CPU has no VNNI: AVX2's u8 x s8 dot product sums pairs
 into 16 bits, which saturates with full-range weights. A tied head's MatMul(x, Transpose(E)) is
 folded into a transposed weight first, as for the weight-only modes, so it is quantized too.
+
+The first layer's feed-forward output projection stays fp32: its input carries the outlier
+activations BERT-style encoders are known for, which one uint8 scale per row crushes.
+Measured on all-MiniLM-L6-v2 over 50 lines of the shipped text: every MatMul quantized, the
+worst sentence's cosine to fp32 was 0.977 (Optimum's int8: 0.962); that one MatMul kept fp32,
+0.993, where keeping any other layer's gained at most 0.006.
 """
 
 from __future__ import annotations
@@ -48,12 +54,23 @@ class DynamicSettings:
                 "weight_format": "int8 symmetric", "activations": "uint8, quantized at run time"}
 
 
-def quantize_dynamic_graph(model: onnx.ModelProto, settings: DynamicSettings
-                           ) -> tuple[onnx.ModelProto, int]:
+def first_feed_forward_output(model: onnx.ModelProto, d_model: int, d_ff: int) -> list[str]:
+    """The name of the first MatMul (in graph order) whose constant weight is d_ff x d_model:
+    the first layer's feed-forward output projection; none where no MatMul has that shape."""
+    shapes = {tensor.name: tuple(tensor.dims) for tensor in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and shapes.get(node.input[1]) == (d_ff, d_model):
+            return [node.name]
+    return []
+
+
+def quantize_dynamic_graph(model: onnx.ModelProto, settings: DynamicSettings,
+                           d_model: int, d_ff: int) -> tuple[onnx.ModelProto, int]:
     """The quantized model and the number of MatMuls it quantized."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     fold_transposed_weights(model)
+    kept = first_feed_forward_output(model, d_model, d_ff)
     with tempfile.TemporaryDirectory() as scratch, quiet_loggers(
             "onnxruntime", "onnxruntime.quantization", disable=logging.WARNING):
         path = Path(scratch) / "quantized.onnx"
@@ -61,7 +78,7 @@ def quantize_dynamic_graph(model: onnx.ModelProto, settings: DynamicSettings
             quantize_dynamic(model, path, op_types_to_quantize=["MatMul"],
                              per_channel=settings.per_channel,
                              reduce_range=settings.reduce_range, weight_type=QuantType.QInt8,
-                             extra_options={"MatMulConstBOnly": True})
+                             nodes_to_exclude=kept, extra_options={"MatMulConstBOnly": True})
         except Exception as exc:  # the quantizer raises many types; report one line
             raise QuantizeError(f"--quantize {DYNAMIC}: {first_line(exc)}") from exc
         quantized = onnx.load(str(path))

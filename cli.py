@@ -309,9 +309,11 @@ def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force:
 @click.option("--optimize", is_flag=True,
               help="ONNX Runtime's transformer fusions; decoders also get model_kv.onnx, a "
                    "generation graph whose key/value cache is updated in place.")
-@click.option("--quantize", type=click.Choice(["int8", "int4"]),
-              help="Weight-only MatMul quantization; checked by top-1 agreement with fp32 "
-                   "instead of the parity grid.")
+@click.option("--quantize", type=click.Choice(["int8", "int4", "int8-dynamic"]),
+              help="int8/int4: weight-only MatMul quantization, checked by top-1 agreement "
+                   "with fp32; int8-dynamic (encoders, embedders, classifiers): int8 weights "
+                   "and activations, checked by a quality gate (sentence cosine, label "
+                   "agreement, MLM top-1) instead of the parity grid.")
 @click.option("--attentions", is_flag=True,
               help="Also output every layer's attention maps (attentions.{i}, Hugging Face's "
                    "names); checked by the parity grid like every output.")
@@ -414,6 +416,61 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
     echo(run_export(request, progress))
 
 
+def rows_bar(done: int, total: int, rows_per_second: float) -> None:
+    """`zoo embed` / `zoo classify`: rows done, on one updating line (a log: ~twenty lines)."""
+    filled = int(20 * done / total)
+    line = (f"rows {done:>{len(str(total))}}/{total} [{'#' * filled}{'.' * (20 - filled)}] "
+            f"{rows_per_second:.1f} rows/s")
+    tty = sys.stderr.isatty()
+    if not tty and done != total and (20 * done // total) == (20 * (done - 1) // total):
+        return
+    click.echo(("\r" + line) if tty else line, err=True, nl=not tty or done == total)
+
+
+def corpus_command(what: str) -> Any:
+    """The options `zoo embed` and `zoo classify` share."""
+    def decorate(command: Any) -> Any:
+        for option in reversed([
+                click.argument("folder", metavar="EXPORT", type=click.Path()),
+                click.option("--data", type=click.Path(dir_okay=False), required=True,
+                             help="One text a line, or .jsonl / .csv with a text column."),
+                click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
+                             help=f"The {what} file to write."),
+                click.option("--column", default="text", show_default=True,
+                             help="The JSONL field or CSV column holding the text."),
+                click.option("--truncate", is_flag=True,
+                             help="Cut rows past max_positions instead of refusing them."),
+                provider_option, threads_option, force_option("an existing output file")]):
+            command = option(command)
+        return command
+    return decorate
+
+
+@main.command()
+@corpus_command(".npy")
+def embed(folder: str, data: str, out: str, column: str, truncate: bool, provider: str,
+          threads: int | None, force: bool) -> None:
+    """Every row's sentence vector, in row order, into a .npy file (rows x d, float32).
+
+    Rows are batched by length; each row's vector is the one `zoo run --text` gives it.
+    """
+    from export.commands.corpus import CorpusRequest, embed_command
+
+    echo(embed_command(CorpusRequest(Path(folder), Path(data), Path(out), column, truncate,
+                                     force, provider, threads), rows_bar))
+
+
+@main.command()
+@corpus_command("JSONL")
+def classify(folder: str, data: str, out: str, column: str, truncate: bool, provider: str,
+             threads: int | None, force: bool) -> None:
+    """Every row's label and class probabilities, in row order, one JSON object a line."""
+    from export.commands.corpus import CorpusRequest, classify_command
+
+    echo(classify_command(CorpusRequest(Path(folder), Path(data), Path(out), column, truncate,
+                                        force, provider, threads), rows_bar))
+
+
 @main.command("evaluate")
 @click.argument("folder", metavar="OUT", type=click.Path())
 @click.option("--data", type=click.Path(dir_okay=False),
@@ -455,7 +512,7 @@ def evaluate_command(folder: str, data: str | None, task: str | None, text_file:
               help="Timed runs per figure (slow figures a third), after three warm-up runs.")
 @click.option("--optimize/--no-optimize", default=True, show_default=True,
               help="When exporting NAME or a built folder: --optimize it.")
-@click.option("--quantize", type=click.Choice(["int8", "int4"]),
+@click.option("--quantize", type=click.Choice(["int8", "int4", "int8-dynamic"]),
               help="When exporting NAME or a built folder: --quantize it.")
 @click.option("--profile", is_flag=True, help="Add ONNX Runtime's per-operator times.")
 @seed_option("Seed when building a card.")

@@ -35,8 +35,9 @@ sys.path.insert(0, str(HERE))
 
 from prepare import hf_folder, optimum_export, zoo_export  # noqa: E402
 
-from export.bench.genai_vs_zoo import cpu_flags, genai_runner, zoo_runner  # noqa: E402
+from export.bench.genai_vs_zoo import genai_runner, zoo_runner  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
+from export.cpu import cpu_flags  # noqa: E402
 from export.onnx.contract import MODEL_GRAPH  # noqa: E402
 from export.opening import open_export  # noqa: E402
 from export.runtime.generate import open_session  # noqa: E402

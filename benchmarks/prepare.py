@@ -35,8 +35,10 @@ def hf_folder(name: str, work: Path) -> Path:
     return folder
 
 
-def zoo_export(name: str, work: Path, optimize: bool) -> Path:
-    """`zoo import` of the HF folder, then `zoo export` (parity-checked against PyTorch)."""
+def zoo_export(name: str, work: Path, optimize: bool, quantize: str | None = None) -> Path:
+    """`zoo import` of the HF folder, then `zoo export` (parity-checked against PyTorch; a
+    quantized one through its agreement check or quality gate)."""
+    from export.options import ExportOptions
     from export.pipeline import export_and_verify
     from zoo.files.importers import import_checkpoint
     from zoo.files.sources import load_source
@@ -44,10 +46,13 @@ def zoo_export(name: str, work: Path, optimize: bool) -> Path:
     built = work / f"zoo-{name}"
     if not (built / "model.safetensors").exists():
         import_checkpoint(hf_folder(name, work), built, force=True)
-    out = work / f"zoo-{name}-{'optimize' if optimize else 'default'}"
+    kind = "optimize" if optimize else "default"
+    out = work / f"zoo-{name}-{kind}{f'-{quantize}' if quantize else ''}"
     if not (out / "manifest.json").exists():
         model, card = load_source(str(built), (), SEED, None)
-        export_and_verify(model, card, out, force=True, source_folder=built, optimize=optimize)
+        export_and_verify(model, card, out, ExportOptions(force=True, optimize=optimize,
+                                                          quantize=quantize),
+                          source_folder=built)
     return out
 
 
@@ -62,4 +67,21 @@ def optimum_export(name: str, work: Path) -> Path:
             logging.disable(logging.WARNING)
             main_export(str(hf_folder(name, work)), out, task=MODELS[name])
             logging.disable(logging.NOTSET)
+    return out
+
+
+def optimum_quantized(name: str, work: Path, vnni: bool) -> Path:
+    """Optimum's ORTQuantizer on its own export: dynamic int8 with the configuration for this
+    CPU (AVX-512 VNNI, else AVX2), per-channel, as its documentation shows."""
+    from optimum.onnxruntime import ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    out = work / f"optimum-{name}-int8"
+    if not (out / "model_quantized.onnx").exists():
+        config = (AutoQuantizationConfig.avx512_vnni if vnni else AutoQuantizationConfig.avx2)(
+            is_static=False, per_channel=True)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            quantizer = ORTQuantizer.from_pretrained(optimum_export(name, work))
+            quantizer.quantize(config, out)
     return out

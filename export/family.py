@@ -132,6 +132,10 @@ class Family:
     attention_maps: Callable[[Any, list[int], list[int]], list[Any]]
     # how many tokens `zoo attention` generates when not told: the encoder-decoder needs a target
     default_generate: int = 0
+    # --quantize int8-dynamic quantizes these graphs (compute-bound forwards); a family with
+    # none refuses it, saying what to use instead
+    dynamic_files: tuple[str, ...] = ()
+    dynamic_alternative: str = "--quantize int8 (weight-only MatMulNBits)"
 
     def variant(self, card: Any) -> Family:
         """The object for this card: a family whose cards differ in kind (a decoder with a
@@ -164,6 +168,18 @@ class Family:
         return prompt_length + new_tokens
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
+        raise NotImplementedError
+
+    def check_quantization(self, card: Card, choice: str | None) -> None:
+        """Refuse, before any tracing, a quantization this family's graphs are not made for."""
+        if choice == "int8-dynamic" and not self.dynamic_files:
+            raise ZooError(f"{card.name}: --quantize int8-dynamic is for encoders, embedders and "
+                           f"classifiers, whose forward is compute-bound; a {self.name}'s "
+                           f"generation reads its weights every step: use "
+                           f"{self.dynamic_alternative}")
+
+    def quality(self, reference: Any, candidate: Any, seed: int) -> list[Any]:
+        """An int8-dynamic export's gated figures (export/checks/quality.py's Measures)."""
         raise NotImplementedError
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,

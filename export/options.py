@@ -20,7 +20,7 @@ class ExportOptions:
     rtol: float = DEFAULT_RTOL
     force: bool = False  # replace an existing OUT
     optimize: bool = False  # ONNX Runtime's fusions (decoders: also model_kv.onnx)
-    quantize: str | None = None  # "int8" | "int4": weight-only MatMulNBits
+    quantize: str | None = None  # "int8" | "int4": weight-only MatMulNBits; "int8-dynamic"
     attentions: bool = False  # the graphs also output every layer's attention maps
 
     @property

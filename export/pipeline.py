@@ -12,6 +12,7 @@ from torch import nn
 
 from export.checks.agreement import AgreementReport
 from export.checks.parity import Report
+from export.checks.quality import GateReport
 from export.checks.verify import verify
 from export.families import family_of
 from export.onnx.writer import export_onnx
@@ -27,7 +28,7 @@ class VariantReport:
     fusions, quantized MatMuls) and the check it passed (parity grid or agreement)."""
 
     notes: list[str] = field(default_factory=list)
-    check: Report | AgreementReport | None = None
+    check: Report | AgreementReport | GateReport | None = None
 
     @property
     def passed(self) -> bool:
@@ -53,11 +54,13 @@ def export_and_verify(
     options = options or ExportOptions()
     options.check()  # before minutes of exporting
     family = family_of(card)  # once: the writer, the variants and the check share it
+    family.check_quantization(card, options.quantize)
 
-    def verify_staged(staging: Path, manifest: dict[str, Any]) -> Report | AgreementReport:
+    def verify_staged(staging: Path, manifest: dict[str, Any]
+                      ) -> Report | AgreementReport | GateReport:
         runtime = open_staged(staging, manifest, options.provider)
         check = verify(model, card, runtime, options.atol, options.rtol, progress)
-        if isinstance(check, AgreementReport):  # recorded beside what was quantized
+        if isinstance(check, AgreementReport | GateReport):  # beside what was quantized
             manifest["quantization"]["agreement"] = check.as_dict()
         return check
 

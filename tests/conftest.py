@@ -126,6 +126,7 @@ def tiny_card(request: pytest.FixtureRequest) -> Card:
 VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {}, "optimize": {"optimize": True}, "int8": {"quantize": "int8"},
     "int4": {"quantize": "int4"}, "attentions": {"attentions": True},
+    "int8-dynamic": {"quantize": "int8-dynamic"},
 }
 SharedExport = Callable[..., tuple[Path, Any]]
 

@@ -21,23 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from export.bench.machine import cpu_name, load_average
+from export.cpu import cpu_flags
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
 from export.runtime.generate import generate
 from zoo.files.sources import load_source
-
-FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx_vnni")
-
-
-def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return []
-    line = next((entry for entry in text.splitlines() if entry.startswith("flags")), "")
-    present = set(line.split(":", 1)[-1].split())
-    return [flag for flag in FLAGS if flag in present]
 
 
 def genai_runner(folder: Path, prompt: list[int], new_tokens: int):  # noqa: ANN201

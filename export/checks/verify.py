@@ -1,5 +1,6 @@
 """verify(): the one check an export passes, run by `zoo export` before the folder lands and by
-`zoo parity` on a folder: the parity grid, or for a quantized export the agreement check; an
+`zoo parity` on a folder: the parity grid, or for a quantized export the agreement check (an
+int8-dynamic export: the quality gate, export/checks/quality.py); an
 optimized decoder also proves that its shared-cache loop picks the plain loop's tokens."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from export.checks.parity import (
     Report,
     check_parity,
 )
+from export.checks.quality import GateError, GateReport
+from export.onnx.quantize import DYNAMIC
 from export.runtime.engine import Engine
 from export.runtime.engines import TorchEngine
 from export.runtime.generate import generate
@@ -30,6 +33,10 @@ def check_agreement(reference: Engine, candidate: Engine, quantization: str,
     report = AgreementReport(quantization, THRESHOLDS[quantization])
     report.rows.append(reference.family.agreement(reference, candidate, steps, seed))
     return report
+
+
+def check_quality(reference: Engine, candidate: Engine, seed: int = 0) -> GateReport:
+    return GateReport(DYNAMIC, reference.family.quality(reference, candidate, seed))
 
 
 def shared_cache_matches_plain(runtime: Runtime, steps: int = GENERATION_STEPS, seed: int = 0
@@ -47,12 +54,18 @@ def shared_cache_matches_plain(runtime: Runtime, steps: int = GENERATION_STEPS, 
 
 def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT_ATOL,
            rtol: float = DEFAULT_RTOL, progress: Callable[[str], None] = lambda message: None
-           ) -> Report | AgreementReport:
-    """The report of the check `runtime`'s export needs; raises ParityError or AgreementError
-    (each carrying its report) when it fails."""
+           ) -> Report | AgreementReport | GateReport:
+    """The report of the check `runtime`'s export needs; raises ParityError, AgreementError or
+    GateError (each carrying its report) when it fails."""
     reference = TorchEngine(model, card, runtime.family,
                             attentions="attentions" in runtime.manifest)
     quantization = runtime.manifest.get("quantization")
+    if quantization and quantization["weights"] == DYNAMIC:
+        progress(f"checking {DYNAMIC} against fp32 PyTorch (quality gate)...")
+        gate = check_quality(reference, runtime)
+        if not gate.passed:
+            raise GateError(gate)
+        return gate
     if quantization:
         weights = quantization["weights"]
         progress(f"checking {weights} against fp32 PyTorch (top-1 agreement)...")

@@ -12,7 +12,7 @@ from export.opening import open_export, open_model
 from export.runtime.classify import predictions
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.tokenizer import Tokenizer, load_tokenizer
+from zoo.files.tokenizer import Tokenizer, load_tokenizer, sequence_ids
 from zoo.files.weights import load_built
 from zoo.training import reverse
 from zoo.training.data import read_text_tokens
@@ -59,7 +59,7 @@ def evaluate_classifier(folder: Path, data: Path, provider: str = "cpu") -> list
     rows = read_rows(data)
     truth = label_ids(rows, card["labels"], card["num_labels"])
     limit = card["max_positions"]
-    prompts = [tokenizer.encode(example.text)[:limit] for example in rows.examples]
+    prompts = [sequence_ids(tokenizer, example.text)[:limit] for example in rows.examples]
     onnx_says = predictions(runtime, prompts)
     torch_says = predictions(open_model(*load_built(folder)), prompts)
     names = card["labels"] or [str(i) for i in range(card["num_labels"])]

@@ -11,12 +11,14 @@ from export.bench.cost import encoder_cost
 from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
 from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
+from export.checks.quality import Measure, encoder_quality
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import encoder_maps
 from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
 from zoo.blocks.heads import encoder_heads
+from zoo.files.tokenizer import load_tokenizer
 
 TOKENS = ("batch_size", "sequence_length")
 
@@ -30,6 +32,7 @@ class EncoderFamily(Family):
     bench_summary = staticmethod(encoder_summary)
     profile = staticmethod(forward_profile)
     attention_maps = staticmethod(encoder_maps)
+    dynamic_files = (MODEL_GRAPH,)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = [Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"),
@@ -45,3 +48,8 @@ class EncoderFamily(Family):
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         return masked_lm_agreement(reference, candidate, seed)
+
+    def quality(self, reference: Any, candidate: Any, seed: int) -> list[Measure]:
+        folder = getattr(candidate, "folder", None)  # a Runtime: the export's own tokenizer
+        tokenizer = load_tokenizer(folder) if folder is not None else None
+        return encoder_quality(reference, candidate, MODEL_GRAPH, seed, tokenizer)

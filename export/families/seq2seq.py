@@ -12,8 +12,9 @@ import numpy as np
 from export.bench.cost import seq2seq_cost
 from export.bench.encoder import forward_profile
 from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
-from export.checks.agreement import Agreement, generation_agreement
+from export.checks.agreement import STEPS, Agreement, generation_agreement
 from export.checks.cases import encoder_cases, seq2seq_decoder_cases
+from export.checks.quality import Measure, agreement_measures
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import seq2seq_maps
 from export.onnx.contract import DECODER
@@ -37,6 +38,7 @@ class Seq2SeqFamily(Family):
     profile = staticmethod(partial(forward_profile, file="encoder.onnx"))
     attention_maps = staticmethod(seq2seq_maps)
     default_generate = 16
+    dynamic_files = ("encoder.onnx",)  # once per source; the decoder's steps stay fp32
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         encoder = GraphIO((Input("input_ids", SOURCE, "ids"),
@@ -59,6 +61,9 @@ class Seq2SeqFamily(Family):
 
     def generated_length(self, prompt_length: int, new_tokens: int) -> int:
         return new_tokens + 1  # the target side: the start token, then the new tokens
+
+    def quality(self, reference: Any, candidate: Any, seed: int) -> list[Measure]:
+        return agreement_measures(self.agreement(reference, candidate, STEPS, seed))
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         steps = min(steps, reference.card["max_positions"] - 1)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from export.logs import quiet_loggers
+from export.onnx.shared_cache import KV_FILE
 from registry.catalog import Card
 from registry.sizes import attention_sizes
 
@@ -58,7 +59,7 @@ def expected_fusions(card: Card, file: str) -> list[tuple[str, ...]]:
     expected: list[tuple[str, ...]] = []
     if card["activation"] in ACTIVATION_FUSIONS:
         expected.append(ACTIVATION_FUSIONS[card["activation"]])
-    if file != "model_kv.onnx":  # that graph has GroupQueryAttention from the exporter
+    if file != KV_FILE:  # that graph has GroupQueryAttention from the exporter
         expected.append(("Attention", "MultiHeadAttention"))
     return expected
 

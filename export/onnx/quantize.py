@@ -22,6 +22,8 @@ from export.onnx.optimize import ensure_ms_opset
 from registry.errors import ZooError, first_line
 
 BITS = {"int8": 8, "int4": 4}
+DYNAMIC = "int8-dynamic"  # export/onnx/dynamic.py: int8 weights and activations, for encoders
+CHOICES = (*BITS, DYNAMIC)
 BLOCK_SIZE = 32
 # accuracy_level 4: MatMulNBits quantizes activation blocks to int8 inside its dot products
 # (VNNI on x86). Measured on gpt2-small (decode step at past 256): int8 5.2 ms at level 4
@@ -33,10 +35,9 @@ class QuantizeError(ZooError):
     """An unknown --quantize choice, or the quantizer refused a graph."""
 
 
-def check_choice(choice: str) -> int:
-    if choice not in BITS:
-        raise QuantizeError(f"--quantize {choice}: expected one of {', '.join(BITS)}")
-    return BITS[choice]
+def check_choice(choice: str) -> None:
+    if choice not in CHOICES:
+        raise QuantizeError(f"--quantize {choice}: expected one of {', '.join(CHOICES)}")
 
 
 def fold_transposed_weights(model: onnx.ModelProto) -> int:
@@ -72,7 +73,8 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
     """The quantized model and the number of MatMuls it quantized."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    bits = check_choice(choice)
+    check_choice(choice)
+    bits = BITS[choice]
     fold_transposed_weights(model)
     with quiet_loggers("onnxruntime", "onnxruntime.quantization", disable=logging.WARNING):
         try:

@@ -3,9 +3,11 @@ files are written.
 
 --optimize: a family may add graphs (decoders: model_kv.onnx, the shared-cache generation
 graph, see shared_cache.py); every graph gets ONNX Runtime's transformer fusions.
---quantize int8|int4: every graph's constant MatMul weights become MatMulNBits blocks. The
-contract graphs keep their input and output names either way, so the parity grid (or,
-quantized, the agreement check) runs on them unchanged.
+--quantize int8|int4: every graph's constant MatMul weights become MatMulNBits blocks.
+--quantize int8-dynamic: the family's compute-bound graphs (an encoder's model.onnx, an
+encoder-decoder's encoder.onnx) get int8 weights and run-time int8 activations (dynamic.py).
+The contract graphs keep their input and output names either way, so the parity grid (or,
+quantized, the agreement check or the quality gate) runs on them unchanged.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import onnx
 from torch import nn
 
 from export.family import Family
+from export.onnx.dynamic import DynamicSettings, quantize_dynamic_graph
 from export.onnx.optimize import FusionReport, fuse
-from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, quantize
+from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
 from export.options import ExportOptions
 from registry.catalog import Card
 
@@ -49,7 +52,9 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
                                 family.attention_fusion_note)
         variant.notes.extend(report.lines())
         variant.manifest["optimization"] = report.as_dict()
-    if options.quantize:
+    if options.quantize == DYNAMIC:
+        variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress))
+    elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
         for file in list(protos):
@@ -66,3 +71,23 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
             "check": "top-1 agreement with fp32 instead of the parity grid",
         }
     return variant
+
+
+def _quantize_dynamic(protos: dict[str, onnx.ModelProto], card: Card, family: Family,
+                      variant: VariantResult, progress: Callable[[str], None]) -> list[str]:
+    settings = DynamicSettings.for_this_cpu()
+    progress(f"quantizing MatMuls to {DYNAMIC} (weights int8, activations at run time"
+             f"{', reduce_range: this CPU has no VNNI' if settings.reduce_range else ''})...")
+    counts = {}
+    for file in family.dynamic_files:
+        protos[file], counts[file] = quantize_dynamic_graph(protos[file], settings,
+                                                            card["d_model"], card["d_ff"])
+    variant.manifest["quantization"] = {
+        "weights": DYNAMIC, **settings.as_dict(),
+        "fp32": "the first layer's feed-forward output projection (outlier activations)",
+        "method": "onnxruntime quantize_dynamic (MatMulInteger; DynamicQuantizeMatMul once "
+                  "ONNX Runtime has fused it)", "matmuls": counts,
+        "check": "quality gate against fp32 (sentence vectors' cosine, label agreement and "
+                 "probability change, MLM top-1) instead of the parity grid",
+    }
+    return [f"quantized {count} MatMuls in {file} to {DYNAMIC}" for file, count in counts.items()]

@@ -112,6 +112,11 @@ class HuggingFaceTokenizer:
             self.backend = Backend.from_file(str(path))
         except Exception as exc:  # the library raises its own exception type
             raise ZooError(f"{display_path(path)}: not a readable tokenizer.json: {exc}") from exc
+        # The zoo pads each batch itself (with the mask) and checks lengths against
+        # max_positions: a tokenizer.json's own padding (all-MiniLM-L6-v2's pads every text to
+        # 128 ids, all fed as real tokens) or truncation would change what a text means.
+        self.backend.no_padding()
+        self.backend.no_truncation()
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=False).ids
@@ -130,6 +135,15 @@ class HuggingFaceTokenizer:
             if text and "\ufffd" not in text:
                 return text
         return piece
+
+
+def sequence_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A whole text's ids as a sequence model reads them (a sentence vector, a class): a
+    tokenizer.json adds its special tokens (BERT's [CLS] ... [SEP], as transformers and
+    sentence-transformers do); the byte and word tokenizers have none to add."""
+    if isinstance(tokenizer, HuggingFaceTokenizer):
+        return tokenizer.backend.encode(text, add_special_tokens=True).ids
+    return tokenizer.encode(text)
 
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:

@@ -20,7 +20,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.schema import default_pooling, validate
 from zoo.build import build_model
-from zoo.files.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from zoo.files.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, sequence_ids
 from zoo.training.labelled import Rows, classes, label_ids, read_rows, split
 from zoo.training.scores import majority_baseline, scores
 
@@ -91,7 +91,7 @@ class ClassifyData:
 
         def encoded(part: Rows) -> Split:
             labels = label_ids(part, card["labels"], card["num_labels"])
-            ids = [tokenizer.encode(example.text)[:block] for example in part.examples]
+            ids = [sequence_ids(tokenizer, example.text)[:block] for example in part.examples]
             for example, tokens in zip(part.examples, ids, strict=True):
                 if not tokens:
                     raise ZooError(f"{part.where}:{example.line}: the text has no tokens")

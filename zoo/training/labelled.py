@@ -16,6 +16,7 @@ from typing import Any
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.schema import MAX_LABELS
+from zoo.files.texts import text_lines
 
 
 @dataclass(frozen=True)
@@ -29,24 +30,6 @@ class Example:
 class Rows:
     where: str  # the file, as errors show it
     examples: list[Example]
-
-
-def _lines(path: Path) -> list[str]:
-    """The file's lines, refusing a missing file, invalid UTF-8 (with its line) and no rows."""
-    where = display_path(path)
-    if not path.is_file():
-        raise ZooError(f"{where}: no such data file")
-    raw = path.read_bytes()
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ZooError(f"{where}:{number}: not UTF-8 text (byte {exc.start} of the line)"
-                           ) from exc
-    text = raw.decode("utf-8").removeprefix("\ufeff")
-    if not text.strip():
-        raise ZooError(f"{where}: data file is empty (expected JSONL or CSV rows of text, label)")
-    return text.splitlines()
 
 
 def _example(where: str, line: int, text: Any, label: Any) -> Example:
@@ -100,7 +83,7 @@ def _csv(where: str, lines: list[str]) -> list[Example]:
 def read_rows(path: Path) -> Rows:
     """Every example of a JSONL or CSV file (told apart by the first character: `{`)."""
     where = display_path(path)
-    lines = _lines(Path(path))
+    lines = text_lines(Path(path), "JSONL or CSV rows of text, label")
     first = next(line for line in lines if line.strip()).lstrip()
     examples = _jsonl(where, lines) if first.startswith("{") else _csv(where, lines)
     if not examples:

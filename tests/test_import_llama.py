@@ -32,16 +32,24 @@ STEPS = 8  # new tokens generated
 SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
              rms_norm_eps=1e-5, rope_theta=500.0)  # eps and theta off transformers' defaults
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 16.0, "beta_slow": 2.0}  # off transformers' defaults (32, 1)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {  # transformers' class, and its config besides
     "llama": ("Llama", dict(attention_bias=True, mlp_bias=True, tie_word_embeddings=False)),
     "mistral": ("Mistral", dict(sliding_window=None, tie_word_embeddings=True)),
     "qwen2": ("Qwen2", dict(tie_word_embeddings=True, eos_token_id=5)),  # q/k/v biases
     "qwen3": ("Qwen3", dict(num_key_value_heads=1, head_dim=12, tie_word_embeddings=False)),
+    "qwen2-rope-yarn": ("Qwen2", dict(tie_word_embeddings=True, rope_parameters=dict(
+        rope_theta=500.0, **YARN))),
+    "llama-rope-yarn-mscale": ("Llama", dict(tie_word_embeddings=False, rope_parameters=dict(
+        rope_theta=500.0, **YARN, mscale=2.0, mscale_all_dim=1.0, truncate=False))),
     "llama-rope-llama3": ("Llama", dict(tie_word_embeddings=True, rope_parameters=dict(  # 3.1's
         rope_type="llama3", rope_theta=500.0, factor=8.0, low_freq_factor=1.0,
         high_freq_factor=4.0, original_max_position_embeddings=16))),
 }
-SCALINGS = {"llama-rope-llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+SCALINGS = {"qwen2-rope-yarn": YARN, "llama-rope-yarn-mscale": {
+                **YARN, "mscale": 2.0, "mscale_all_dim": 1.0, "truncate": False},
+            "llama-rope-llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 16}}
 PROMPTS = [[11, 52, 7, 80, 33, 19, 64], [40, 9, 71, 23]]  # two lengths: the second left-padded
@@ -162,8 +170,13 @@ def test_an_imported_qwen3_exports_and_generates_transformers_tokens(
 REFUSED = {  # case: (source, config.json changes, parts of the one error line)
     # rope scalings the rotary block does not compute (transformers 4's key, then 5's), or
     # settings the kind it computes would not read
-    "rope-scaling-yarn": ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-                          ["rope_scaling rope_type='yarn' is not supported"]),
+    "rope-scaling-longrope": ("llama", {"rope_scaling": {"rope_type": "longrope",
+                                                          "factor": 4.0}},
+                              ["rope_scaling rope_type='longrope' is not supported"]),
+    "rope-yarn-unread": ("llama", {"rope_parameters": {
+        "rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0,
+        "original_max_position_embeddings": 16, "low_freq_factor": 1.0}},
+        ["rope_parameters has low_freq_factor", "yarn"]),
     "rope-parameters-dynamic": ("llama", {"rope_parameters": {
         "rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}},
         ["rope_scaling rope_type='dynamic' is not supported"]),

@@ -17,6 +17,8 @@ from zoo.build import build_model
 
 transformers = pytest.importorskip("transformers")
 
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 16.0, "beta_slow": 2.0}
 VARIANTS = {  # zoo card fields, and what transformers' class is told besides the sizes
     "llama-gqa": ({"n_kv_heads": 2}, "Llama", {"attention_bias": False, "mlp_bias": False}),
     "qwen2-qkv-bias": ({"n_kv_heads": 2, "attention_bias": True}, "Qwen2", {}),
@@ -26,6 +28,7 @@ VARIANTS = {  # zoo card fields, and what transformers' class is told besides th
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}}, "Llama", {}),
     "llama-rope-linear": ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, "Llama", {}),
+    "llama-rope-yarn": ({"n_kv_heads": 2, "rope_scaling": YARN}, "Llama", {}),
 }
 PUBLISHED = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768,
              "qwen3-0.6b": 596_049_920, "llama-3.2-1b": 1_235_814_400}
@@ -119,7 +122,8 @@ def test_published_cards_hold_the_published_parameter_counts(name: str) -> None:
 
 
 @pytest.mark.parametrize("scaling, message", [
-    ({"rope_type": "yarn", "factor": 4.0}, "rope_type='yarn' is not supported"),
+    ({"rope_type": "longrope", "factor": 4.0}, "rope_type='longrope' is not supported"),
+    ({"rope_type": "yarn", "factor": 4.0}, "original_max_position_embeddings=None"),
     ({"rope_type": "llama3", "factor": 8.0}, "low_freq_factor=None should be a number > 0"),
     ({"rope_type": "linear", "factor": -1}, "factor=-1 should be a number > 0"),
 ])
@@ -210,3 +214,30 @@ def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
     mask = (np.arange(5) >= np.array([[0], [2]])).astype(np.int64)
     torch_tokens = generate(open_model(*load_built(folder)), ids, mask, 8)
     assert np.array_equal(generate(open_export(folder), ids, mask, 8), torch_tokens)
+
+
+@pytest.mark.xdist_group("tests/test_llama_family.py")  # its own export: any worker
+def test_a_yarn_scaled_card_exports_with_the_kernels_rotary(tmp_path) -> None:  # noqa: ANN001
+    """YaRN scales cos and sin as well as the frequencies: GroupQueryAttention's tables must
+    carry that scale. The shared-cache graph's logits after a prompt and after each step are
+    PyTorch's (whose rotary transformers' YaRN matches above), past
+    original_max_position_embeddings, where YaRN's ramp matters."""
+    import numpy as np
+
+    from export.opening import open_export
+    from export.options import ExportOptions
+    from export.pipeline import export_and_verify
+    from export.runtime.generate import open_session
+
+    yarn = card("llama-tiny", rope_scaling=YARN)
+    model = build_model(yarn, seed=3).eval()
+    assert export_and_verify(model, yarn, tmp_path / "out", ExportOptions(optimize=True)).passed
+    ids = np.arange(40, 58)[None]  # 18 tokens, then 6 steps: positions up to 23
+    session = open_session(open_export(tmp_path / "out"), capacity=32)
+    logits = [session.prefill(ids, None)]
+    for token in (7, 8, 9, 10, 11, 12):
+        logits.append(session.step(np.array([[token]])))
+        ids = np.concatenate([ids, [[token]]], axis=1)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(ids))[0][0, 17:].numpy()
+    np.testing.assert_allclose(np.concatenate(logits), expected, atol=1e-4, rtol=0)

@@ -142,7 +142,8 @@ def rotary_tables(model: nn.Module, card: Card) -> Rotary | None:
     if inv_freq is None:
         return None
     angles = torch.arange(card["max_positions"], dtype=torch.float32)[:, None] * inv_freq
-    return angles.cos(), angles.sin()
+    scale = model.embeddings.position.attention_scale  # YaRN's; 1 otherwise
+    return angles.cos() * scale, angles.sin() * scale
 
 
 def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:

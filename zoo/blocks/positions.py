@@ -74,8 +74,9 @@ class RotaryPositions(nn.Module):
                  scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-        inv_freq = scaled_frequencies(1.0 / theta**exponent, scaling)
+        inv_freq = scaled_frequencies(1.0 / theta**exponent, scaling, head_dim, theta)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.attention_scale = yarn_attention_factor(scaling)  # cos and sin scaled by it
 
     def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return x
@@ -83,20 +84,28 @@ class RotaryPositions(nn.Module):
     def rotary(self, position_ids: torch.Tensor) -> Rotary | None:
         angle = position_ids[..., None].float() * self.inv_freq  # (B, T, hd/2)
         angle = torch.cat([angle, angle], dim=-1)[:, None]  # (B, 1, T, hd)
-        return angle.cos(), angle.sin()
+        if self.attention_scale == 1.0:
+            return angle.cos(), angle.sin()
+        return angle.cos() * self.attention_scale, angle.sin() * self.attention_scale
 
 
-def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None) -> torch.Tensor:
+def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None,
+                       head_dim: int = 0, theta: float = 10000.0) -> torch.Tensor:
     """Rotary frequencies under a rope scaling, as Hugging Face's config.json names them:
     `linear` divides every frequency by `factor` (positions interpolated); `llama3` (Llama 3.1)
     divides only the low frequencies, those whose wavelength exceeds
     original_max_position_embeddings / low_freq_factor, keeps the high ones (wavelength below
-    original / high_freq_factor) and blends linearly in between."""
+    original / high_freq_factor) and blends linearly in between; `yarn` (Peng et al. 2023)
+    ramps from interpolated to kept over the dimensions between those that turn beta_fast and
+    beta_slow times in original_max_position_embeddings."""
     if scaling is None:
         return inv_freq
     factor = float(scaling["factor"])
-    if scaling.get("rope_type", scaling.get("type")) == "linear":  # older files say "type"
+    kind = scaling.get("rope_type", scaling.get("type"))  # older files say "type"
+    if kind == "linear":
         return inv_freq / factor
+    if kind == "yarn":
+        return _yarn_frequencies(inv_freq, scaling, head_dim, theta)
     low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     original = float(scaling["original_max_position_embeddings"])
     wavelength = 2 * math.pi / inv_freq
@@ -105,6 +114,41 @@ def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None) -
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelength >= original / high) & (wavelength <= original / low)
     return torch.where(medium, blended, scaled)
+
+
+def _yarn_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any], head_dim: int,
+                      theta: float) -> torch.Tensor:
+    original = float(scaling["original_max_position_embeddings"])
+
+    def dimension(rotations: float) -> float:  # the dimension that turns this often
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(float(scaling.get("beta_fast") or 32)), dimension(
+        float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    kept = 1 - ramp  # 1 for the high frequencies (extrapolated), 0 for the interpolated
+    return inv_freq / float(scaling["factor"]) * (1 - kept) + inv_freq * kept
+
+
+def yarn_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """YaRN's scale of cos and sin (1 for every other scaling): attention_factor if given, else
+    0.1 ln(factor) + 1, or with mscale and mscale_all_dim the ratio of two such terms."""
+    if scaling is None or scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = float(scaling["factor"])
+
+    def mscale(weight: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(float(scaling["mscale"])) / mscale(float(scaling["mscale_all_dim"]))
+    return mscale(1.0)
 
 
 def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:

@@ -23,7 +23,7 @@ from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
-from registry.schema import ROPE_SCALINGS, validate
+from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.plausible import check_sizes
@@ -158,7 +158,8 @@ def _rope_scaling(key: str, value: Any, where: str) -> Any:
         return None
     if kind not in ROPE_SCALINGS:
         return scaling  # the card's validation refuses it, naming the kind
-    unread = sorted(set(scaling) - {"rope_type", "type", *ROPE_SCALINGS[kind]})
+    unread = sorted(set(scaling) - {"rope_type", "type", *ROPE_SCALINGS[kind],
+                                    *ROPE_OPTIONAL.get(kind, ())})
     if unread:
         raise CheckpointError(f"{where}: {key} has {', '.join(unread)}, which the zoo's "
                               f"{kind} scaling does not read")

@@ -8,8 +8,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path
@@ -46,15 +48,21 @@ def _row(where: str, line: int, text: object, column: str) -> TextRow:
     return TextRow(text, line)
 
 
-def _jsonl(where: str, lines: list[str], column: str) -> list[TextRow]:
-    rows = []
+def json_objects(where: str, lines: list[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line of a JSONL file; a line that is not
+    JSON is one error naming file and line."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             raise ZooError(f"{where}:{number}: not a JSON object: {exc.msg}") from exc
+
+
+def _jsonl(where: str, lines: list[str], column: str) -> list[TextRow]:
+    rows = []
+    for number, row in json_objects(where, lines):
         if not isinstance(row, dict) or column not in row:
             raise ZooError(f"{where}:{number}: expected an object with '{column}'")
         rows.append(_row(where, number, row[column], column))

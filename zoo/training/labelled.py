@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.schema import MAX_LABELS
-from zoo.files.texts import text_lines
+from zoo.files.texts import json_objects, text_lines
 
 
 @dataclass(frozen=True)
@@ -43,13 +42,7 @@ def _example(where: str, line: int, text: Any, label: Any) -> Example:
 
 def _jsonl(where: str, lines: list[str]) -> list[Example]:
     examples = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ZooError(f"{where}:{number}: not a JSON object: {exc.msg}") from exc
+    for number, row in json_objects(where, lines):
         if not isinstance(row, dict):
             raise ZooError(f"{where}:{number}: expected an object with 'text' and 'label'")
         examples.append(_example(where, number, row.get("text"), row.get("label")))

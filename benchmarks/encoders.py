@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -34,19 +33,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from peers import interleaved, plain_session  # noqa: E402
+from peers import interleaved, machine, plain_session, print_report  # noqa: E402
 from prepare import optimum_export, optimum_quantized, zoo_export  # noqa: E402
 
-from export.bench.machine import cpu_name  # noqa: E402
-from export.cpu import cpu_flags, has_vnni  # noqa: E402
+from export.cpu import has_vnni  # noqa: E402
 from export.onnx.contract import MODEL_GRAPH  # noqa: E402
 
 SHIPPED = HERE.parent / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
-
-
-def machine() -> dict:
-    return {"cpu": cpu_name(), "flags": cpu_flags(), "cores": os.cpu_count(),
-            "load_1min": os.getloadavg()[0]}
 
 
 def bert_rows(work: Path, rounds: int) -> list[dict]:
@@ -202,11 +195,7 @@ def main() -> None:
         report["rows"] += minilm_rows(args.work, args.text, args.lines, args.embed_rounds)
     report["after"] = machine()
     report["seconds"] = time.perf_counter() - start
-    for row in report["rows"]:
-        print(json.dumps(row), flush=True)
-    print(json.dumps({"load_1min_after": report["after"]["load_1min"]}))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print_report(report, args.json)
 
 
 if __name__ == "__main__":

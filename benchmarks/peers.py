@@ -240,11 +240,16 @@ def main() -> None:
     if args.only in (None, "gpt2"):
         report["rows"] += gpt2_rows(args.work, args.rounds, args.prompt, args.tokens)
     report["after"] = machine()
+    print_report(report, args.json)
+
+
+def print_report(report: dict, path: Path | None) -> None:
+    """Each row as a JSON line, the load after, and the whole report to `path` if given."""
     for row in report["rows"]:
         print(json.dumps(row), flush=True)
     print(json.dumps({"load_1min_after": report["after"]["load_1min"]}))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    if path:
+        path.write_text(json.dumps(report, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ the same weights: a left-padded batch, and a decoding step on the cache."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,7 +174,7 @@ def test_the_parity_grid_of_a_long_context_card_stays_within_memory() -> None:
 
 @on_shared("llama-tiny")
 def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
-        shared_export: SharedExport, tmp_path) -> None:  # noqa: ANN001
+        shared_export: SharedExport, tmp_path: Path) -> None:
     """--optimize's model_kv.onnx hands rotary to GroupQueryAttention (do_rotary, with cos and
     sin tables of the card's max_positions rows and head_dim / 2 columns: no half-rotation
     left in the graph), and every RMSNorm becomes one SimplifiedLayerNormalization (or its Skip
@@ -217,7 +218,7 @@ def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
 
 
 @pytest.mark.xdist_group("tests/test_llama_family.py")  # its own export: any worker
-def test_a_yarn_scaled_card_exports_with_the_kernels_rotary(tmp_path) -> None:  # noqa: ANN001
+def test_a_yarn_scaled_card_exports_with_the_kernels_rotary(tmp_path: Path) -> None:
     """YaRN scales cos and sin as well as the frequencies: GroupQueryAttention's tables must
     carry that scale. The shared-cache graph's logits after a prompt and after each step are
     PyTorch's (whose rotary transformers' YaRN matches above), past

@@ -67,7 +67,7 @@ class GroupQueryAttentionCore:
         self.tables = tables
 
     def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
-                 mask: tuple[torch.Tensor, torch.Tensor], past: KeyValue,
+                 mask: tuple[torch.Tensor, torch.Tensor, torch.Tensor], past: KeyValue,
                  rotary: Rotary | None) -> tuple[torch.Tensor, KeyValue]:
         a = attention
         query, key, value = a.query(x), a.key(x), a.value(x)
@@ -75,18 +75,17 @@ class GroupQueryAttentionCore:
             query = _per_head(a, query, a.n_heads, a.query_norm)
             key = _per_head(a, key, a.kv_heads, a.key_norm)
         seqlens_k, total, position_ids = mask
-        inputs = [query, key, value, past[0], past[1], seqlens_k, total]
         attributes: dict[str, int] = {"num_heads": a.n_heads, "kv_num_heads": a.kv_heads}
-        if rotary is not None and self.tables is not None:
-            inputs += [*self.tables, position_ids]
-            attributes["do_rotary"] = 1
+        rotation: list[torch.Tensor] = []
+        if rotary is not None and self.tables is not None:  # the kernel rotates
+            rotation, attributes["do_rotary"] = [*self.tables, position_ids], 1
         elif rotary is not None:
             rotate = lambda heads: apply_rotary(heads, rotary)  # noqa: E731
             query = _per_head(a, query, a.n_heads, rotate)
-            inputs[1] = _per_head(a, key, a.kv_heads, rotate)
-            inputs[0] = query
+            key = _per_head(a, key, a.kv_heads, rotate)
+        inputs = (query, key, value, past[0], past[1], seqlens_k, total, *rotation)
         output, present_key, present_value = torch.onnx.ops.symbolic_multi_out(
-            "com.microsoft::GroupQueryAttention", tuple(inputs), attributes,
+            "com.microsoft::GroupQueryAttention", inputs, attributes,
             dtypes=(query.dtype, query.dtype, query.dtype),
             shapes=(query.shape, past[0].shape, past[1].shape),
             version=1,

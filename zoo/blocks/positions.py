@@ -90,7 +90,7 @@ class RotaryPositions(nn.Module):
 
 
 def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None,
-                       head_dim: int = 0, theta: float = 10000.0) -> torch.Tensor:
+                       head_dim: int, theta: float) -> torch.Tensor:
     """Rotary frequencies under a rope scaling, as Hugging Face's config.json names them:
     `linear` divides every frequency by `factor` (positions interpolated); `llama3` (Llama 3.1)
     divides only the low frequencies, those whose wavelength exceeds

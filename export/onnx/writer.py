@@ -98,7 +98,8 @@ def export_onnx(
                    if options.attentions else {})
         variant = VariantResult()
         if not options.plain:
-            variant = apply_variant(protos, model, card, family, options, metadata, progress)
+            variant = apply_variant(protos, model, card, family, options, metadata, progress,
+                                    staging)
             entries.update(variant.manifest)
         genai = family.genai(card, protos)  # ONNX Runtime GenAI's files (decoders)
         if genai is not None:

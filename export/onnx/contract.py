@@ -58,6 +58,7 @@ def client_dtype(file: str, stored: str) -> str:
 def stored_files(manifest: Mapping[str, Any]) -> dict[str, str]:
     """{contract name: the file that holds it} for each graph the manifest lists: the name
     itself, or for a quantized client graph its dtype name (`quantization.stored_as`)."""
-    stored_as = (manifest.get("quantization") or {}).get("stored_as") or {}
-    contract_name = {file: name for name, file in stored_as.items()}
+    quantization = manifest.get("quantization")
+    stored_as = quantization.get("stored_as") if isinstance(quantization, dict) else None
+    contract_name = {file: name for name, file in (stored_as or {}).items()}
     return {contract_name.get(file, file): file for file in manifest.get("graphs", {})}

@@ -23,7 +23,7 @@ import onnx
 from torch import nn
 
 from export.family import Family
-from export.onnx.contract import CLIENT_FOLDER, quantized_name
+from export.onnx.contract import CLIENT_FOLDER, DTYPES, quantized_name
 from export.onnx.dynamic import DynamicSettings, quantize_dynamic_graph
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
@@ -82,8 +82,11 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
         }
     if options.quantize:
         quantized = variant.manifest["quantization"]["matmuls"]
-        variant.manifest["quantization"]["stored_as"] = _store_under_dtype_names(
+        moved = _store_under_dtype_names(
             protos, [file for file in contract_files if file in quantized], options.quantize)
+        variant.manifest["quantization"]["stored_as"] = moved
+        variant.notes.extend(f"{file} stored as {stored} (transformers.js dtype "
+                             f"{DTYPES[options.quantize]})" for file, stored in moved.items())
     return variant
 
 

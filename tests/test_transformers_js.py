@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from export.api import GenerateOptions, load
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS
+from tests.hf_exports import TEXTS, alone
 from tests.test_node_web import require, run_node
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,14 +54,6 @@ def transformers_js(folder: Path, task: str, *args: str) -> dict:
 def until_eos(ids: list[int], eos: int) -> list[int]:
     """`zoo run`'s tokens as a client returns them: up to and including the first eos."""
     return ids[: ids.index(eos) + 1] if eos in ids else ids
-
-
-def alone(run: Callable[[list[str]], Any]) -> list[Any]:
-    """`run` on each text by itself, as run.mjs hands the pipelines one text at a time. With
-    int8-dynamic that matters: each activation tensor gets one scale over its whole batch, so
-    a row's vector depends on its batch-mates (bert-tiny's moved 1.6e-4 in a batch of three;
-    alone, the zoo and transformers.js agreed within 1e-7)."""
-    return [run([text]) for text in TEXTS]
 
 
 def dtype_args(dtype: str | None) -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from export.api import GenerateOptions, load
 from export.opening import open_export
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS
+from tests.hf_exports import TEXTS, alone
 from tests.test_node_web import (
     PROMPTS,
     WEB_DIR,
@@ -30,7 +30,7 @@ from tests.test_node_web import (
     require,
     serving,
 )
-from tests.test_transformers_js import alone, until_eos
+from tests.test_transformers_js import until_eos
 
 pytestmark = ON_HF_CLIENTS  # the exports of tests/hf_exports.py, made once in that group
 STEPS = 16

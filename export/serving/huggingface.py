@@ -10,7 +10,8 @@ ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
 - `generation_config.json` (decoders): the special tokens and greedy decoding, as `zoo run`.
 - the tokenizer files (export/serving/tokenizer_files.py), where the export has a tokenizer.
 - `modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json` (encoders with a
-  sentence vector sentence-transformers computes: cls, mean or last pooling).
+  sentence vector sentence-transformers computes: cls, mean or last pooling; quantized, its
+  `model_kwargs.file_name` names the graph's file).
 
 The graph itself is `onnx/model.onnx` (export/onnx/contract.py), where transformers.js looks
 (`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`; quantized, it is stored
@@ -27,7 +28,7 @@ from export.onnx.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
 from export.serving.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from zoo.files.hf_config import hf_config
-from zoo.files.sentence_transformers import modules_files
+from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
 CONFIG_JSON = "config.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -73,5 +74,12 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
     if card.family == "decoder":
         _write_json(folder / GENERATION_CONFIG, generation_config(card))
     for name, content in (modules_files(card) or {}).items():
+        if name == SENTENCE_CONFIG and MODEL_GRAPH in stored_as:
+            # sentence-transformers opens onnx/model.onnx unless told: its Transformer module
+            # takes model_kwargs from this file (lowest priority), so a quantized export loads
+            # as it is. Without it, SentenceTransformer(folder, backend="onnx") finds no
+            # model.onnx and exports again from model.safetensors, whose zoo tensor names it
+            # cannot read: random weights, with only a warning.
+            content = {**content, "model_kwargs": {"file_name": stored_as[MODEL_GRAPH]}}
         _write_json(folder / name, content)
     return [found.note] if found.note else []

@@ -197,12 +197,19 @@ ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
 
 
 @pytest.fixture(scope="session")
-def hf_client_exports(tmp_path_factory: pytest.TempPathFactory) -> Lazy:
-    """{key of tests/hf_exports.py's MODELS: its fresh export}, each made on first use."""
-    from tests.hf_exports import MODELS, fresh_export
+def hf_client_exports(tmp_path_factory: pytest.TempPathFactory,
+                      shared_traces: dict[tuple, onnx.ModelProto]) -> Lazy:
+    """{key of tests/hf_exports.py's MODELS or QUANTIZED: its fresh export}, each made on first
+    use; a quantized export reuses its fp32 twin's trace (the same weights)."""
+    from tests.hf_exports import MODELS, QUANTIZED, fresh_export
 
     root = tmp_path_factory.mktemp("hf-exports")
-    return Lazy(MODELS, lambda key: fresh_export(root, key))
+
+    def made(key: str) -> Path:
+        with traces_reused(shared_traces):
+            return fresh_export(root, key)
+
+    return Lazy([*MODELS, *QUANTIZED], made)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ folder. Nothing is added to or edited in an export afterwards."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -25,21 +27,48 @@ MODELS = {
     "pooler-classifier": ("bert-tiny", {"pooling": "pooler", "num_labels": 2,
                                         "mlm_head": False}),
 }
+# name: (a key of MODELS, --quantize): the same built model exported quantized, its graph stored
+# under the name transformers.js opens for the dtype (q4: model_q4, int8: model_int8, q8:
+# model_quantized).
+QUANTIZED = {
+    "gpt-q4": ("gpt", "int4"),
+    "gpt-int8": ("gpt", "int8"),
+    "embedder-q8": ("embedder", "int8-dynamic"),
+    "classifier-q8": ("classifier", "int8-dynamic"),
+}
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]
 
 
+def built_model(root: Path, key: str, seed: int) -> Path:
+    """root/KEY-built: `zoo build` of MODELS[key] with the byte tokenizer beside it."""
+    built = root / f"{key}-built"
+    if built.exists():
+        return built
+    name, overrides = MODELS[key]
+    sets = [f"--set={field}={json.dumps(value)}" for field, value in overrides.items()]
+    result = CliRunner().invoke(zoo, ["build", name, "-o", str(built), "--seed", str(seed),
+                                      *sets])
+    assert result.exit_code == 0, result.output
+    (built / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json(), encoding="utf-8")
+    return built
+
+
 def fresh_export(root: Path, key: str, seed: int = 1) -> Path:
-    """root/KEY: the export of MODELS[key], made once per root."""
+    """root/KEY: the export of MODELS[key] (or QUANTIZED[key]), made once per root."""
     out = root / key
     if out.exists():
         return out
-    name, overrides = MODELS[key]
-    built = root / f"{key}-built"
-    sets = [f"--set={field}={json.dumps(value)}" for field, value in overrides.items()]
-    for args in (["build", name, "-o", str(built), "--seed", str(seed), *sets],
-                 ["export", str(built), "--onnx", "-o", str(out)]):
-        if args[0] == "export":
-            (built / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json(), encoding="utf-8")
-        result = CliRunner().invoke(zoo, args)
-        assert result.exit_code == 0, result.output
+    model, quantize = QUANTIZED.get(key, (key, None))
+    built = built_model(root, model, seed)
+    result = CliRunner().invoke(zoo, ["export", str(built), "--onnx", "-o", str(out),
+                                      *(["--quantize", quantize] if quantize else [])])
+    assert result.exit_code == 0, result.output
     return out
+
+
+def alone(run: Callable[[list[str]], Any]) -> list[Any]:
+    """`run` on each of TEXTS by itself, as the tests hand the clients' pipelines one text at
+    a time. With int8-dynamic that matters: each activation tensor gets one scale over its
+    whole batch, so a row's vector depends on its batch-mates (bert-tiny's moved 1.6e-4 in a
+    batch of three; alone, the zoo and transformers.js agreed within 1e-7)."""
+    return [run([text]) for text in TEXTS]

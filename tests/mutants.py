@@ -189,6 +189,19 @@ MUTANTS = [
     Mutant("manifest-misses-nested-files", "export/onnx/manifest.py",
            'for p in folder.rglob("*")', 'for p in folder.glob("*")',
            ("tests/test_hf_folder.py::test_the_manifest_covers_every_file_of_the_folder",)),
+    Mutant("quantized-q4-file-misnamed", "export/onnx/contract.py",
+           '"q4": "_q4"}', '"q4": "_4bit"}',
+           ("tests/test_transformers_js.py::test_text_generation_gives_zoo_runs_greedy_tokens",)),
+    Mutant("config-dtype-always-fp32", "export/serving/huggingface.py",
+           '"dtype": transformers_js_dtype(graphs, stored_as)', '"dtype": "fp32"',
+           ("tests/test_transformers_js.py::test_feature_extraction_gives_the_sentence_embedding",)),
+    Mutant("runtime-keys-graphs-by-stored-file", "export/runtime/sessions.py",
+           "for name, file in stored_files(manifest).items()}",
+           "for name, file in {file: file for file in graphs}.items()}",
+           ("tests/test_node_quantized.py",)),
+    Mutant("genai-names-the-fp32-graph", "export/families/decoder.py",
+           "stored_as.get(MODEL_GRAPH, MODEL_GRAPH))", "MODEL_GRAPH)",
+           ("tests/test_serving.py::test_genai_picks_the_greedy_tokens_of_zoo_run",)),
 ]
 
 

@@ -35,7 +35,7 @@ from tests.conftest import (
     stored_tensor_bytes,
     traces_reused,
 )
-from tests.contract_doc import documented_contract
+from tests.contract_doc import documented_contract, documented_stored_name
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
@@ -106,8 +106,11 @@ def test_every_variant_export_passes_its_check(name: str, variant: str, exports)
     folder, report = exports(name, variant)
     assert_check_ran(report, card(name).fields)
     manifest = json.loads((folder / MANIFEST).read_text())
+    quantize = None if variant == "optimize" else variant
     for file, (inputs, outputs) in documented_contract(card(name)).items():
-        model = onnx.load(str(folder / file), load_external_data=False)
+        stored = documented_stored_name(file, quantize)  # onnx/model_q4.onnx for int4
+        assert stored in manifest["graphs"] and stored in manifest["files"]
+        model = onnx.load(str(folder / stored), load_external_data=False)
         assert [i.name for i in model.graph.input] == inputs  # the contract is kept
         assert [o.name for o in model.graph.output] == outputs
     if variant == "optimize":
@@ -174,7 +177,7 @@ def test_quantized_exports_hold_the_quantized_operators_and_are_smaller(
             else:
                 continue
             expected.append((rows, columns))
-        quantized = onnx.load(str(folder / file))
+        quantized = onnx.load(str(folder / documented_stored_name(file, variant)))
         packed = {t.name: t for t in quantized.graph.initializer}
         found = []
         for node in quantized.graph.node:

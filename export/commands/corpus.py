@@ -1,7 +1,12 @@
 """`zoo embed` and `zoo classify`: every row of a text file through an export with a sentence
 vector, written in row order to one file (vectors as .npy; labels and probabilities as JSONL).
 Rows are tokenized as `zoo run` and the Python API tokenize a text, so a row's result is the
-one `Exported.embed` / `classify` gives it alone."""
+one `Exported.embed` / `classify` gives it alone.
+
+`--against REFERENCE` runs a second export (the fp32 one, say) over the same rows first and
+prints both side by side: rows/s, and the candidate's vectors' cosine to the reference's; for a
+classifier also the same label and the largest change of a probability, and with
+`--label-column` each one's accuracy against the rows' labels."""
 
 from __future__ import annotations
 
@@ -9,20 +14,22 @@ import io
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from export.api import Exported, load
+from export.checks.quality import cosines
 from export.runtime.classify import label_names
 from export.runtime.corpus import CorpusOutputs, run_corpus, token_budget
 from export.runtime.prompts import check_ids
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.files.atomic import atomic_write_bytes, check_writable, refuse_existing
-from zoo.files.texts import read_texts
+from zoo.files.texts import TextRow, read_labels, read_texts
 from zoo.files.tokenizer import sequence_ids
+from zoo.training.labelled import Example, Rows, label_ids
 
 # (rows done, rows in all, rows per second so far)
 RowsProgress = Callable[[int, int, float], None]
@@ -38,36 +45,73 @@ class CorpusRequest:
     force: bool = False
     provider: str = "cpu"
     threads: int | None = None
+    against: Path | None = None  # a reference export run over the same rows, side by side
+    label_column: str | None = None  # classify: the rows' true labels, to score accuracy
+
+
+@dataclass
+class Run:
+    """One export over the rows: what it gave and how long the batches took."""
+
+    exported: Exported
+    result: CorpusOutputs
+    seconds: float
+    expected: list[int] | None  # the rows' class ids, where the labels were given
+
+    @property
+    def rows_per_second(self) -> float:
+        return len(self.result.embeddings) / max(self.seconds, 1e-9)
 
 
 def embed_command(request: CorpusRequest, progress: RowsProgress = lambda *a: None
                   ) -> list[str]:
-    exported, result = _run(request, progress, classifier=False)
+    if request.label_column is not None:
+        raise ZooError("--label-column scores a classifier: it is an option of `zoo classify`")
+    reference, run = _runs(request, progress, None)
     buffer = io.BytesIO()
-    np.save(buffer, result.embeddings, allow_pickle=False)
+    np.save(buffer, run.result.embeddings, allow_pickle=False)
     atomic_write_bytes(request.out, buffer.getvalue())
-    rows, width = result.embeddings.shape
-    return [f"wrote {request.out} ({rows} x {width} float32 sentence vectors, row order)"]
+    rows, width = run.result.embeddings.shape
+    return [f"wrote {request.out} ({rows} x {width} float32 sentence vectors, row order; "
+            f"{run.rows_per_second:.1f} rows/s)"] + _side_by_side(request, reference, run, None)
 
 
 def classify_command(request: CorpusRequest, progress: RowsProgress = lambda *a: None
                      ) -> list[str]:
-    exported, result = _run(request, progress, classifier=True)
-    assert result.probabilities is not None
-    names = label_names(exported.card)
+    truth = _truth(request) if request.label_column is not None else None
+    reference, run = _runs(request, progress, truth, classifier=True)
+    assert run.result.probabilities is not None
+    names = label_names(run.exported.card)
     lines = []
-    for row in result.probabilities:
+    for row in run.result.probabilities:
         best = int(np.argmax(row))  # first maximum on ties, as `zoo evaluate`
         lines.append(json.dumps({"label": names[best], "probabilities": dict(
             zip(names, (round(float(p), 7) for p in row), strict=True))}))
     atomic_write_bytes(request.out, ("\n".join(lines) + "\n").encode("utf-8"))
-    return [f"wrote {request.out} ({len(lines)} rows: label and probabilities, row order)"]
+    return [f"wrote {request.out} ({len(lines)} rows: label and probabilities, row order; "
+            f"{run.rows_per_second:.1f} rows/s)"] + _side_by_side(request, reference, run, truth)
 
 
-def _run(request: CorpusRequest, progress: RowsProgress, classifier: bool
-         ) -> tuple[Exported, CorpusOutputs]:
+def _runs(request: CorpusRequest, progress: RowsProgress, truth: Rows | None,
+          classifier: bool = False) -> tuple[Run | None, Run]:
+    """(the reference's run or None, the export's run): the reference first, so that a bad
+    reference stops the command before the export's work."""
     refuse_existing(request.out, request.force)  # before minutes of work
     check_writable(request.out)
+    reference = None
+    if request.against is not None:
+        reference = _run(replace(request, folder=request.against), progress, truth, classifier)
+    run = _run(request, progress, truth, classifier)
+    if reference is not None and classifier and (
+            label_names(reference.exported.card) != label_names(run.exported.card)):
+        raise ZooError(f"{display_path(request.against)}: its classes "
+                       f"{label_names(reference.exported.card)} are not "
+                       f"{display_path(request.folder)}'s {label_names(run.exported.card)}")
+    return reference, run
+
+
+def _run(request: CorpusRequest, progress: RowsProgress, truth: Rows | None, classifier: bool
+         ) -> Run:
     exported = load(request.folder, request.provider, request.threads)
     card, where = exported.card, display_path(request.folder)
     if card["pooling"] is None:
@@ -77,13 +121,16 @@ def _run(request: CorpusRequest, progress: RowsProgress, classifier: bool
                        "vectors")
     if exported.tokenizer is None:
         raise ZooError(f"{where}: this export has no tokenizer to read the texts with")
+    # the labels checked against the classes before the rows are run
+    expected = None if truth is None else label_ids(truth, card["labels"], card["num_labels"])
     prompts = _tokenized(exported, request)
     start = time.perf_counter()
 
     def done(rows: int) -> None:
         progress(rows, len(prompts), rows / max(time.perf_counter() - start, 1e-9))
 
-    return exported, run_corpus(exported.runtime, prompts, token_budget(request.threads), done)
+    result = run_corpus(exported.runtime, prompts, token_budget(request.threads), done)
+    return Run(exported, result, time.perf_counter() - start, expected)
 
 
 def _tokenized(exported: Exported, request: CorpusRequest) -> list[list[int]]:
@@ -104,3 +151,47 @@ def _tokenized(exported: Exported, request: CorpusRequest) -> list[list[int]]:
         prompts.append(ids)
     check_ids(exported.card, prompts, where)  # every id in the vocabulary
     return prompts
+
+
+def _truth(request: CorpusRequest) -> Rows:
+    """The rows' labels (read before any model work, so a bad label stops the command early)."""
+    assert request.label_column is not None
+    texts = read_texts(request.data, request.column)
+    labels: list[TextRow] = read_labels(request.data, request.label_column)
+    return Rows(display_path(request.data), [Example(text.text, label.text, label.line)
+                                             for text, label in zip(texts, labels, strict=True)])
+
+
+def _accuracy(run: Run) -> str:
+    assert run.result.probabilities is not None and run.expected is not None
+    right = int((run.result.probabilities.argmax(-1) == np.array(run.expected)).sum())
+    return f"{right / len(run.expected):.3f} ({right}/{len(run.expected)})"
+
+
+def _side_by_side(request: CorpusRequest, reference: Run | None, run: Run,
+                  truth: Rows | None) -> list[str]:
+    """The table of the runs (the reference first), then how far the export is from it."""
+    if reference is None and truth is None:
+        return []
+    runs = [(reference, " (reference)")] if reference is not None else []
+    runs.append((run, ""))
+    names = [display_path(r.exported.folder) + suffix for r, suffix in runs if r is not None]
+    width = max(len(name) for name in names + ["export"])
+    header = f"{'export':<{width}}  {'rows/s':>8}" + ("  accuracy" if truth else "")
+    lines = [header]
+    for name, (each, _) in zip(names, runs, strict=True):
+        assert each is not None
+        score = f"  {_accuracy(each)}" if truth is not None else ""
+        lines.append(f"{name:<{width}}  {each.rows_per_second:>8.1f}{score}")
+    if reference is None:
+        return lines
+    cos = cosines(reference.result.embeddings, run.result.embeddings)
+    versus = (f"{display_path(request.folder)} against {display_path(reference.exported.folder)}"
+              f" on {len(cos)} rows: sentence-vector cosine min {cos.min():.5f}, "
+              f"mean {cos.mean():.5f}")
+    p, q = reference.result.probabilities, run.result.probabilities
+    if p is not None and q is not None:
+        same = int((p.argmax(-1) == q.argmax(-1)).sum())
+        versus += (f"; the same label on {same} of {len(p)}; max probability change "
+                   f"{np.abs(p - q).max():.5f}")
+    return lines + [versus]

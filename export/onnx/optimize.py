@@ -12,6 +12,8 @@ than the LayerNormalization + Add it replaces (see export/runtime/sessions.py).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,8 +84,10 @@ def fuse(model: onnx.ModelProto, card: Card, file: str, report: FusionReport,
     # rejects. ORT fuses it in memory when it loads the graph anyway.
     options.enable_layer_norm = False
     before = _ms_ops(model)
+    # ORT's optimizer also prints (a failed symbolic shape inference on BERT-style graphs, which
+    # it recovers from): kept off our stdout, which carries the command's own lines.
     with quiet_loggers("onnxruntime", "onnxruntime.transformers", "fusion_base", "onnx_model",
-                       disable=logging.WARNING):
+                       disable=logging.WARNING), contextlib.redirect_stdout(io.StringIO()):
         optimized = optimize_model(model, model_type=model_type,
                                    num_heads=attention_sizes(card).heads,
                                    hidden_size=card["d_model"], opt_level=0,

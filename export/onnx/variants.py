@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import onnx
 from torch import nn
 
+from export.checks.quality import calibration_batch
 from export.family import Family
 from export.onnx.contract import CLIENT_FOLDER, DTYPES, quantized_name
 from export.onnx.dynamic import DynamicSettings, quantize_dynamic_graph
@@ -29,6 +31,7 @@ from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
 from export.options import ExportOptions
 from registry.catalog import Card
+from zoo.files.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass
@@ -47,8 +50,9 @@ class VariantResult:
 
 def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Card,
                   family: Family, options: ExportOptions, metadata: dict[str, str],
-                  progress: Callable[[str], None]) -> VariantResult:
-    """Change `protos` in place (and add files); say what was done."""
+                  progress: Callable[[str], None], folder: Path) -> VariantResult:
+    """Change `protos` in place (and add files); say what was done. `folder`: the staged
+    export, whose tokenizer (where it has one) reads int8-dynamic's calibration text."""
     variant = VariantResult()
     contract_files = list(protos)  # before --optimize adds its own graphs
     if options.optimize:
@@ -63,7 +67,8 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
         variant.notes.extend(report.lines())
         variant.manifest["optimization"] = report.as_dict()
     if options.quantize == DYNAMIC:
-        variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress))
+        variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress,
+                                               load_tokenizer(folder)))
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
@@ -102,20 +107,30 @@ def _store_under_dtype_names(protos: dict[str, onnx.ModelProto], quantized: list
 
 
 def _quantize_dynamic(protos: dict[str, onnx.ModelProto], card: Card, family: Family,
-                      variant: VariantResult, progress: Callable[[str], None]) -> list[str]:
+                      variant: VariantResult, progress: Callable[[str], None],
+                      tokenizer: Tokenizer | None) -> list[str]:
     settings = DynamicSettings.for_this_cpu()
+    calibration = calibration_batch(card, tokenizer)
+    text = "the shipped text" if tokenizer is not None else "random ids"
     progress(f"quantizing MatMuls to {DYNAMIC} (weights int8, activations at run time"
-             f"{', reduce_range: this CPU has no VNNI' if settings.reduce_range else ''})...")
-    counts = {}
+             f"{', reduce_range: this CPU has no VNNI' if settings.reduce_range else ''}; "
+             f"smoothing calibrated on {len(calibration['input_ids'])} rows of {text})...")
+    counts, rewrites = {}, {}
     for file in family.dynamic_files:
-        protos[file], counts[file] = quantize_dynamic_graph(protos[file], settings,
-                                                            card["d_model"], card["d_ff"])
+        protos[file], counts[file], report = quantize_dynamic_graph(
+            protos[file], settings, card["d_model"], card["d_ff"], calibration)
+        rewrites[file] = report.as_dict()
     variant.manifest["quantization"] = {
         "weights": DYNAMIC, **settings.as_dict(),
-        "fp32": "the first layer's feed-forward output projection (outlier activations)",
+        "rewrites": {"smoothing": "the MatMuls reading a LayerNormalization, where it helps",
+                     "per_token": "the feed-forward output projection's input",
+                     "calibration": f"{len(calibration['input_ids'])} rows of {text}",
+                     "files": rewrites},
         "method": "onnxruntime quantize_dynamic (MatMulInteger; DynamicQuantizeMatMul once "
                   "ONNX Runtime has fused it)", "matmuls": counts,
         "check": "quality gate against fp32 (sentence vectors' cosine, label agreement and "
                  "probability change, MLM top-1) instead of the parity grid",
     }
-    return [f"quantized {count} MatMuls in {file} to {DYNAMIC}" for file, count in counts.items()]
+    return [f"quantized {count} MatMuls in {file} to {DYNAMIC} ({done['smoothed_matmuls']} "
+            f"smoothed, {done['per_token_matmuls']} with per-token scales)"
+            for (file, count), done in zip(counts.items(), rewrites.values(), strict=True)]

@@ -98,7 +98,8 @@ def export_onnx(
                    if options.attentions else {})
         variant = VariantResult()
         if not options.plain:
-            variant = apply_variant(protos, model, card, family, options, metadata, progress)
+            variant = apply_variant(protos, model, card, family, options, metadata, progress,
+                                    staging)
             entries.update(variant.manifest)
         stored = variant.stored_as  # quantized client graphs under their dtype names
         genai = family.genai(card, protos, stored)  # ONNX Runtime GenAI's files (decoders)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,17 @@ def _row(where: str, line: int, text: object, column: str) -> TextRow:
     return TextRow(text, line)
 
 
+def _label(where: str, line: int, label: object, column: str) -> TextRow:
+    """A label cell as text: a name, or a whole number (JSONL may write it as one)."""
+    if isinstance(label, bool) or not isinstance(label, (str, int)) or not str(label).strip():
+        raise ZooError(f"{where}:{line}: expected a '{column}' (a label name or a whole "
+                       f"number), got {label!r}")
+    return TextRow(str(label).strip(), line)
+
+
+Cell = Callable[[str, int, object, str], TextRow]
+
+
 def json_objects(where: str, lines: list[str]) -> Iterator[tuple[int, Any]]:
     """(line number, parsed value) for each non-blank line of a JSONL file; a line that is not
     JSON is one error naming file and line."""
@@ -60,16 +71,16 @@ def json_objects(where: str, lines: list[str]) -> Iterator[tuple[int, Any]]:
             raise ZooError(f"{where}:{number}: not a JSON object: {exc.msg}") from exc
 
 
-def _jsonl(where: str, lines: list[str], column: str) -> list[TextRow]:
+def _jsonl(where: str, lines: list[str], column: str, read_cell: Cell = _row) -> list[TextRow]:
     rows = []
     for number, row in json_objects(where, lines):
         if not isinstance(row, dict) or column not in row:
             raise ZooError(f"{where}:{number}: expected an object with '{column}'")
-        rows.append(_row(where, number, row[column], column))
+        rows.append(read_cell(where, number, row[column], column))
     return rows
 
 
-def _csv(where: str, lines: list[str], column: str) -> list[TextRow]:
+def _csv(where: str, lines: list[str], column: str, read_cell: Cell = _row) -> list[TextRow]:
     reader = csv.reader(io.StringIO("\n".join(lines) + "\n"))
     header = [name.strip() for name in next(reader, [])]
     if column not in header:
@@ -84,7 +95,7 @@ def _csv(where: str, lines: list[str], column: str) -> list[TextRow]:
             if len(row) != len(header):
                 raise ZooError(f"{where}:{reader.line_num}: {len(row)} columns, the header has "
                                f"{len(header)}")
-            rows.append(_row(where, reader.line_num, row[at], column))
+            rows.append(read_cell(where, reader.line_num, row[at], column))
     except csv.Error as exc:
         raise ZooError(f"{where}:{reader.line_num}: not valid CSV: {exc}") from exc
     return rows
@@ -102,3 +113,16 @@ def read_texts(path: Path, column: str = "text") -> list[TextRow]:
     if suffix == ".csv":
         return _csv(where, lines, column)
     return [_row(where, number, line, "text") for number, line in enumerate(lines, start=1)]
+
+
+def read_labels(path: Path, column: str) -> list[TextRow]:
+    """Every row's label (as text) from the JSONL field or CSV column `column`, in file order;
+    a plain text file has no columns to hold one."""
+    path = Path(path)
+    where = display_path(path)
+    suffix = path.suffix.lower()
+    if suffix not in (".jsonl", ".csv"):
+        raise ZooError(f"{where}: labels are read from a .jsonl or .csv file (a '{column}' "
+                       "field beside the text); this is one text a line")
+    lines = text_lines(path, f"JSONL or CSV with a '{column}' field")
+    return (_jsonl if suffix == ".jsonl" else _csv)(where, lines, column, _label)

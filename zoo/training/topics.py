@@ -1,0 +1,50 @@
+"""The demo's topic set: 400 short English sentences written for the zoo, 100 on each of four
+topics (cooking, sport, weather, computing), shipped as datasets/topics.jsonl. Split with a
+seeded shuffle within each topic, so every topic is held out in the same share.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from registry.errors import ZooError
+from zoo.files.atomic import atomic_folder
+from zoo.training.labelled import Example, Rows, read_rows
+
+TOPICS = Path(__file__).resolve().parent / "datasets" / "topics.jsonl"
+TRAIN, EVAL = "train.jsonl", "eval.jsonl"
+
+
+def topic_split(rows: Rows, eval_fraction: float, seed: int) -> tuple[list[Example],
+                                                                     list[Example]]:
+    """(train, eval) in file order: `eval_fraction` of each label's rows held out."""
+    if not 0 < eval_fraction < 1:
+        raise ZooError(f"--eval-fraction {eval_fraction}: expected a number between 0 and 1")
+    by_label: dict[str, list[int]] = {}
+    for index, example in enumerate(rows.examples):
+        by_label.setdefault(example.label, []).append(index)
+    generator, held = random.Random(seed), set()
+    for label in sorted(by_label):
+        indices = by_label[label]
+        generator.shuffle(indices)
+        held.update(indices[:round(eval_fraction * len(indices))])
+    return ([e for i, e in enumerate(rows.examples) if i not in held],
+            [e for i, e in enumerate(rows.examples) if i in held])
+
+
+def _jsonl(part: list[Example]) -> str:
+    return "".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in part)
+
+
+def topic_set_lines(out: Path, eval_fraction: float = 0.25, seed: int = 0,
+                    force: bool = False, source: Path = TOPICS) -> list[str]:
+    """`zoo dataset topics`: OUT/train.jsonl and OUT/eval.jsonl, written together atomically."""
+    train, held = topic_split(read_rows(source), eval_fraction, seed)
+    with atomic_folder(Path(out), force) as staging:
+        (staging / TRAIN).write_text(_jsonl(train), encoding="utf-8")
+        (staging / EVAL).write_text(_jsonl(held), encoding="utf-8")
+    labels = sorted({e.label for e in train + held})
+    return [f"wrote {out}/ (train.jsonl: {len(train)} sentences, eval.jsonl: {len(held)}); "
+            f"topics: {', '.join(labels)}"]

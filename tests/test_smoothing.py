@@ -108,3 +108,16 @@ def test_int8_gets_closer_to_fp32_with_the_rewrites(tmp_path: Path) -> None:
 
     before, after = worst_row_error(run(str(plain), x)), worst_row_error(run(smoothed, x))
     assert after < 0.5 * before, (before, after)  # measured: 0.19 -> 0.07
+
+
+def test_calibration_runs_in_chunks_and_sees_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sequence at a time, as the whole batch: each channel's largest |h|, the least h."""
+    monkeypatch.setattr(export.onnx.smoothing, "CHUNK_ROWS", 1)
+    x = inputs(4)
+    seen = export.onnx.smoothing.observed(graph(), ["h"], {"x": x})["h"]
+    flat = x.reshape(-1, D).astype(np.float64)
+    h = (flat - flat.mean(-1, keepdims=True)) / np.sqrt(flat.var(-1, keepdims=True) + EPS)
+    h = h * GAMMA + BETA
+    np.testing.assert_allclose(seen.channel_max, np.abs(h).max(0), rtol=1e-4)
+    assert seen.least == pytest.approx(h.min(), rel=1e-4)
+    assert seen.rows.shape == (len(flat), D)  # 48 rows: all kept (SAMPLE_TOKENS is 1024)

@@ -10,8 +10,9 @@ DynamicQuantizeLinear gives a whole activation tensor one scale, which BERT-styl
 outlier channels and tokens make coarse: smoothing.py rewrites the graph first (smoothing of
 the MatMuls reading a LayerNormalization, per-token scales on the feed-forward output
 projection's input), calibrated on `calibration` feeds. Every MatMul with a weight is then
-quantized: keeping the first layer's feed-forward output in fp32, as before the rewrite,
-gained 0.003 of worst-line cosine on all-MiniLM-L6-v2 and cost a fp32 MatMul.
+quantized: the first layer's feed-forward output, kept fp32 before the rewrites for its
+outliers, now gains nothing from it (all-MiniLM-L6-v2's worst line 0.9952 quantized, 0.9944
+kept) and would cost a fp32 MatMul.
 
 `reduce_range` (7-bit weights) where the CPU has no VNNI: AVX2's u8 x s8 dot product sums pairs
 into 16 bits, which saturates with full-range weights. A tied head's MatMul(x, Transpose(E)) is

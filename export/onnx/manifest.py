@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx
 
-from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, MANIFEST
+from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, LAYOUT, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path, inside
@@ -116,8 +116,11 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     if not isinstance(graphs, dict):
         raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
     generation = manifest.get("generation")
+    layout = manifest.get(LAYOUT, {})
     named = [("files", name) for name in manifest["files"]]
     named += [("graphs", name) for name in graphs]
+    if isinstance(layout, dict) and isinstance(layout.get("graphs"), dict):
+        named += [(f"{LAYOUT}.graphs", name) for name in layout["graphs"]]
     if isinstance(generation, dict) and "file" in generation:
         named.append(("generation.file", generation["file"]))
     for field, name in named:

@@ -17,7 +17,8 @@ import onnx
 from torch import nn
 
 from export.family import Family, GraphIO, contract_of, wrappers_of
-from export.onnx.files import save_models, set_metadata, strip_debug
+from export.onnx.contract import LAYOUT
+from export.onnx.files import save_models, save_standalone, set_metadata, strip_debug
 from export.onnx.manifest import build_manifest, package_versions, write_manifest
 from export.onnx.trace import ExportError, export_graph, trace_inputs
 from export.onnx.variants import VariantResult, apply_variant
@@ -103,11 +104,15 @@ def export_onnx(
         genai = family.genai(card, protos)  # ONNX Runtime GenAI's files (decoders)
         if genai is not None:
             protos.update(genai.graphs)
+        layout = family.layout_graphs(card, protos)  # before save_models moves the weights out
+        if layout:
+            entries[LAYOUT] = family.layout_entry(card)
         save_models(protos, staging)
-        for file_name in protos:
+        save_standalone(layout, staging)
+        for file_name in [*protos, *layout]:
             _check(staging / file_name)
         # before the manifest, so their sha256 are recorded
-        for note in write_hf_files(staging, card, list(contract)):
+        for note in write_hf_files(staging, card):
             progress(note)
         if genai is not None:
             genai.write(staging)

@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from export.family import Family
+from export.onnx.contract import LAYOUT
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.paths import display_path
@@ -175,6 +176,8 @@ class Runtime:
         self.threads = threads
         self.graphs = {name: Graph(self.folder / name, provider, threads) for name in graphs}
         self._kv_graph: Graph | None = None
+        # the clients' layout (manifest `layout`): opened on first use, by its checks alone
+        self.layout_files = list(self.manifest.get(LAYOUT, {}).get("graphs", {}))
 
     @property
     def kv_graph(self) -> Graph | None:
@@ -189,4 +192,6 @@ class Runtime:
         return self._kv_graph
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if file not in self.graphs and file in self.layout_files:
+            self.graphs[file] = Graph(self.folder / file, self.provider, self.threads)
         return self.graphs[file].run(feeds)

@@ -198,11 +198,11 @@ ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
 
 @pytest.fixture(scope="session")
 def hf_client_exports(tmp_path_factory: pytest.TempPathFactory) -> Lazy:
-    """{key of tests/hf_exports.py's MODELS: its fresh export}, each made on first use."""
-    from tests.hf_exports import MODELS, fresh_export
+    """{key of tests/hf_exports.py's KEYS: its fresh export}, each made on first use."""
+    from tests.hf_exports import KEYS, fresh_export
 
     root = tmp_path_factory.mktemp("hf-exports")
-    return Lazy(MODELS, lambda key: fresh_export(root, key))
+    return Lazy(KEYS, lambda key: fresh_export(root, key))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,9 @@
 folders as they are and agrees with `zoo run` on them (the zoo's Python API: the same code):
 the same greedy tokens (text-generation, from text through the export's own tokenizer files),
 sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
-1e-4 (text-classification).
+1e-4 (text-classification), and for a translation model (a MarianMT import) the same source
+ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
+onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
 
 Needs `node` and `npm ci --ignore-scripts` in examples/transformers-js (`make node-deps`);
 skips where they are missing, except under ZOO_REQUIRE_NODE_WEB=1 (.ci/run), where that fails.
@@ -19,7 +21,7 @@ import pytest
 
 from export.api import GenerateOptions, load
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS
+from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR
 from tests.test_node_web import require, run_node
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,3 +89,19 @@ def test_text_classification_gives_zoo_runs_labels(key: str, exports: Lazy) -> N
         assert scores.keys() == row.keys()
         np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
                                    atol=1e-4, rtol=0)
+
+
+def test_translation_gives_zoo_runs_ids_greedy_tokens_and_text(exports: Lazy) -> None:
+    exported = load(exports[TRANSLATOR])
+    texts = [*TRANSLATIONS, *TEXTS]  # the shipped text's words, then some it never saw
+    got = transformers_js(exports[TRANSLATOR], "translation", *sum((["--text", t] for t in texts),
+                                                                   []), "--max-new-tokens",
+                          str(STEPS))
+    eos = exported.card["eos_token_id"]
+    assert len({tuple(tokens) for tokens in got["tokens"]}) > 1  # the sources matter
+    for text, ids, tokens, translation in zip(texts, got["inputs"], got["tokens"], got["texts"],
+                                              strict=True):
+        expected = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0]
+        assert ids == expected.prompt, text  # tokenizer.json: the sentencepiece files' ids
+        assert tokens == until_eos(expected.ids, eos), text
+        assert translation == expected.text, text

@@ -156,7 +156,12 @@ class Graph:
                 binding.bind_output(name, "cuda")
             self.session.run_with_iobinding(binding)
             return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
-        return dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
+        try:
+            outputs = self.session.run(None, feeds)
+        except Exception as exc:  # ORT raises its own exception types; report one line
+            raise OrtError(f"{display_path(self.path)}: ONNX Runtime failed to run it: "
+                           f"{first_line(exc)}") from exc
+        return dict(zip(self.output_names, outputs, strict=True))
 
 
 class Runtime:

@@ -70,12 +70,15 @@ def marian_tokenizer_json(folder: Path) -> tuple[str | None, str | None]:
     floor = min(scores.values(), default=0.0) - BELOW_SOURCE
     backend = Tokenizer(models.Unigram([(piece, scores.get(piece, floor)) for piece in pieces],
                                        unk_id=vocab[UNK], byte_fallback=False))
-    charsmap = source.normalizer_spec.precompiled_charsmap
-    backend.normalizer = normalizers.Sequence(
-        ([normalizers.Precompiled(charsmap)] if charsmap else [])
-        + [normalizers.Replace(Regex(" {2,}"), " ")])
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    spec = source.normalizer_spec
+    charsmap = spec.precompiled_charsmap  # the normalization (nmt_nfkc, ...) as compiled
+    steps = [normalizers.Precompiled(charsmap)] if charsmap else []
+    if spec.remove_extra_whitespaces:  # no space at either end, a run of spaces as one
+        steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+    backend.normalizer = normalizers.Sequence(steps)
+    prepend = "always" if spec.add_dummy_prefix else "never"
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
     specials = [token for token in (EOS, UNK, PAD) if token in vocab]
     backend.add_special_tokens([AddedToken(token, special=True, normalized=False)
                                 for token in specials])

@@ -20,7 +20,15 @@ from export.checks.layout import check_layout
 from export.onnx.contract import LAYOUT, LAYOUT_DECODER, LAYOUT_ENCODER, MANIFEST
 from export.opening import open_export
 from export.serving.seq2seq_layout import layout_graphs
-from tests.conftest import ON_HF_CLIENTS, Lazy, SharedExport, on_shared
+from tests.conftest import (
+    ON_HF_CLIENTS,
+    Lazy,
+    SharedExport,
+    assert_weights_stored_once,
+    card,
+    on_shared,
+)
+from tests.contract_doc import documented_layout
 from tests.hf_exports import TRANSLATOR
 from zoo.files.spm_tokenizer import SentencePieceTokenizer
 from zoo.files.tokenizer import load_tokenizer
@@ -29,20 +37,43 @@ NAME = "transformer-tiny"
 
 
 @on_shared(NAME)
-def test_the_manifest_lists_the_layout_and_its_files(shared_export: SharedExport) -> None:
+def test_the_layout_has_the_documented_names_and_is_in_the_manifest(
+        shared_export: SharedExport) -> None:
+    """The names docs/onnx-contract.md gives (what the clients feed and fetch), `batch_size`
+    first on every input (transformers.js fills in no other axis of an empty cache), weights
+    inline (transformers.js fetches no data file it is not told of), and the manifest's
+    `layout` and `files` listing both graphs."""
     folder, _ = shared_export(NAME)
+    documented = documented_layout(card(NAME))
     manifest = json.loads((folder / MANIFEST).read_text())
-    graphs = manifest[LAYOUT]["graphs"]
-    assert list(graphs) == [LAYOUT_ENCODER, LAYOUT_DECODER]
-    assert graphs[LAYOUT_ENCODER]["outputs"] == ["last_hidden_state"]
-    assert graphs[LAYOUT_DECODER]["inputs"][-1] == "use_cache_branch"
+    assert list(documented) == [LAYOUT_ENCODER, LAYOUT_DECODER]
+    for file, (inputs, outputs) in documented.items():
+        graph = onnx.load(str(folder / file), load_external_data=False).graph
+        assert [i.name for i in graph.input] == inputs
+        assert [o.name for o in graph.output] == outputs
+        assert manifest[LAYOUT]["graphs"][file] == {"inputs": inputs, "outputs": outputs}
+        for value in graph.input:
+            dims = [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+            assert dims[0] == ("batch_size" if value.name != "use_cache_branch" else 1)
+            if value.name.startswith("past_key_values."):
+                assert isinstance(dims[2], str) and dims[2] != "batch_size"
+        assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
     assert {LAYOUT_ENCODER, LAYOUT_DECODER} <= set(manifest["files"])
     assert set(manifest["graphs"]) == {"encoder.onnx", "decoder.onnx"}  # the contract's own
-    for file, names in graphs.items():  # the names the manifest gives are the graph's
-        graph = onnx.load(str(folder / file), load_external_data=False).graph
-        assert [i.name for i in graph.input] == names["inputs"]
-        assert [o.name for o in graph.output] == names["outputs"]
-        assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer)
+
+
+@on_shared(NAME)
+def test_each_layout_graph_stands_alone_with_each_weight_once(shared_export: SharedExport
+                                                             ) -> None:
+    """The layout is a copy of the model beside the contract's graphs (ONNX Runtime refuses an
+    external data path out of onnx/), each file with its weights inline: the merged decoder's
+    two branches read one copy of the decoder's weights, and no file holds a weight twice."""
+    folder, _ = shared_export(NAME)
+    tiny = card(NAME)
+    sinusoids = tiny["max_positions"] * tiny["d_model"] * 4  # computed, not in safetensors
+    assert_weights_stored_once(folder, sinusoids)  # the contract's graphs, as before
+    for file in (LAYOUT_ENCODER, LAYOUT_DECODER):
+        assert_weights_stored_once(folder, sinusoids, files=[file])
 
 
 @on_shared(NAME)

@@ -57,8 +57,7 @@ def layout_contract(card: Card) -> dict[str, tuple[list[str], list[str]]]:
         LAYOUT_ENCODER: (["input_ids", "attention_mask"], [MEMORY]),
         LAYOUT_DECODER: (["input_ids", "encoder_attention_mask", HIDDEN,
                        *past_names(n, CACHE_INPUT, DECODER, ENCODER), USE_CACHE_BRANCH],
-                      ["logits", *past_names(n, CACHE_OUTPUT, DECODER),
-                       *past_names(n, CACHE_OUTPUT, ENCODER)]),
+                      ["logits", *past_names(n, CACHE_OUTPUT, DECODER, ENCODER)]),
     }
 
 
@@ -165,6 +164,8 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
     self_in, self_out = past_names(n, CACHE_INPUT, DECODER), past_names(n, CACHE_OUTPUT, DECODER)
     cross_in, cross_out = past_names(n, CACHE_INPUT, ENCODER), past_names(n, CACHE_OUTPUT, ENCODER)
     step_outputs = ["logits", *self_out]
+    # Optimum's order: logits, then per layer the self cache's key and value, the cross cache's
+    order = ["logits", *past_names(n, CACHE_OUTPUT, DECODER, ENCODER)]
     outer = {"input_ids", "encoder_attention_mask", *self_in, *cross_in}
     decoder_weights = ("decoder/", {t.name for t in decoder.graph.initializer})
     encoder_weights = ("encoder/", {t.name for t in encoder.graph.initializer})
@@ -186,8 +187,7 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                                                     {**empty, **from_projection}), "first/")
     first = helper.make_graph(
         first_nodes, "first_step", [],
-        [_tensor(f"first/{name}", None) for name in step_outputs]
-        + [_tensor(projected[name], None) for name in cross_out])
+        [_tensor(projected.get(name, f"first/{name}"), None) for name in order])
 
     # Later steps (use_cache_branch true): decoder.onnx as it is; the cross cache is the input's.
     empty_cross = helper.make_tensor("empty", TensorProto.FLOAT,
@@ -198,13 +198,13 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                                     value=empty_cross) for name in cross_out]
     with_past = helper.make_graph(
         past_nodes, "with_past", [],
-        [_tensor(f"past/{name}", None) for name in [*step_outputs, *cross_out]])
+        [_tensor(f"past/{name}", None) for name in order])
 
     weights = [_prefixed(t, "decoder/") for t in _used_initializers(decoder.graph, decoder_nodes)]
     weights += [_prefixed(t, "encoder/") for t in _used_initializers(encoder.graph, cross_nodes)]
     weights += [helper.make_tensor("layout/zero", TensorProto.INT64, [1], [0]),
                 helper.make_tensor("layout/axis", TensorProto.INT64, [1], [2])]
-    switch = helper.make_node("If", [USE_CACHE_BRANCH], [*step_outputs, *cross_out],
+    switch = helper.make_node("If", [USE_CACHE_BRANCH], order,
                               name=USE_CACHE_BRANCH, then_branch=with_past, else_branch=first)
     kv, dh = sizes.kv_heads, sizes.head_dim
     inputs = [_tensor("input_ids", TARGET, TensorProto.INT64),
@@ -218,8 +218,8 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
     inputs.append(_tensor(USE_CACHE_BRANCH, [1], TensorProto.BOOL))
     total = f"{SELF_PAST} + decoder_sequence_length"
     outputs = [_tensor("logits", (*TARGET, target_vocab_size(card)))]
-    outputs += [_tensor(name, ("batch_size", kv, total, dh)) for name in self_out]
-    outputs += [_tensor(name, ("batch_size", kv, CROSS_PAST, dh)) for name in cross_out]
+    outputs += [_tensor(name, ("batch_size", kv, CROSS_PAST if name in projected else total, dh))
+                for name in order[1:]]
     graph = helper.make_graph([switch], "decoder_model_merged", inputs, outputs, weights)
     model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder))
     model.ir_version = max(encoder.ir_version, decoder.ir_version)

@@ -80,8 +80,9 @@ class DotProductCore:
     a MatMul input into the kernel (FusedMatMul's alpha) when it loads the graph, so it costs
     nothing, where a Div of the (B, nh, T, S) scores stayed a kernel of its own.
 
-    Cross-attention scales the query's projection instead, (x s) W + b s: a decoding step's
-    scores are then a product with alpha 1, which MLAS runs with its one-row kernel reading
+    Cross-attention scales the query's projection instead, x (W s) + b s (constants that ONNX
+    Runtime folds when it loads the graph): a decoding step's scores are then a product with
+    alpha 1, which MLAS runs with its one-row kernel reading
     the cross keys where they lie; with alpha 1/sqrt(head_dim) it packs (copies) every head's
     keys first, every step, the cost of a step that grew with the source (BENCHMARKS.md)."""
 
@@ -95,7 +96,7 @@ class DotProductCore:
         scale = 1.0 / math.sqrt(a.head_dim)
         if source is None and a.query_norm is None:  # cross-attention: scaled in the projection
             bias = None if a.query.bias is None else a.query.bias * scale
-            query = a.split_heads(F.linear(x * scale, a.query.weight, bias))
+            query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
         else:
             query = a.split_heads(a.query(x))
             if a.query_norm is not None:

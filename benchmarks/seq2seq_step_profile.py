@@ -1,16 +1,20 @@
 """One encoder-decoder step (decoder.onnx, past 16, batch 1) at source 16 and 512, before and
 after a change, in one run (issue #26 item 3: the step at 512 at most 1.2x the step at 16).
 
-    .venv/bin/python benchmarks/seq2seq_step_profile.py [--before REV] [--json OUT.json]
+    .venv/bin/python benchmarks/seq2seq_step_profile.py --threads 1 [--before REV] [--json OUT]
 
 Both exports are `zoo export transformer-base --onnx --optimize` (the same seed, so the same
 weights): "after" by this tree's code, "before" by commit REV's own code (git archive, as
-tests/test_same_bytes.py builds old exports), made once under --work and reused. The four cases
-(two exports, two sources) are timed in the same interleaved rounds, one run of each per round,
-so the shared machine's drifting load weighs on all alike (timing one source after the other
-reported 0.86x and 1.69x for the same graph within a minute, load ~4.6); the ratios are the
-result. Then ONNX Runtime's profiler, per operator type, what grows with the source: each
-node's fastest run of the rounds summed, which a preempted thread does not inflate.
+tests/test_same_bytes.py builds old exports), made once under --work and reused (remove
+--work's `transformer-base-after` after changing the code). The four cases (two exports, two
+sources) are timed in the same interleaved rounds, one run of each per round, so the shared
+machine's drifting load weighs on all alike (timing one source after the other reported 0.86x
+and 1.69x for the same graph within a minute, load ~4.6); the ratios are the result. Then ONNX
+Runtime's profiler, the exports' runs interleaved again: per operator type what grows with the
+source, each node's fastest run summed (which a preempted thread does not inflate), and the
+rate at which the step reads the longer cross cache against the rate it reads its weights.
+`--threads 1` on a shared 2-core machine: with two threads other jobs' load made every figure
+noise (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -106,6 +110,19 @@ def session(folder: Path, threads: int | None, profile: str | None = None
                                 disabled_optimizers=DISABLED_OPTIMIZERS)
 
 
+def cross_bytes(graph: ort.InferenceSession, source: int) -> int:
+    """Bytes of the cross cache one step reads at `source`."""
+    return sum(4 * int(np.prod([size(axis, source) for axis in i.shape]))
+               for i in graph.get_inputs() if ".encoder." in i.name)
+
+
+def weight_bytes(folder: Path) -> int:
+    import onnx
+
+    graph = onnx.load(str(folder / "decoder.onnx"), load_external_data=False).graph
+    return sum(4 * int(np.prod(t.dims)) for t in graph.initializer if len(t.dims) == 2)
+
+
 def timed(folders: dict[str, Path], threads: int | None, rounds: int) -> dict[str, dict]:
     runs = {}
     for label, folder in folders.items():
@@ -116,27 +133,37 @@ def timed(folders: dict[str, Path], threads: int | None, rounds: int) -> dict[st
     return {name: timing.as_dict() for name, timing in measure_interleaved(runs, rounds).items()}
 
 
-def growth(folder: Path, threads: int | None, rounds: int) -> dict[str, dict[str, float]]:
-    """{operator type: {source: ms}}, each node's fastest run summed per type."""
+def growth(folders: dict[str, Path], threads: int | None, rounds: int
+           ) -> dict[str, dict[str, dict[str, float]]]:
+    """{export: {operator type: {source: ms}}}, each node's fastest run summed per type; the
+    exports' runs interleaved too, so that they are profiled under the same load."""
     with tempfile.TemporaryDirectory() as work:
-        graph = session(folder, threads, os.path.join(work, "profile"))
-        feeds = {source: step_feeds(graph, source) for source in SOURCES}
-        order = []
+        graphs = {label: session(folder, threads, os.path.join(work, label))
+                  for label, folder in folders.items()}
+        feeds = {label: {source: step_feeds(graph, source) for source in SOURCES}
+                 for label, graph in graphs.items()}
         for _ in range(rounds):
-            for source in SOURCES:
-                graph.run(None, feeds[source])
-                order.append(source)
-        with open(graph.end_profiling(), encoding="utf-8") as stream:
-            events = json.load(stream)
+            for label, graph in graphs.items():
+                for source in SOURCES:
+                    graph.run(None, feeds[label][source])
+        profiles = {}
+        for label, graph in graphs.items():
+            with open(graph.end_profiling(), encoding="utf-8") as stream:
+                profiles[label] = json.load(stream)
+    return {label: _by_kind(events) for label, events in profiles.items()}
+
+
+def _by_kind(events: list[dict]) -> dict[str, dict[str, float]]:
+    """One session's profile, its runs alternating SOURCES: {op type: {source: ms}}."""
     starts = [e["ts"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     fastest: dict[int, dict[str, float]] = {source: {} for source in SOURCES}
     kinds = {}
     for event in events:
         if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
             run = bisect.bisect_right(starts, event["ts"]) - 1
-            if run < 2 * 3:  # three warm-up rounds
+            if run < 2 * len(SOURCES):  # two warm-up rounds
                 continue
-            node, source = event["name"], order[run]
+            node, source = event["name"], SOURCES[run % len(SOURCES)]
             kinds[node] = event["args"]["op_name"]
             fastest[source][node] = min(fastest[source].get(node, float("inf")), event["dur"])
     by_kind: dict[str, dict[str, float]] = collections.defaultdict(lambda: dict.fromkeys(
@@ -161,16 +188,23 @@ def main() -> None:
     report = {"before": machine(), "rows": []}
     print(json.dumps(report["before"]), flush=True)
     times = timed(folders, args.threads, args.rounds)
+    profiles = growth(folders, args.threads, max(10, args.rounds // 3))
     low, high = SOURCES
     for label in folders:
         a, b = times[f"{label} source {low}"], times[f"{label} source {high}"]
-        ops = growth(folders[label], args.threads, max(10, args.rounds // 3))
+        ops = profiles[label]
         grew = sorted(ops, key=lambda op: ops[op][str(low)] - ops[op][str(high)])[:5]
+        nodes = {str(s): sum(o[str(s)] for o in ops.values()) for s in SOURCES}
+        graph = session(folders[label], args.threads)
+        extra = cross_bytes(graph, high) - cross_bytes(graph, low)
         report["rows"].append({
             "graph": label, "step_ms": {str(low): a, str(high): b},
             "ratio_median": b["median_ms"] / a["median_ms"], "ratio_min": b["min_ms"] / a["min_ms"],
-            "target": TARGET, "grew_ms": {op: ops[op] for op in grew},
-            "node_sum_ms": {str(s): sum(o[str(s)] for o in ops.values()) for s in SOURCES}})
+            "target": TARGET, "grew_ms": {op: ops[op] for op in grew}, "node_sum_ms": nodes,
+            # what remains: reading the longer cross cache, against the step's weight reads
+            "cross_cache_extra_mb": extra / 1e6,
+            "cross_read_gb_s": extra / 1e6 / (nodes[str(high)] - nodes[str(low)]),
+            "weights_read_gb_s": weight_bytes(folders[label]) / 1e6 / nodes[str(low)]})
     report["after"] = machine()
     for row in report["rows"]:
         print(json.dumps(row), flush=True)
@@ -186,7 +220,10 @@ def main() -> None:
               f"(target <= {TARGET}x)")
         nodes = row["node_sum_ms"]
         print(f"        each node's fastest run, summed: {nodes[str(low)]:.2f} -> "
-              f"{nodes[str(high)]:.2f} ms ({nodes[str(high)] / nodes[str(low)]:.2f}x)")
+              f"{nodes[str(high)]:.2f} ms ({nodes[str(high)] / nodes[str(low)]:.2f}x); the "
+              f"{row['cross_cache_extra_mb']:.1f} MB more cross cache read at "
+              f"{row['cross_read_gb_s']:.1f} GB/s, the weights at "
+              f"{row['weights_read_gb_s']:.1f} GB/s")
         for op, ms in row["grew_ms"].items():
             print(f"        {op:<22} {ms[str(low)]:7.3f} -> {ms[str(high)]:7.3f} ms")
 

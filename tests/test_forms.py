@@ -163,7 +163,7 @@ def test_scale_and_mask_are_one_multiply_and_one_add_per_layer() -> None:
 
 
 def test_cross_attention_with_the_scale_in_its_projection_is_the_papers_formula() -> None:
-    """Cross-attention scales the query's projection ((x s) W + b s) instead of the query:
+    """Cross-attention scales the query's projection (x (W s) + b s) instead of the query:
     the same softmax(q k^T / sqrt(d_k)) v, spelled out here with the keys and values of a
     memory projected once."""
     torch.manual_seed(2)

@@ -37,9 +37,15 @@ from peers import interleaved, machine, plain_session, print_report  # noqa: E40
 from prepare import optimum_export, optimum_quantized, zoo_export  # noqa: E402
 
 from export.cpu import has_vnni  # noqa: E402
-from export.onnx.contract import MODEL_GRAPH  # noqa: E402
+from export.onnx.contract import MODEL_GRAPH, stored_files  # noqa: E402
+from export.onnx.manifest import read_manifest  # noqa: E402
 
 SHIPPED = HERE.parent / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
+
+
+def model_graph(folder: Path) -> Path:
+    """The file that holds an export's onnx/model.onnx (quantized: onnx/model_quantized.onnx)."""
+    return folder / stored_files(read_manifest(folder))[MODEL_GRAPH]
 
 
 def bert_rows(work: Path, rounds: int) -> list[dict]:
@@ -47,8 +53,8 @@ def bert_rows(work: Path, rounds: int) -> list[dict]:
               "optimum int8": optimum_quantized("bert-base", work, has_vnni())
               / "model_quantized.onnx",
               "zoo fp32": zoo_export("bert-base", work, optimize=True) / MODEL_GRAPH,
-              "zoo int8-dynamic": zoo_export("bert-base", work, optimize=True,
-                                             quantize="int8-dynamic") / MODEL_GRAPH}
+              "zoo int8-dynamic": model_graph(zoo_export("bert-base", work, optimize=True,
+                                                         quantize="int8-dynamic"))}
     sessions = {name: plain_session(path) for name, path in graphs.items()}
     rows = []
     for batch in (1, 8):

@@ -196,8 +196,9 @@ class Family:
     def layout_entry(self, card: Card) -> dict[str, Any]:
         return {}
 
-    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto]) -> Any:
+    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto],
+              stored_as: dict[str, str]) -> Any:
         """What ONNX Runtime GenAI needs to run this export (export/serving/genai.py's
         GenAIFiles: extra graphs and genai_config.json), or None: GenAI has no model type that
-        takes this family's graphs."""
+        takes this family's graphs. `stored_as`: the quantized graphs' dtype names."""
         return None

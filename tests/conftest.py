@@ -196,12 +196,19 @@ ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
 
 
 @pytest.fixture(scope="session")
-def hf_client_exports(tmp_path_factory: pytest.TempPathFactory) -> Lazy:
-    """{key of tests/hf_exports.py's KEYS: its fresh export}, each made on first use."""
+def hf_client_exports(tmp_path_factory: pytest.TempPathFactory,
+                      shared_traces: dict[tuple, onnx.ModelProto]) -> Lazy:
+    """{key of tests/hf_exports.py's KEYS: its fresh export}, each made on first use; a
+    quantized export reuses its fp32 twin's trace (the same weights)."""
     from tests.hf_exports import KEYS, fresh_export
 
     root = tmp_path_factory.mktemp("hf-exports")
-    return Lazy(KEYS, lambda key: fresh_export(root, key))
+
+    def made(key: str) -> Path:
+        with traces_reused(shared_traces):
+            return fresh_export(root, key)
+
+    return Lazy(KEYS, made)
 
 
 @pytest.fixture(scope="session")

@@ -115,3 +115,17 @@ def documented_axes() -> dict[str, str]:
     sentence = text.split("Dynamic axes carry these names", 1)[1].split("Everything else", 1)[0]
     return {symbol.split(":")[0]: name
             for name, symbol in re.findall(r"`([\w +]+)` \(([^)]+)\)", sentence)}
+
+
+def documented_stored_name(file: str, quantize: str | None) -> str:
+    """Where an export made with `--quantize quantize` stores the graph `file`, by section 1's
+    table of transformers.js's dtype suffixes (graphs under onnx/ only)."""
+    if not quantize or not file.startswith("onnx/"):
+        return file
+    text = DOC.read_text(encoding="utf-8")
+    table = text.split("### Quantized exports", 1)[1].split("\n\n", 3)[2]
+    for row in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in row.split("|")[1:-1]]
+        if cells[0] == f"`{quantize}`":
+            return f"{file.removesuffix('.onnx')}{cells[3].strip('`')}.onnx"
+    raise KeyError(quantize)

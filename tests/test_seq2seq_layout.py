@@ -28,7 +28,7 @@ from tests.conftest import (
     card,
     on_shared,
 )
-from tests.contract_doc import documented_layout
+from tests.contract_doc import documented_layout, documented_stored_name
 from tests.hf_exports import TRANSLATOR
 from zoo.files.spm_tokenizer import SentencePieceTokenizer
 from zoo.files.tokenizer import load_tokenizer
@@ -110,17 +110,31 @@ def test_the_check_fails_on_a_layout_that_computes_otherwise(shared_export: Shar
 
 
 @on_shared(NAME)
-@pytest.mark.parametrize("variant", ["optimize", "int8"])
+@pytest.mark.parametrize("variant", ["optimize", "int8", "int8-dynamic"])
 def test_the_variants_keep_the_layout(shared_export: SharedExport, variant: str) -> None:
-    """Made from the optimized or quantized graphs, the layout computes what they compute."""
+    """Made from the optimized or quantized graphs, the layout computes what they compute;
+    quantized, its graphs are stored under transformers.js's dtype names (docs/onnx-contract.md's
+    table) and nothing quantized under the fp32 names."""
     folder, _ = shared_export(NAME, variant)
     assert check_layout(open_export(folder)).passed
-    ops = {node.op_type for node in onnx.load(str(folder / LAYOUT_DECODER)).graph.node[0]
+    quantize = None if variant == "optimize" else variant
+    encoder, decoder = (documented_stored_name(file, quantize)
+                        for file in (LAYOUT_ENCODER, LAYOUT_DECODER))
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert list(manifest[LAYOUT]["graphs"]) == [encoder, decoder]
+    assert {encoder, decoder} <= set(manifest["files"])
+    if quantize:
+        assert not (folder / LAYOUT_ENCODER).exists() and not (folder / LAYOUT_DECODER).exists()
+        assert manifest["quantization"]["stored_as"] == {LAYOUT_ENCODER: encoder,
+                                                         LAYOUT_DECODER: decoder}
+    ops = {node.op_type for node in onnx.load(str(folder / decoder)).graph.node[0]
            .attribute[0].g.node}  # the later steps' branch: decoder.onnx's own nodes
     decoder_ops = {node.op_type for node in onnx.load(str(folder / "decoder.onnx")).graph.node}
     assert decoder_ops <= ops | {"Constant"}
     if variant == "int8":
         assert "MatMulNBits" in ops
+    encoder_ops = {node.op_type for node in onnx.load(str(folder / encoder)).graph.node}
+    assert ("MatMulInteger" in encoder_ops) == (variant == "int8-dynamic")
 
 
 @on_shared(NAME)

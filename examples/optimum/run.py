@@ -67,7 +67,10 @@ def translation(folder: str, texts: list[str], max_new_tokens: int) -> dict[str,
     from transformers import AutoTokenizer, pipeline
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = ORTModelForSeq2SeqLM.from_pretrained(folder)
+    # subfolder "onnx": there the layout's encoder and merged decoder are the only graphs
+    # (beside them, encoder.onnx and decoder.onnx match Optimum's name patterns too), so it
+    # finds a quantized export's encoder_model_int8.onnx as it finds encoder_model.onnx
+    model = ORTModelForSeq2SeqLM.from_pretrained(folder, subfolder="onnx")
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
     inputs, tokens, translations = [], [], []
     for text in texts:  # one at a time: no padding, each source its own length

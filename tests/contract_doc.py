@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "onnx-contract.md"
+LAYOUT = "layout"  # the encoder-decoder's seq2seq layout, apart from the contract graphs
 FAMILY_HEADINGS = {"### encoder (": "encoder", "### decoder (": "decoder",
-                   "### encoder-decoder (": "encoder-decoder"}
+                   "### encoder-decoder (": "encoder-decoder",
+                   "### encoder-decoder in the seq2seq layout": LAYOUT}
 CONDITION = re.compile(r"\*\*only when `card\.(\w+)( > 0)?`\*\*")
 NAME = re.compile(r"`([^`]+)`")
 
@@ -33,7 +35,7 @@ def _sections(text: str) -> dict[tuple[str, str], list[str]]:
             file = files[0] if len(files) == 1 else None
         elif line.startswith("### "):
             family = None
-        elif family and re.match(r"^`[\w.]+\.onnx`", line):
+        elif family and re.match(r"^`[\w./]+\.onnx`", line):
             file = NAME.match(line).group(1)
         elif family and file and line.startswith(("| `", "| → `")):
             tables.setdefault((family, file), []).append(line.split("|")[1].strip())
@@ -97,6 +99,13 @@ def documented_contract(card: Any, attentions: bool = False
             outputs += _attention_outputs(text, family, file, card["n_layers"])
         contract[file] = (inputs, outputs)
     return contract
+
+
+def documented_layout(card: Any) -> dict[str, tuple[list[str], list[str]]]:
+    """{file: (input names, output names)} of the encoder-decoder's seq2seq layout, from its
+    tables in section 3."""
+    return {file: _expand(cells, card) for (family, file), cells in
+            _sections(DOC.read_text(encoding="utf-8")).items() if family == LAYOUT}
 
 
 def documented_axes() -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from tests.conftest import (
     stored_tensor_bytes,
     traces_reused,
 )
-from tests.contract_doc import documented_contract, documented_stored_name
+from tests.contract_doc import documented_contract, documented_layout, documented_stored_name
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
@@ -77,11 +78,16 @@ def finite_numbers(value: Any) -> bool:
     return False
 
 def grid_outputs(fields: dict) -> set[str]:
-    """The parity rows a full grid has: every output of every file, all layers' cache as one."""
+    """The parity rows a full grid has: every output of every file, all layers' cache as one;
+    and an encoder-decoder's seq2seq layout's outputs, each layer's cache of a kind as one."""
     labels = set()
     for file, (_, outputs) in documented_contract(fields).items():
         prefix = "" if file == "onnx/model.onnx" else f"{file.removesuffix('.onnx')}:"
         labels |= {prefix + ("present.*" if o.startswith("present.") else o) for o in outputs}
+    for _, outputs in documented_layout(fields).values() if fields["family"] == (
+            "encoder-decoder") else ():
+        labels |= {"layout:" + re.sub(r"\.\d+\.(\w+)\.(key|value)$", r".*.\1.*", o)
+                   for o in outputs}
     return labels
 
 

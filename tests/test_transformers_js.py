@@ -2,8 +2,11 @@
 folders as they are and agrees with `zoo run` on them (the zoo's Python API: the same code):
 the same greedy tokens (text-generation, from text through the export's own tokenizer files),
 sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
-1e-4 (text-classification). Quantized exports too, opened by the `dtype` their file is named
-for (q4, int8, q8), or with no dtype given by the one their config.json names.
+1e-4 (text-classification), and for a translation model (a MarianMT import) the same source
+ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
+onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
+Quantized exports too, opened by the `dtype` their files are named for (q4, int8, q8), or with
+no dtype given by the one their config.json names.
 
 Needs `node` and `npm ci --ignore-scripts` in examples/transformers-js (`make node-deps`);
 skips where they are missing, except under ZOO_REQUIRE_NODE_WEB=1 (.ci/run), where that fails.
@@ -20,7 +23,7 @@ import pytest
 
 from export.api import GenerateOptions, load
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS, alone
+from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,10 +104,29 @@ def test_text_classification_gives_zoo_runs_labels(key: str, dtype: str | None,
                                    atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("key, dtype", [(TRANSLATOR, None), ("translator-int8", None),
+                                        ("translator-int8", "int8")])
+def test_translation_gives_zoo_runs_ids_greedy_tokens_and_text(key: str, dtype: str | None,
+                                                               exports: Lazy) -> None:
+    exported = load(exports[key])
+    texts = [*TRANSLATIONS, *TEXTS]  # the shipped text's words, then some it never saw
+    got = transformers_js(exports[key], "translation", *sum((["--text", t] for t in texts), []),
+                          "--max-new-tokens", str(STEPS), *dtype_args(dtype))
+    eos = exported.card["eos_token_id"]
+    assert len({tuple(tokens) for tokens in got["tokens"]}) > 1  # the sources matter
+    for text, ids, tokens, translation in zip(texts, got["inputs"], got["tokens"], got["texts"],
+                                              strict=True):
+        expected = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0]
+        assert ids == expected.prompt, text  # tokenizer.json: the sentencepiece files' ids
+        assert tokens == until_eos(expected.ids, eos), text
+        assert translation == expected.text, text
+
+
 @pytest.mark.parametrize("key, task, dtype, file", [
     ("gpt-q4", "text-generation", "fp32", "onnx/model.onnx"),
     ("gpt-q4", "text-generation", "q8", "onnx/model_quantized.onnx"),
     ("embedder-q8", "feature-extraction", "fp32", "onnx/model.onnx"),
+    ("translator-int8", "translation", "fp32", "onnx/encoder_model.onnx"),
 ])
 def test_a_dtype_the_export_was_not_made_in_is_a_missing_file(key: str, task: str, dtype: str,
                                                               file: str, exports: Lazy) -> None:

@@ -1,7 +1,8 @@
 """transformers.js in headless Chromium: examples/web/transformers.html loads fresh `zoo export`
 folders by URL (fp32 and quantized, each under the file name its dtype opens), runs the task
 their config.json names, and gives what `zoo run` gives on the same folder: the same greedy
-tokens, sentence vectors and their cosines within 1e-4, the same labels. The ONNX Runtime Web
+tokens, sentence vectors and their cosines within 1e-4, the same labels, the same
+translations (a quantized MarianMT import in the seq2seq layout). The ONNX Runtime Web
 page (index.html) runs a quantized export too, finding its graph through the manifest.
 
 Needs what tests/test_node_web.py's browser tests need, plus @huggingface/transformers in
@@ -19,7 +20,7 @@ import pytest
 from export.api import GenerateOptions, load
 from export.opening import open_export
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS, alone
+from tests.hf_exports import TEXTS, TRANSLATIONS, alone
 from tests.test_node_web import (
     PROMPTS,
     WEB_DIR,
@@ -34,7 +35,7 @@ from tests.test_transformers_js import until_eos
 
 pytestmark = ON_HF_CLIENTS  # the exports of tests/hf_exports.py, made once in that group
 STEPS = 16
-SERVED = ("gpt", "gpt-q4", "embedder-q8", "classifier")
+SERVED = ("gpt", "gpt-q4", "embedder-q8", "classifier", "translator-int8")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ PAGES = {
     "generate-q4": TransformersPage("gpt-q4", (TEXTS[1],)),
     "embed-q8": TransformersPage("embedder-q8", tuple(TEXTS)),
     "classify": TransformersPage("classifier", tuple(TEXTS)),
+    "translate-int8": TransformersPage("translator-int8", tuple(TRANSLATIONS)),
     "wrong-dtype": TransformersPage("gpt-q4", (TEXTS[0],), "fp32"),
     "contract-page-q4": Page("gpt-q4", PROMPTS[0], STEPS),  # index.html, ONNX Runtime Web
 }
@@ -132,6 +134,20 @@ def test_classification_gives_zoo_runs_labels(shown: dict[str, dict],
     for scores, row in zip(page["run"]["scores"], expected, strict=True):
         np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
                                    atol=1e-4, rtol=0)
+    assert_timed(page)
+
+
+def test_translation_gives_zoo_runs_text(shown: dict[str, dict], hf_client_exports: Lazy
+                                        ) -> None:
+    """The seq2seq hook on a quantized MarianMT import: config.json's int8 opens the layout's
+    encoder_model_int8.onnx and decoder_model_merged_int8.onnx."""
+    page = shown["translate-int8"]
+    assert page["state"] == "done", page["error"]
+    exported = load(hf_client_exports["translator-int8"])
+    expected = [exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0].text
+                for text in TRANSLATIONS]
+    assert page["run"]["translations"] == expected
+    assert page["run"]["dtype"] == "int8"
     assert_timed(page)
 
 

@@ -8,11 +8,11 @@
 //                                                  cosine similarity of every pair
 //   architectures *ForCausalLM / *LMHeadModel     text-generation: greedy, text as it comes
 //   is_encoder_decoder, *MTModel, *ForConditionalGeneration
-//                                                  translation: each line (the hook for the
-//                                                  seq2seq layout, onnx/encoder_model.onnx +
-//                                                  decoder_model_merged.onnx: zoo's
-//                                                  encoder-decoder exports have no config.json
-//                                                  yet, so none reaches it today)
+//                                                  translation: each line, through the
+//                                                  seq2seq layout (onnx/encoder_model.onnx +
+//                                                  decoder_model_merged.onnx: a MarianMT
+//                                                  import's export; the paper's Transformer
+//                                                  cards have no config.json)
 //
 // `dtype` left empty is config.json's transformers.js_config.dtype: the graph the export holds
 // (fp32 onnx/model.onnx, or a quantized export's onnx/model_q4.onnx, ...). Timings are
@@ -208,7 +208,7 @@ async function classify(id, request, options) {
   return { ...run, labels: run.results.map((ranked) => ranked[0].label), scores };
 }
 
-// The seq2seq hook: transformers.js's translation pipeline on each line.
+// An encoder-decoder: transformers.js's translation pipeline on each line.
 async function translate(id, request, options) {
   const run = await eachLine(id, 'translation', request, options,
                              async (translator, text) => (await translator(

@@ -11,6 +11,7 @@ import numpy as np
 from torch import nn
 
 from export.checks.agreement import STEPS, THRESHOLDS, AgreementError, AgreementReport
+from export.checks.layout import check_layout
 from export.checks.parity import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
@@ -22,6 +23,7 @@ from export.checks.parity import (
     compare,
 )
 from export.checks.quality import GateError, GateReport
+from export.onnx.contract import LAYOUT
 from export.onnx.quantize import DYNAMIC
 from export.onnx.shared_cache import KV_FILE
 from export.runtime.engine import Engine
@@ -74,29 +76,43 @@ def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT
            rtol: float = DEFAULT_RTOL, progress: Callable[[str], None] = lambda message: None
            ) -> Report | AgreementReport | GateReport:
     """The report of the check `runtime`'s export needs; raises ParityError, AgreementError or
-    GateError (each carrying its report) when it fails."""
+    GateError (each carrying its report) when it fails. An export with the clients' seq2seq
+    layout also proves it computes what its own graphs compute (checks/layout.py)."""
     reference = TorchEngine(model, card, runtime.family,
                             attentions="attentions" in runtime.manifest)
+    layout = None
+    if LAYOUT in runtime.manifest:
+        progress("checking the seq2seq layout against the export's own graphs...")
+        layout = check_layout(runtime, atol, rtol)
     quantization = runtime.manifest.get("quantization")
-    if quantization and quantization["weights"] == DYNAMIC:
-        progress(f"checking {DYNAMIC} against fp32 PyTorch (quality gate)...")
-        gate = check_quality(reference, runtime)
-        if not gate.passed:
-            raise GateError(gate)
-        return gate
     if quantization:
-        weights = quantization["weights"]
-        progress(f"checking {weights} against fp32 PyTorch (top-1 agreement)...")
-        agreement = check_agreement(reference, runtime, weights)
-        if not agreement.passed:
-            raise AgreementError(agreement)
-        return agreement
+        if layout is not None and not layout.passed:  # the layout beside quantized graphs
+            raise ParityError(layout)
+        return _quantized(reference, runtime, quantization["weights"], progress)
     progress(f"checking parity against ONNX Runtime ({runtime.provider})...")
     report = check_parity(reference, runtime, atol, rtol)
     if runtime.kv_graph is not None:
         row, tokens = shared_cache_matches_plain(runtime, atol, rtol)
         report.rows.append(row)
         report.generation.append(tokens)
+    if layout is not None:
+        report.rows += layout.rows
+        report.generation += layout.generation
     if not report.passed:
         raise ParityError(report)
     return report
+
+
+def _quantized(reference: Engine, runtime: Runtime, weights: str,
+               progress: Callable[[str], None]) -> AgreementReport | GateReport:
+    if weights == DYNAMIC:
+        progress(f"checking {DYNAMIC} against fp32 PyTorch (quality gate)...")
+        gate = check_quality(reference, runtime)
+        if not gate.passed:
+            raise GateError(gate)
+        return gate
+    progress(f"checking {weights} against fp32 PyTorch (top-1 agreement)...")
+    agreement = check_agreement(reference, runtime, weights)
+    if not agreement.passed:
+        raise AgreementError(agreement)
+    return agreement

@@ -20,6 +20,11 @@ MANIFEST = "manifest.json"
 # The encoder's and decoder's one graph, where transformers.js and Optimum look for it.
 MODEL_GRAPH = "onnx/model.onnx"
 FORMAT_VERSION = 1
+LAYOUT = "layout"  # manifest entry: graphs made for clients that look for other files
+# The encoder-decoder in Optimum's and transformers.js's layout (serving/seq2seq_layout.py)
+LAYOUT_ENCODER = "onnx/encoder_model.onnx"
+LAYOUT_DECODER = "onnx/decoder_model_merged.onnx"
+USE_CACHE_BRANCH = "use_cache_branch"
 CLIENT_FOLDER = "onnx/"  # graphs the Hugging Face clients open: quantized ones take dtype names
 # `zoo export --quantize` choice -> transformers.js's `dtype` for its files: int8-dynamic is its
 # q8 (dynamic quantization with int8 weights, what its converter and Optimum ship as

@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx
 
-from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, MANIFEST
+from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, LAYOUT, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path, inside
@@ -115,10 +115,16 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     graphs = manifest.get("graphs", {})
     if not isinstance(graphs, dict):
         raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
-    _check_stored_as(manifest.get("quantization"), graphs, where)
     generation = manifest.get("generation")
+    layout = manifest.get(LAYOUT, {})
+    layout_graphs = layout.get("graphs") if isinstance(layout, dict) else None
+    _check_stored_as(manifest.get("quantization"),
+                     {**graphs, **(layout_graphs if isinstance(layout_graphs, dict) else {})},
+                     where)
     named = [("files", name) for name in manifest["files"]]
     named += [("graphs", name) for name in graphs]
+    if isinstance(layout_graphs, dict):
+        named += [(f"{LAYOUT}.graphs", name) for name in layout_graphs]
     if isinstance(generation, dict) and "file" in generation:
         named.append(("generation.file", generation["file"]))
     for field, name in named:
@@ -133,4 +139,4 @@ def _check_stored_as(quantization: Any, graphs: dict[str, Any], where: str) -> N
             isinstance(name, str) and isinstance(file, str) and file in graphs
             for name, file in stored_as.items()):
         raise ManifestError(f"{where}: field 'quantization.stored_as' should map contract "
-                            "graph names to graphs listed in 'graphs'")
+                            "graph names to graphs listed in 'graphs' (or 'layout.graphs')")

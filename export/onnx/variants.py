@@ -10,7 +10,8 @@ The contract graphs keep their input and output names either way, so the parity 
 quantized, the agreement check or the quality gate) runs on them unchanged. A quantized client
 graph (under onnx/) is stored under the name transformers.js opens for its dtype
 (`onnx/model_q4.onnx`; export/onnx/contract.py's quantized_name), recorded in the manifest's
-`quantization.stored_as`; nothing is left under the fp32 name.
+`quantization.stored_as`; nothing is left under the fp32 name. So is each graph of an
+encoder-decoder's seq2seq layout that holds quantized operators (`layout_under_dtype_names`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import nn
 from export.checks.quality import calibration_batch
 from export.family import Family
 from export.onnx.contract import CLIENT_FOLDER, DTYPES, quantized_name
-from export.onnx.dynamic import DynamicSettings, quantize_dynamic_graph
+from export.onnx.dynamic import QUANTIZED_OPS, DynamicSettings, quantize_dynamic_graph
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
 from export.options import ExportOptions
@@ -104,6 +105,27 @@ def _store_under_dtype_names(protos: dict[str, onnx.ModelProto], quantized: list
     protos.clear()
     protos.update(renamed)
     return moved
+
+
+def layout_under_dtype_names(layout: dict[str, onnx.ModelProto], entry: dict[str, Any],
+                             choice: str) -> dict[str, str]:
+    """Rename, in `layout` and its manifest `entry`'s graphs, each layout graph a quantized
+    export made with quantized operators (int8-dynamic leaves the decoder's steps fp32, but the
+    merged decoder's first step holds encoder.onnx's quantized cross projection); {old: new}."""
+    moved = {file: quantized_name(file, choice) for file, proto in layout.items()
+             if _holds_quantized(proto.graph)}
+    for files in (layout, entry["graphs"]):
+        renamed = {moved.get(file, file): value for file, value in files.items()}
+        files.clear()
+        files.update(renamed)
+    return moved
+
+
+def _holds_quantized(graph: onnx.GraphProto) -> bool:
+    """A quantized operator in `graph` or in a subgraph (the merged decoder's `If` branches)."""
+    return any(node.op_type in (*QUANTIZED_OPS, "MatMulNBits") or any(
+        _holds_quantized(attribute.g) for attribute in node.attribute
+        if attribute.type == onnx.AttributeProto.GRAPH) for node in graph.node)
 
 
 def _quantize_dynamic(protos: dict[str, onnx.ModelProto], card: Card, family: Family,

@@ -67,9 +67,10 @@ def translation(folder: str, texts: list[str], max_new_tokens: int) -> dict[str,
     from transformers import AutoTokenizer, pipeline
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    # subfolder "onnx": there the layout's encoder and merged decoder are the only graphs
-    # (beside them, encoder.onnx and decoder.onnx match Optimum's name patterns too), so it
-    # finds a quantized export's encoder_model_int8.onnx as it finds encoder_model.onnx
+    # subfolder "onnx": there the layout's encoder and merged decoder are the only graphs, so a
+    # quantized export's encoder_model_int8.onnx is found by name pattern as the one match
+    # (from the folder's root, the contract's encoder.onnx matches too: Optimum would take the
+    # first of the two, with a warning)
     model = ORTModelForSeq2SeqLM.from_pretrained(folder, subfolder="onnx")
     translator = pipeline("translation", model=model, tokenizer=tokenizer)
     inputs, tokens, translations = [], [], []

@@ -40,9 +40,15 @@ from peers import interleaved, machine, plain_session, print_report  # noqa: E40
 from prepare import optimum_export, optimum_quantized, zoo_export  # noqa: E402
 
 from export.cpu import has_vnni  # noqa: E402
-from export.onnx.contract import MODEL_GRAPH  # noqa: E402
+from export.onnx.contract import MODEL_GRAPH, stored_files  # noqa: E402
+from export.onnx.manifest import read_manifest  # noqa: E402
 
 SHIPPED = HERE.parent / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
+
+
+def model_graph(folder: Path) -> Path:
+    """The file that holds an export's onnx/model.onnx (quantized: onnx/model_quantized.onnx)."""
+    return folder / stored_files(read_manifest(folder))[MODEL_GRAPH]
 
 
 def quantized_alone(fp32_graph: Path, out: Path) -> Path:
@@ -68,8 +74,8 @@ def bert_rows(work: Path, rounds: int) -> list[dict]:
               "optimum int8": optimum_quantized("bert-base", work, has_vnni())
               / "model_quantized.onnx",
               "zoo fp32": zoo_fp32,
-              "zoo int8-dynamic": zoo_export("bert-base", work, optimize=True,
-                                             quantize="int8-dynamic") / MODEL_GRAPH,
+              "zoo int8-dynamic": model_graph(zoo_export("bert-base", work, optimize=True,
+                                                         quantize="int8-dynamic")),
               "zoo fp32 + quantize_dynamic alone": quantized_alone(
                   zoo_fp32, work / "zoo-bert-base-quantize-dynamic-alone.onnx")}
     sessions = {name: plain_session(path) for name, path in graphs.items()}
@@ -161,7 +167,7 @@ def one_batch_cosines(work: Path, st_folder: Path, zoo: dict[str, Path], texts: 
 
     zoo_fp32 = vectors(zoo["fp32"] / MODEL_GRAPH)
     st_fp32 = vectors(st_folder / "onnx" / "model.onnx")
-    found = {"zoo int8-dynamic": (vectors(zoo["int8-dynamic"] / MODEL_GRAPH), zoo_fp32),
+    found = {"zoo int8-dynamic": (vectors(model_graph(zoo["int8-dynamic"])), zoo_fp32),
              "zoo fp32 + quantize_dynamic alone": (vectors(quantized_alone(
                  zoo["fp32"] / MODEL_GRAPH, work / "zoo-minilm-quantize-dynamic-alone.onnx")),
                  zoo_fp32),

@@ -186,8 +186,19 @@ class Family:
                          metadata: dict[str, str], progress: Any) -> Extras:
         return Extras()
 
-    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto]) -> Any:
+    def layout_graphs(self, card: Card, graphs: dict[str, onnx.ModelProto]
+                      ) -> dict[str, onnx.ModelProto]:
+        """Graphs made from the written ones for clients that look for other files (the
+        encoder-decoder's seq2seq layout, export/serving/seq2seq_layout.py); saved each on its
+        own, listed in the manifest's `layout` entry (`layout_entry`)."""
+        return {}
+
+    def layout_entry(self, card: Card) -> dict[str, Any]:
+        return {}
+
+    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto],
+              stored_as: dict[str, str]) -> Any:
         """What ONNX Runtime GenAI needs to run this export (export/serving/genai.py's
         GenAIFiles: extra graphs and genai_config.json), or None: GenAI has no model type that
-        takes this family's graphs."""
+        takes this family's graphs. `stored_as`: the quantized graphs' dtype names."""
         return None

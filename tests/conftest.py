@@ -4,6 +4,7 @@ helpers for random inputs."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -169,8 +170,6 @@ ON_CLASSIFIER = pytest.mark.xdist_group("classifier")
 def export_card(tmp: Path, name: str, overrides: dict[str, Any], seed: int) -> Path:
     """`zoo export NAME --onnx --seed SEED --set FIELD=VALUE...`, as a user types it, into
     tmp/NAME-onnx."""
-    import json
-
     from click.testing import CliRunner
 
     from cli import main
@@ -197,12 +196,19 @@ ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
 
 
 @pytest.fixture(scope="session")
-def hf_client_exports(tmp_path_factory: pytest.TempPathFactory) -> Lazy:
-    """{key of tests/hf_exports.py's MODELS: its fresh export}, each made on first use."""
-    from tests.hf_exports import MODELS, fresh_export
+def hf_client_exports(tmp_path_factory: pytest.TempPathFactory,
+                      shared_traces: dict[tuple, onnx.ModelProto]) -> Lazy:
+    """{key of tests/hf_exports.py's KEYS: its fresh export}, each made on first use; a
+    quantized export reuses its fp32 twin's trace (the same weights)."""
+    from tests.hf_exports import KEYS, fresh_export
 
     root = tmp_path_factory.mktemp("hf-exports")
-    return Lazy(MODELS, lambda key: fresh_export(root, key))
+
+    def made(key: str) -> Path:
+        with traces_reused(shared_traces):
+            return fresh_export(root, key)
+
+    return Lazy(KEYS, made)
 
 
 @pytest.fixture(scope="session")
@@ -325,7 +331,6 @@ def prompt_feeds(card: Card, ids: list[int]) -> dict:
 def modules_loaded(calls: list[list[str]], roots: tuple[str, ...]) -> list[str]:
     """The modules under `roots` that running the CLI with each argument list loads, in a
     fresh interpreter (so nothing a test imported here counts)."""
-    import json
     import os
     import subprocess
     import sys
@@ -353,15 +358,34 @@ def tensor_payload_bytes(tensor: onnx.TensorProto) -> int:
             + 4 * len(tensor.int32_data))
 
 
-def _onnx_tensors(folder: Path) -> Iterator[tuple[str, onnx.TensorProto]]:
-    """(file, tensor) for every initializer and Constant value of every .onnx in `folder`
-    (and its onnx/), the file as a path inside `folder`."""
-    for path in sorted(folder.rglob("*.onnx")):
+def graph_files(folder: Path) -> list[str]:
+    """The .onnx files of an export (in onnx/ too) that share its weights: all but the
+    clients' layout (the manifest's `layout`: a copy of the model whose files each stand
+    alone, as transformers.js loads them)."""
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    layout = set(manifest.get("layout", {}).get("graphs", {}))
+    return [file for file in sorted(p.relative_to(folder).as_posix()
+                                    for p in folder.rglob("*.onnx")) if file not in layout]
+
+
+def _onnx_tensors(folder: Path, files: list[str] | None = None
+                  ) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(file, tensor) for every initializer and Constant value of every .onnx of `files`
+    (paths inside `folder`; default: graph_files), subgraphs' Constants included."""
+    for file in graph_files(folder) if files is None else files:
+        path = folder / file
         model = onnx.load(str(path), load_external_data=False)
-        file = path.relative_to(folder).as_posix()
         yield from ((file, tensor) for tensor in model.graph.initializer)
-        yield from ((file, a.t) for node in model.graph.node for a in node.attribute
+        yield from ((file, a.t) for node in _nodes(model.graph) for a in node.attribute
                     if a.type == onnx.AttributeProto.TENSOR)
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for subgraph in ([attribute.g] if attribute.HasField("g") else []):
+                yield from _nodes(subgraph)
 
 
 def _external_range(file: str, tensor: onnx.TensorProto) -> tuple[str, int, int]:
@@ -372,12 +396,12 @@ def _external_range(file: str, tensor: onnx.TensorProto) -> tuple[str, int, int]
     return location, int(info.get("offset", 0)), int(info["length"])
 
 
-def stored_tensor_bytes(folder: Path) -> int:
+def stored_tensor_bytes(folder: Path, files: list[str] | None = None) -> int:
     """Every tensor byte the ONNX files of an export hold: inline initializers and Constant
     values in each .onnx, plus each distinct range of the external data files (without the
     alignment padding between them)."""
     inline, ranges = 0, set()
-    for file, tensor in _onnx_tensors(folder):
+    for file, tensor in _onnx_tensors(folder, files):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             ranges.add(_external_range(file, tensor))
         else:
@@ -385,7 +409,7 @@ def stored_tensor_bytes(folder: Path) -> int:
     return inline + sum(length for _, _, length in ranges)
 
 
-def weight_copies(folder: Path) -> dict[str, tuple[int, int]]:
+def weight_copies(folder: Path, files: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """{weight name: (copies the ONNX files store, copies safetensors holds)}, matched by
     content: an external range shared by several graphs counts once. Weights with equal
     content (norms at init) share one count, so each is compared as a multiset."""
@@ -398,7 +422,7 @@ def weight_copies(folder: Path) -> dict[str, tuple[int, int]]:
 
     stored: Counter[str] = Counter()
     ranges: set[tuple[str, int, int]] = set()
-    for file, tensor in _onnx_tensors(folder):
+    for file, tensor in _onnx_tensors(folder, files):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             where = _external_range(file, tensor)
             if where not in ranges:
@@ -420,13 +444,15 @@ def weight_bytes(folder: Path) -> int:
         return sum(weights.get_tensor(key).nbytes for key in weights.keys())  # noqa: SIM118
 
 
-def assert_weights_stored_once(folder: Path, buffers: int = 0) -> None:
+def assert_weights_stored_once(folder: Path, buffers: int = 0, files: list[str] | None = None
+                               ) -> None:
     """No weight stored twice across the ONNX files of an export (inline in two graphs, or
     inline and external): matched by content, and bounded in bytes, where the slack (4 KB:
     shapes, masks' fill values, folded constants) is half the smallest table of a tiny card.
     `buffers`: bytes of tensors computed from the card (the sinusoid table), not in safetensors.
+    `files`: these graphs only (default: graph_files, every graph sharing the weights).
     """
-    copies = weight_copies(folder)
+    copies = weight_copies(folder, files)
     twice = sorted(name for name, (stored, held) in copies.items() if stored > held)
     assert not twice, f"stored more than once: {twice}"
-    assert stored_tensor_bytes(folder) - buffers <= weight_bytes(folder) + 4096
+    assert stored_tensor_bytes(folder, files) - buffers <= weight_bytes(folder) + 4096

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "onnx-contract.md"
+LAYOUT = "layout"  # the encoder-decoder's seq2seq layout, apart from the contract graphs
 FAMILY_HEADINGS = {"### encoder (": "encoder", "### decoder (": "decoder",
-                   "### encoder-decoder (": "encoder-decoder"}
+                   "### encoder-decoder (": "encoder-decoder",
+                   "### encoder-decoder in the seq2seq layout": LAYOUT}
 CONDITION = re.compile(r"\*\*only when `card\.(\w+)( > 0)?`\*\*")
 NAME = re.compile(r"`([^`]+)`")
 
@@ -33,7 +35,7 @@ def _sections(text: str) -> dict[tuple[str, str], list[str]]:
             file = files[0] if len(files) == 1 else None
         elif line.startswith("### "):
             family = None
-        elif family and re.match(r"^`[\w.]+\.onnx`", line):
+        elif family and re.match(r"^`[\w./]+\.onnx`", line):
             file = NAME.match(line).group(1)
         elif family and file and line.startswith(("| `", "| → `")):
             tables.setdefault((family, file), []).append(line.split("|")[1].strip())
@@ -99,6 +101,13 @@ def documented_contract(card: Any, attentions: bool = False
     return contract
 
 
+def documented_layout(card: Any) -> dict[str, tuple[list[str], list[str]]]:
+    """{file: (input names, output names)} of the encoder-decoder's seq2seq layout, from its
+    tables in section 3."""
+    return {file: _expand(cells, card) for (family, file), cells in
+            _sections(DOC.read_text(encoding="utf-8")).items() if family == LAYOUT}
+
+
 def documented_axes() -> dict[str, str]:
     """{symbol: the dynamic axis name}, from section 2's sentence "Dynamic axes carry these
     names in the ONNX files (Optimum's): `batch_size` (B), ..."."""
@@ -106,3 +115,17 @@ def documented_axes() -> dict[str, str]:
     sentence = text.split("Dynamic axes carry these names", 1)[1].split("Everything else", 1)[0]
     return {symbol.split(":")[0]: name
             for name, symbol in re.findall(r"`([\w +]+)` \(([^)]+)\)", sentence)}
+
+
+def documented_stored_name(file: str, quantize: str | None) -> str:
+    """Where an export made with `--quantize quantize` stores the graph `file`, by section 1's
+    table of transformers.js's dtype suffixes (graphs under onnx/ only)."""
+    if not quantize or not file.startswith("onnx/"):
+        return file
+    text = DOC.read_text(encoding="utf-8")
+    table = text.split("### Quantized exports", 1)[1].split("\n\n", 3)[2]
+    for row in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in row.split("|")[1:-1]]
+        if cells[0] == f"`{quantize}`":
+            return f"{file.removesuffix('.onnx')}{cells[3].strip('`')}.onnx"
+    raise KeyError(quantize)

@@ -1,12 +1,16 @@
 """Fresh exports of the tiny cards, made as a user makes them, for the tests that load them in
 the Hugging Face clients (transformers.js, Optimum, sentence-transformers): `zoo build`, the
 byte tokenizer a model trained here carries beside its weights, then `zoo export` of that
-folder. Nothing is added to or edited in an export afterwards."""
+folder; and a translation model: `zoo import` of a tiny MarianMT folder (tests/marian_folder.py,
+with its sentencepiece files), then `zoo export`. Nothing is added to or edited in an export
+afterwards."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -25,21 +29,66 @@ MODELS = {
     "pooler-classifier": ("bert-tiny", {"pooling": "pooler", "num_labels": 2,
                                         "mlm_head": False}),
 }
+TRANSLATOR = "translator"  # the MarianMT import
+# name: (a key of MODELS or TRANSLATOR, --quantize): the same built model exported quantized,
+# its client graphs stored under the names transformers.js opens for the dtype (q4: model_q4,
+# int8: model_int8, q8: model_quantized; the translator's encoder_model_int8 and
+# decoder_model_merged_int8).
+QUANTIZED = {
+    "gpt-q4": ("gpt", "int4"),
+    "gpt-int8": ("gpt", "int8"),
+    "embedder-q8": ("embedder", "int8-dynamic"),
+    "classifier-q8": ("classifier", "int8-dynamic"),
+    "translator-int8": (TRANSLATOR, "int8"),
+}
+KEYS = (*MODELS, TRANSLATOR, *QUANTIZED)
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]
+TRANSLATIONS = ["First Citizen: we are accounted poor citizens.", "Speak, speak."]
+
+
+def built_model(root: Path, key: str, seed: int) -> Path:
+    """root/KEY-built: `zoo build` of MODELS[key] with the byte tokenizer beside it, or the
+    `zoo import` of the MarianMT folder (TRANSLATOR)."""
+    built = root / f"{key}-built"
+    if built.exists():
+        return built
+    if key == TRANSLATOR:
+        return _imported_translator(root, built)
+    name, overrides = MODELS[key]
+    sets = [f"--set={field}={json.dumps(value)}" for field, value in overrides.items()]
+    result = CliRunner().invoke(zoo, ["build", name, "-o", str(built), "--seed", str(seed),
+                                      *sets])
+    assert result.exit_code == 0, result.output
+    (built / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json(), encoding="utf-8")
+    return built
 
 
 def fresh_export(root: Path, key: str, seed: int = 1) -> Path:
-    """root/KEY: the export of MODELS[key], made once per root."""
+    """root/KEY: the export of MODELS[key] (or the translator, or QUANTIZED[key]), made once
+    per root."""
     out = root / key
     if out.exists():
         return out
-    name, overrides = MODELS[key]
-    built = root / f"{key}-built"
-    sets = [f"--set={field}={json.dumps(value)}" for field, value in overrides.items()]
-    for args in (["build", name, "-o", str(built), "--seed", str(seed), *sets],
-                 ["export", str(built), "--onnx", "-o", str(out)]):
-        if args[0] == "export":
-            (built / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json(), encoding="utf-8")
-        result = CliRunner().invoke(zoo, args)
-        assert result.exit_code == 0, result.output
+    model, quantize = QUANTIZED.get(key, (key, None))
+    built = built_model(root, model, seed)
+    result = CliRunner().invoke(zoo, ["export", str(built), "--onnx", "-o", str(out),
+                                      *(["--quantize", quantize] if quantize else [])])
+    assert result.exit_code == 0, result.output
     return out
+
+
+def _imported_translator(root: Path, built: Path) -> Path:
+    from tests.marian_folder import marian_folder
+
+    source, _ = marian_folder(root / "marian")
+    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    return built
+
+
+def alone(run: Callable[[list[str]], Any]) -> list[Any]:
+    """`run` on each of TEXTS by itself, as the tests hand the clients' pipelines one text at
+    a time. With int8-dynamic that matters: each activation tensor gets one scale over its
+    whole batch, so a row's vector depends on its batch-mates (bert-tiny's moved 1.6e-4 in a
+    batch of three; alone, the zoo and transformers.js agreed within 1e-7)."""
+    return [run([text]) for text in TEXTS]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from tests.conftest import (
     stored_tensor_bytes,
     traces_reused,
 )
-from tests.contract_doc import documented_contract
+from tests.contract_doc import documented_contract, documented_layout, documented_stored_name
 from zoo.build import build_model
 from zoo.files.weights import load_built
 
@@ -77,11 +78,16 @@ def finite_numbers(value: Any) -> bool:
     return False
 
 def grid_outputs(fields: dict) -> set[str]:
-    """The parity rows a full grid has: every output of every file, all layers' cache as one."""
+    """The parity rows a full grid has: every output of every file, all layers' cache as one;
+    and an encoder-decoder's seq2seq layout's outputs, each layer's cache of a kind as one."""
     labels = set()
     for file, (_, outputs) in documented_contract(fields).items():
         prefix = "" if file == "onnx/model.onnx" else f"{file.removesuffix('.onnx')}:"
         labels |= {prefix + ("present.*" if o.startswith("present.") else o) for o in outputs}
+    for _, outputs in documented_layout(fields).values() if fields["family"] == (
+            "encoder-decoder") else ():
+        labels |= {"layout:" + re.sub(r"\.\d+\.(\w+)\.(key|value)$", r".*.\1.*", o)
+                   for o in outputs}
     return labels
 
 
@@ -93,7 +99,9 @@ def assert_check_ran(report, fields: dict) -> None:
     if hasattr(check, "quantization"):
         assert check.rows and all(row.positions > 0 for row in check.rows), check.table()
         return
-    assert {row.output for row in check.rows} == grid_outputs(fields), check.table()
+    loop = [what for what, _, _ in check.generation if what == "shared-cache loop vs plain loop"]
+    expected = grid_outputs(fields) | ({"model_kv:logits"} if loop else set())
+    assert {row.output for row in check.rows} == expected, check.table()
     assert all(row.max_rel <= 1.0 for row in check.rows), check.table()
     if fields["family"] != "encoder":
         assert check.generation, check.table()
@@ -104,8 +112,11 @@ def test_every_variant_export_passes_its_check(name: str, variant: str, exports)
     folder, report = exports(name, variant)
     assert_check_ran(report, card(name).fields)
     manifest = json.loads((folder / MANIFEST).read_text())
+    quantize = None if variant == "optimize" else variant
     for file, (inputs, outputs) in documented_contract(card(name)).items():
-        model = onnx.load(str(folder / file), load_external_data=False)
+        stored = documented_stored_name(file, quantize)  # onnx/model_q4.onnx for int4
+        assert stored in manifest["graphs"] and stored in manifest["files"]
+        model = onnx.load(str(folder / stored), load_external_data=False)
         assert [i.name for i in model.graph.input] == inputs  # the contract is kept
         assert [o.name for o in model.graph.output] == outputs
     if variant == "optimize":
@@ -172,7 +183,7 @@ def test_quantized_exports_hold_the_quantized_operators_and_are_smaller(
             else:
                 continue
             expected.append((rows, columns))
-        quantized = onnx.load(str(folder / file))
+        quantized = onnx.load(str(folder / documented_stored_name(file, variant)))
         packed = {t.name: t for t in quantized.graph.initializer}
         found = []
         for node in quantized.graph.node:

@@ -25,6 +25,8 @@ from export.onnx.contract import MANIFEST, MODEL_GRAPH
 from tests.conftest import BERT_CLASSIFIER, SharedExport, on_shared, traces_reused
 from tests.test_failing_paths import assert_refused_and_nothing_written
 
+# Where transformers.js looks for dtype q8 (its DEFAULT_DTYPE_SUFFIX_MAPPING: "_quantized").
+QUANTIZED_GRAPH = "onnx/model_quantized.onnx"
 EMBEDDER = {"pooling": "mean"}  # bert-tiny keeps its MLM head: both figures are gated
 SEED = 3
 Exports = Callable[[str, bool], Path]
@@ -59,8 +61,13 @@ def exports(tmp_path_factory: pytest.TempPathFactory, shared_traces: dict) -> Ex
     return get
 
 
+def graph(folder: Path) -> Path:
+    """The folder's one graph: onnx/model.onnx, or quantized, transformers.js's q8 file."""
+    return folder / (QUANTIZED_GRAPH if (folder / QUANTIZED_GRAPH).exists() else MODEL_GRAPH)
+
+
 def run(folder: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = ort.InferenceSession(str(folder / MODEL_GRAPH), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(graph(folder)), providers=["CPUExecutionProvider"])
     names = [output.name for output in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds), strict=True))
 
@@ -91,7 +98,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def test_the_graph_holds_dynamic_quantization_and_every_weight_matmul_is_int8(
         kind: str, exports: Exports) -> None:
     fp32 = onnx.load(str(exports(kind, False) / MODEL_GRAPH))
-    quantized = onnx.load(str(exports(kind, True) / MODEL_GRAPH))
+    quantized = onnx.load(str(exports(kind, True) / QUANTIZED_GRAPH))
     ops = [node.op_type for node in quantized.graph.node]
     assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
     weights = {t.name for t in fp32.graph.initializer if len(t.dims) == 2}
@@ -139,8 +146,15 @@ def test_a_classifier_keeps_its_labels_and_probabilities_within_the_gate(
 def test_the_manifest_and_zoo_parity_cover_the_quantized_file(exports: Exports) -> None:
     folder = exports("classifier", True)
     manifest = json.loads((folder / MANIFEST).read_text())
-    entry = manifest["files"][MODEL_GRAPH]
-    assert entry["sha256"] == hashlib.sha256((folder / MODEL_GRAPH).read_bytes()).hexdigest()
+    # Only the q8 file: nothing quantized under the fp32 name, which transformers.js would
+    # open for dtype fp32.
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.onnx")) == [
+        QUANTIZED_GRAPH]
+    assert list(manifest["graphs"]) == [QUANTIZED_GRAPH]
+    entry = manifest["files"][QUANTIZED_GRAPH]
+    assert entry["sha256"] == hashlib.sha256((folder / QUANTIZED_GRAPH).read_bytes()).hexdigest()
+    assert json.loads((folder / "config.json").read_text())["transformers.js_config"] == {
+        "dtype": "q8"}
     quantization = manifest["quantization"]
     assert quantization["weights"] == "int8-dynamic" and quantization["agreement"]["passed"]
     assert quantization["rewrites"]["files"][MODEL_GRAPH]["per_token_matmuls"] == 2
@@ -153,7 +167,7 @@ def test_the_manifest_and_zoo_parity_cover_the_quantized_file(exports: Exports) 
     # The file changed after the export: `zoo parity` refuses it before measuring anything.
     copy = folder.parent / "tampered"
     shutil.copytree(folder, copy)
-    (copy / MODEL_GRAPH).write_bytes((copy / MODEL_GRAPH).read_bytes() + b"\0")
+    (copy / QUANTIZED_GRAPH).write_bytes((copy / QUANTIZED_GRAPH).read_bytes() + b"\0")
     tampered = CliRunner().invoke(main, ["parity", str(copy)])
     assert tampered.exit_code != 0 and "sha256" in tampered.output
 
@@ -189,7 +203,7 @@ def test_reduce_range_where_the_cpu_has_no_vnni(
         shared_traces: dict) -> None:
     """Without VNNI the weights use 7 bits ([-64, 63]), so AVX2's 16-bit pair sums cannot
     saturate; with it, the full int8 range."""
-    full = onnx.load(str(exports("embedder", True) / MODEL_GRAPH))
+    full = onnx.load(str(exports("embedder", True) / QUANTIZED_GRAPH))
     largest = max(np.abs(numpy_helper.to_array(t).astype(np.int16)).max()
                   for t in full.graph.initializer if t.data_type == onnx.TensorProto.INT8)
     if export.onnx.dynamic.has_vnni():
@@ -200,7 +214,7 @@ def test_reduce_range_where_the_cpu_has_no_vnni(
         result = CliRunner().invoke(main, [*export_args("embedder", True), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert json.loads((out / MANIFEST).read_text())["quantization"]["reduce_range"] is True
-    reduced = onnx.load(str(out / MODEL_GRAPH))
+    reduced = onnx.load(str(out / QUANTIZED_GRAPH))
     weights = [numpy_helper.to_array(t) for t in reduced.graph.initializer
                if t.data_type == onnx.TensorProto.INT8]
     assert weights and all(-64 <= w.min() and w.max() <= 64 for w in weights)

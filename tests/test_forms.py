@@ -160,3 +160,40 @@ def test_scale_and_mask_are_one_multiply_and_one_add_per_layer() -> None:
         weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
         expected = attention.out((weights @ v).transpose(1, 2).reshape(1, 3, 16))
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_cross_attention_with_the_scale_in_its_projection_is_the_papers_formula() -> None:
+    """Cross-attention scales the query's projection (x (W s) + b s) instead of the query:
+    the same softmax(q k^T / sqrt(d_k)) v, spelled out here with the keys and values of a
+    memory projected once."""
+    torch.manual_seed(2)
+    attention = Attention(16, 4, dropout=0.0, bias=True).eval()
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        out, _ = attention(x, past=attention.project(memory), cross=True)
+        q, k, v = (attention.split_heads(layer(source)) for layer, source in
+                   ((attention.query, x), (attention.key, memory), (attention.value, memory)))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(4), dim=-1)
+        expected = attention.out((weights @ v).transpose(1, 2).reshape(2, 3, 16))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+@on_shared("transformer-tiny")
+def test_a_decoding_steps_cross_scores_run_with_alpha_one(shared_export, tmp_path: Path) -> None:
+    """In the graph a default session runs, each layer's cross-attention scores are one
+    FusedMatMul of the query by the cross keys (transposed in place) with alpha 1: MLAS runs a
+    one-row product with alpha 1 by its kernel that reads the keys where they lie, and with any
+    other alpha packs (copies) every head's keys first, every step (issue #26, BENCHMARKS.md)."""
+    folder, _ = shared_export("transformer-tiny")
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "session.onnx")
+    ort.InferenceSession(str(folder / "decoder.onnx"), options,
+                         providers=["CPUExecutionProvider"])
+    graph = onnx.load(options.optimized_model_filepath, load_external_data=False).graph
+    scores = [node for node in graph.node
+              if any(".encoder.key" in name for name in node.input)]
+    assert len(scores) == card("transformer-tiny")["n_layers"]
+    for node in scores:
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert node.op_type == "FusedMatMul" and attributes["transB"] == 1
+        assert attributes["alpha"] == 1.0

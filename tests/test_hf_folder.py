@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from cli import main as zoo
 from export.onnx.contract import MANIFEST
+from export.serving.huggingface import transformers_js_dtype
 from registry.sizes import attention_sizes
 from tests.conftest import ON_HF_CLIENTS, Lazy, card
 from tests.contract_doc import documented_axes
@@ -121,3 +122,17 @@ def test_the_graph_axes_carry_the_documented_names(hf_client_exports: Lazy, key:
         assert shape[0] == axes["B"] and shape[2] == axes["P"]
     if key != "embedder":
         assert dims["attention_mask"] == [axes["B"], axes["P + T"]]
+
+
+@pytest.mark.parametrize("graphs, stored_as, dtype", [
+    (["onnx/model.onnx"], {}, "fp32"),
+    (["onnx/model.onnx"], {"onnx/model.onnx": "onnx/model_q4.onnx"}, "q4"),
+    # An encoder-decoder in the seq2seq layout whose int8-dynamic quantized only its encoder:
+    # transformers.js's per-file form, keyed by file name without .onnx.
+    (["onnx/encoder_model.onnx", "onnx/decoder_model_merged.onnx"],
+     {"onnx/encoder_model.onnx": "onnx/encoder_model_quantized.onnx"},
+     {"encoder_model": "q8", "decoder_model_merged": "fp32"}),
+])
+def test_config_json_names_the_dtype_each_client_graph_is_stored_under(
+        graphs: list[str], stored_as: dict[str, str], dtype: str | dict[str, str]) -> None:
+    assert transformers_js_dtype(graphs, stored_as) == dtype

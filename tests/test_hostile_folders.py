@@ -113,6 +113,20 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused_before_it_is_rea
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("stored_as", [{"onnx/model.onnx": "../secret.onnx"},
+                                       {"onnx/model.onnx": ["onnx/model.onnx"]}, "model.onnx"])
+def test_a_manifest_whose_stored_as_names_no_listed_graph_is_one_line(
+        tmp_path: Path, stored_as: object) -> None:
+    """quantization.stored_as only renames graphs `graphs` lists (whose paths are checked):
+    anything else is refused in one line, before any session opens."""
+    export = fake_export(tmp_path / "exp", "data.bin")
+    manifest = json.loads((export / MANIFEST).read_text())
+    manifest["quantization"] = {"weights": "int4", "stored_as": stored_as}
+    (export / MANIFEST).write_text(json.dumps(manifest))
+    assert_refused(zoo("run", str(export), "--ids", "1"), MANIFEST, "quantization.stored_as",
+                   "graphs listed in 'graphs'")
+
+
 # --- imports --------------------------------------------------------------------------------
 
 def sentence_folder(folder: Path, transformer: str, pooling: str) -> Path:

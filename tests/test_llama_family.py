@@ -163,13 +163,19 @@ def test_genai_types_follow_the_layout() -> None:
         "decoder", "llama", "llama", "qwen2", "qwen3"]
 
 
-def test_the_parity_grid_of_a_long_context_card_stays_within_memory() -> None:
+def test_the_parity_grid_of_a_long_context_card_stays_within_memory_and_time() -> None:
     """SmolLM2's 8,192 positions in one (3, 9, T, T) eager score tensor would be 7 GB a layer;
-    the grid's longest case stops at GPT-2's 1,024 (and a tiny card keeps its maximum)."""
-    from export.checks.cases import LONGEST, longest
+    the grid's longest case stops at GPT-2's 1,024, and shorter as parameters x tokens grows
+    (the eager reference's cost): counted from the published sizes, not from the code."""
+    from export.checks.cases import LONGEST, SHORTEST, TOKEN_BUDGET, longest
 
-    assert longest(card("smollm2-135m")) == LONGEST == 1024
-    assert longest(card("gpt2-small")) == 1024 and longest(card("llama-tiny")) == 128
+    assert LONGEST == 1024 and SHORTEST == 128
+    assert longest(card("llama-tiny")) == 128  # a tiny card keeps its maximum
+    assert longest(card("transformer-base")) == 512  # 63M parameters: its whole context
+    for name, parameters in (("smollm2-135m", 134_515_008), ("gpt2-small", 124_439_808)):
+        assert 256 * parameters <= TOKEN_BUDGET < 512 * parameters
+        assert longest(card(name)) == 256
+    assert longest(card("llama-3.2-1b")) == SHORTEST  # 1.24B: the floor
 
 
 @on_shared("llama-tiny")
@@ -242,3 +248,29 @@ def test_a_yarn_scaled_card_exports_with_the_kernels_rotary(tmp_path: Path) -> N
     with torch.no_grad():
         expected = model(torch.from_numpy(ids))[0][0, 17:].numpy()
     np.testing.assert_allclose(np.concatenate(logits), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.xdist_group("tests/test_llama_family.py")  # its own export: any worker
+def test_the_exports_loop_check_compares_logits_not_only_tokens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rotary tables that miss YaRN's scale (a bug that once shipped: greedy tokens stayed the
+    plain loop's) are refused by `zoo export`'s own check, on the shared-cache loop's logits."""
+    from export.checks.parity import ParityError
+    from export.onnx import shared_cache
+    from export.options import ExportOptions
+    from export.pipeline import export_and_verify
+
+    scaled = shared_cache.rotary_tables
+
+    def unscaled(model: torch.nn.Module, card_: object) -> object:
+        cos, sin = scaled(model, card_)
+        scale = model.embeddings.position.attention_scale
+        return cos / scale, sin / scale
+
+    yarn = card("llama-tiny", rope_scaling=YARN)
+    model = build_model(yarn, seed=3).eval()
+    assert model.embeddings.position.attention_scale > 1.1  # YaRN's 0.1 ln(4) + 1
+    monkeypatch.setattr(shared_cache, "rotary_tables", unscaled)
+    with pytest.raises(ParityError, match="model_kv:logits"):
+        export_and_verify(model, yarn, tmp_path / "out", ExportOptions(optimize=True))
+    assert not (tmp_path / "out").exists()

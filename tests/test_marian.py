@@ -19,63 +19,23 @@ from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling
+from tests.marian_folder import SHIPPED, marian_folder, marian_vocabulary, train_spm
 from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-SHIPPED = Path(__file__).resolve().parents[1] / "zoo/training/datasets/tinyshakespeare.txt"
 TEXTS = ["First Citizen: we are accounted poor citizens.",
          "What authority surfeits on would relieve us.",
          "Speak, speak."]
 STEPS = 12
 
 
-def train_spm(folder: Path, size: int) -> Path:
-    """A tiny unigram sentencepiece model of the shipped text's first lines."""
-    lines = SHIPPED.read_text(encoding="utf-8").splitlines()[:2000]
-    corpus = folder / "corpus.txt"
-    corpus.write_text("\n".join(line for line in lines if line.strip()), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "piece"),
-                                   vocab_size=size, model_type="unigram",
-                                   character_coverage=1.0, minloglevel=2)
-    return folder / "piece.model"
-
-
-def marian_vocabulary(model: Path) -> dict[str, int]:
-    """MarianMT's layout: </s> 0, <unk> 1, the pieces, <pad> last."""
-    processor = spm.SentencePieceProcessor(model_file=str(model))
-    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())
-              if not (processor.is_control(i) or processor.is_unknown(i))]
-    return {piece: index for index, piece in enumerate(["</s>", "<unk>", *pieces, "<pad>"])}
-
-
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("marian")
-    piece = train_spm(root, 120)
-    vocab = marian_vocabulary(piece)
-    pad = vocab["<pad>"]
-    config = transformers.MarianConfig(
-        vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-        decoder_ffn_dim=64, max_position_embeddings=64, activation_function="swish",
-        scale_embedding=False, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
-        forced_eos_token_id=None, dropout=0.0, init_std=0.1)
-    torch.manual_seed(0)
-    model = transformers.MarianMTModel(config).eval()
-    # Random where transformers starts at zero, so each part counts; init_std 0.1 and no
-    # embedding scale, so a random tied model does not just repeat one token for every source.
-    with torch.no_grad():
-        model.final_logits_bias.normal_(0.0, 0.1)
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.normal_(0.0, 0.1)
-    source = root / "opus-mt-tiny"
-    model.save_pretrained(source)
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(piece, source / name)
-    (source / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    source, model = marian_folder(root)
+    pad = model.config.pad_token_id
     tokenizer = transformers.MarianTokenizer(*(str(source / name) for name in (
         "source.spm", "target.spm", "vocab.json")))
     built = root / "built"
@@ -150,6 +110,21 @@ def test_tokenizer_equals_marian_tokenizer(marian: dict) -> None:
         ids = marian["tokenizer"](text)["input_ids"]
         assert ours.encode(text) == ids
         assert ours.decode(ids) == marian["tokenizer"].decode(ids, skip_special_tokens=True)
+
+
+def test_the_exports_tokenizer_json_gives_marian_tokenizers_ids(marian: dict) -> None:
+    """tokenizer.json, written for transformers.js (which has no sentencepiece), splits text
+    as MarianTokenizer does over the sentencepiece files: lines the pieces were not trained on,
+    characters they never saw, spaces at either end and in runs, NFKC forms."""
+    from tokenizers import Tokenizer
+
+    ours = Tokenizer.from_file(str(marian["exported"] / "tokenizer.json"))
+    lines = SHIPPED.read_text(encoding="utf-8").splitlines()[2000:2400]
+    for text in [*lines, "café 東京 🙂", "  Speak,   speak.  ", "ＡＢＣ ﬁ", "x\u00a0y", ""]:
+        ids = marian["tokenizer"](text)["input_ids"]
+        assert ours.encode(text).ids == ids, repr(text)
+        assert ours.decode(ids, skip_special_tokens=True).strip() == marian["tokenizer"].decode(
+            ids, skip_special_tokens=True), repr(text)
 
 
 def test_zoo_run_translates_text_with_beams(marian: dict) -> None:

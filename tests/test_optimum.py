@@ -1,7 +1,13 @@
 """Optimum's ORTModelForCausalLM / ORTModelForFeatureExtraction / ORTModelForSequenceClassification
 and sentence-transformers (`backend="onnx"`) load fresh `zoo export` folders as they are and
 agree with `zoo run` on them: the same greedy tokens, hidden states and sentence vectors within
-1e-4, the same labels and probabilities within 1e-4.
+1e-4, the same labels and probabilities within 1e-4; ORTModelForSeq2SeqLM (and
+`pipeline("translation")`) on a translation model (a MarianMT import): the same source ids
+(MarianTokenizer on its sentencepiece files), greedy tokens and text. Quantized exports too,
+whose client graphs are stored under transformers.js's dtype names (onnx/model_q4.onnx,
+model_quantized.onnx, encoder_model_int8.onnx): Optimum takes the folder's one ONNX file (a
+translation model's: the one encoder and merged decoder under onnx/),
+sentence-transformers the file its sentence_bert_config.json names.
 
 They run in examples/optimum/.venv (optimum-onnx needs transformers < 4.58), driven by
 examples/optimum/run.py in one subprocess. Skips where that environment is missing
@@ -25,14 +31,16 @@ from export.onnx.contract import MODEL_GRAPH
 from export.opening import open_export
 from export.runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS
+from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "examples" / "optimum" / "run.py"
 PYTHON = ROOT / "examples" / "optimum" / ".venv" / "bin" / "python"
 STEPS = 24
-GENERATORS = ("gpt", "llama")
-CLASSIFIERS = ("classifier", "pooler-classifier")
+GENERATORS = ("gpt", "llama", "gpt-q4")
+CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8")
+EMBEDDERS = ("embedder", "embedder-q8")
+TRANSLATORS = (TRANSLATOR, "translator-int8")
 pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
 
 
@@ -51,11 +59,14 @@ def clients(hf_client_exports: Lazy, tmp_path_factory: pytest.TempPathFactory
     """{(export key, task, text or ""): what the client gave}, every job in one process."""
     require_optimum()
     jobs = [(key, "causal-lm", text) for key in GENERATORS for text in TEXTS]
-    jobs += [("embedder", "feature-extraction", ""), ("embedder", "sentence-transformers", "")]
+    jobs += [(key, "feature-extraction", "") for key in EMBEDDERS]
+    # one text a job: int8-dynamic's results depend on the batch (tests/hf_exports.py: alone)
+    jobs += [(key, "sentence-transformers", text) for key in EMBEDDERS for text in TEXTS]
     jobs += [(key, "sequence-classification", "") for key in CLASSIFIERS]
+    jobs += [(key, "translation", "") for key in TRANSLATORS]
     spec = [{"folder": str(hf_client_exports[key]), "task": task,
-             "texts": [text] if text else TEXTS, "max_new_tokens": STEPS}
-            for key, task, text in jobs]
+             "texts": [text] if text else [*TRANSLATIONS, *TEXTS] if key in TRANSLATORS else TEXTS,
+             "max_new_tokens": STEPS} for key, task, text in jobs]
     path = tmp_path_factory.mktemp("optimum") / "jobs.json"
     path.write_text(json.dumps(spec), encoding="utf-8")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -83,31 +94,48 @@ def test_ort_model_for_causal_lm_gives_zoo_runs_greedy_tokens(
         assert clients[key, "causal-lm", text]["tokens"] == expected, text
 
 
+@pytest.mark.parametrize("key", EMBEDDERS)
 def test_ort_model_for_feature_extraction_gives_the_hidden_states(
-        clients: dict, hf_client_exports: Lazy) -> None:
-    runtime = open_export(hf_client_exports["embedder"])
-    tokenizer = load(hf_client_exports["embedder"]).tokenizer
-    got = clients["embedder", "feature-extraction", ""]["last_hidden_state"]
+        key: str, clients: dict, hf_client_exports: Lazy) -> None:
+    runtime = open_export(hf_client_exports[key])
+    tokenizer = load(hf_client_exports[key]).tokenizer
+    got = clients[key, "feature-extraction", ""]["last_hidden_state"]
     for text, states in zip(TEXTS, got, strict=True):
         ids = np.array([tokenizer.encode(text)])
         expected = runtime.run(MODEL_GRAPH, encoder_feeds(runtime.card, ids))["last_hidden_state"]
         np.testing.assert_allclose(np.array(states), expected[0], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("key", EMBEDDERS)
 def test_sentence_transformers_gives_the_sentence_embedding(
-        clients: dict, hf_client_exports: Lazy) -> None:
-    expected = load(hf_client_exports["embedder"]).embed(TEXTS)
-    got = np.array(clients["embedder", "sentence-transformers", ""]["vectors"])
+        key: str, clients: dict, hf_client_exports: Lazy) -> None:
+    expected = np.vstack(alone(load(hf_client_exports[key]).embed))
+    got = np.vstack([clients[key, "sentence-transformers", text]["vectors"] for text in TEXTS])
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("key", CLASSIFIERS)
 def test_ort_model_for_sequence_classification_gives_zoo_runs_labels(
         key: str, clients: dict, hf_client_exports: Lazy) -> None:
-    expected = load(hf_client_exports[key]).classify(TEXTS)
+    expected = [row for rows in alone(load(hf_client_exports[key]).classify) for row in rows]
     got = clients[key, "sequence-classification", ""]
     assert got["labels"] == [next(iter(row)) for row in expected]
     for scores, row in zip(got["scores"], expected, strict=True):
         assert scores.keys() == row.keys()
         np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key", TRANSLATORS)
+def test_ort_model_for_seq2seq_lm_gives_zoo_runs_ids_greedy_tokens_and_text(
+        key: str, clients: dict, hf_client_exports: Lazy) -> None:
+    exported = load(hf_client_exports[key])
+    got = clients[key, "translation", ""]
+    eos = exported.card["eos_token_id"]
+    assert len({tuple(tokens) for tokens in got["tokens"]}) > 1  # the sources matter
+    for text, ids, tokens, translation in zip([*TRANSLATIONS, *TEXTS], got["inputs"],
+                                              got["tokens"], got["texts"], strict=True):
+        expected = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0]
+        assert ids == expected.prompt, text
+        assert tokens == until_eos(expected.ids, eos), text
+        assert translation == expected.text, text

@@ -1,6 +1,9 @@
 """The encoder-decoder's cross-attention cache (issue #12): encoder.onnx computes each decoder
 layer's cross keys/values once, decoder.onnx takes them and never projects the source again,
-and generation with both caches picks the tokens a model without any cache picks."""
+and generation with both caches picks the tokens a model without any cache picks. The same of
+the seq2seq layout the Hugging Face clients load (onnx/encoder_model.onnx and
+onnx/decoder_model_merged.onnx): its first step projects the cross cache, once, and its loop
+picks those tokens too."""
 
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import pytest
 import torch
 from onnx import numpy_helper
 
+from export.onnx.contract import LAYOUT_DECODER, LAYOUT_ENCODER
 from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
+from export.runtime.decoding import LayoutSeq2SeqSession, empty_past
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling, decode
 from tests.conftest import card
@@ -77,22 +82,59 @@ def right_padded(sources: list[list[int]], pad: int) -> tuple[np.ndarray, np.nda
     return ids, mask
 
 
+def projected(model: torch.nn.Module, memory: np.ndarray, layer: int, kind: str) -> np.ndarray:
+    """Decoder layer `layer`'s cross `kind` of the memory, worked out in numpy: x W^T + b, split
+    into heads, (B, S, H, Dh) -> (B, H, S, Dh)."""
+    tiny = card(NAME, **UNTIED)
+    heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
+    prefix = f"decoder_layers.{layer}.cross_attention.{kind}"
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    values = memory @ state[f"{prefix}.weight"].T + state[f"{prefix}.bias"]
+    return values.reshape(*memory.shape[:2], heads, head_dim).transpose(0, 2, 1, 3)
+
+
 def test_encoder_outputs_each_layers_cross_keys_and_values(export) -> None:
     folder, model = export
     tiny = card(NAME, **UNTIED)
-    heads, head_dim = tiny["n_heads"], tiny["d_model"] // tiny["n_heads"]
     ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
     outputs = open_export(folder).run("encoder.onnx", {"input_ids": ids, "attention_mask": mask})
-    memory = outputs["last_hidden_state"]
-    state = {k: v.numpy() for k, v in model.state_dict().items()}
     for layer in range(tiny["n_layers"]):
         for kind in ("key", "value"):
-            prefix = f"decoder_layers.{layer}.cross_attention.{kind}"
-            # x W^T + b, split into heads: (B, S, H, Dh) -> (B, H, S, Dh)
-            projected = memory @ state[f"{prefix}.weight"].T + state[f"{prefix}.bias"]
-            expected = projected.reshape(*memory.shape[:2], heads, head_dim).transpose(0, 2, 1, 3)
-            np.testing.assert_allclose(outputs[f"present.{layer}.encoder.{kind}"], expected,
+            np.testing.assert_allclose(outputs[f"present.{layer}.encoder.{kind}"],
+                                       projected(model, outputs["last_hidden_state"], layer, kind),
                                        atol=1e-5, rtol=0)
+
+
+def test_layout_first_step_projects_the_cross_cache_and_later_steps_return_none(export
+                                                                                ) -> None:
+    """decoder_model_merged.onnx with use_cache_branch false computes each layer's cross keys
+    and values from encoder_hidden_states (what the clients keep for every later step); with
+    true it takes them back and returns empty ones: the cache is projected once, not copied."""
+    folder, model = export
+    tiny = card(NAME, **UNTIED)
+    runtime = open_export(folder)
+    ids, mask = right_padded(SOURCES, tiny["pad_token_id"])
+    memory = runtime.run(LAYOUT_ENCODER, {"input_ids": ids, "attention_mask": mask})
+    assert list(memory) == ["last_hidden_state"]  # the clients read nothing else
+    empty = empty_past(runtime, len(ids))
+    names = [f"past_key_values.{i}.{side}.{kind}" for i in range(tiny["n_layers"])
+             for side in ("decoder", "encoder") for kind in ("key", "value")]
+    feeds = {"input_ids": np.full((len(ids), 1), tiny["bos_token_id"]),
+             "encoder_attention_mask": mask,
+             "encoder_hidden_states": memory["last_hidden_state"],
+             "use_cache_branch": np.array([False]), **dict(zip(names, empty + empty, strict=True))}
+    first = runtime.run(LAYOUT_DECODER, feeds)
+    for layer in range(tiny["n_layers"]):
+        for kind in ("key", "value"):
+            np.testing.assert_allclose(first[f"present.{layer}.encoder.{kind}"],
+                                       projected(model, memory["last_hidden_state"], layer, kind),
+                                       atol=1e-5, rtol=0)
+    feeds.update({name.replace("present", "past_key_values"): value
+                  for name, value in first.items() if name.startswith("present.")},
+                 use_cache_branch=np.array([True]), input_ids=np.full((len(ids), 1), 7))
+    later = runtime.run(LAYOUT_DECODER, feeds)
+    assert later["present.0.decoder.key"].shape[2] == 2
+    assert all(later[name].size == 0 for name in later if ".encoder." in name)
 
 
 def test_decoder_graph_never_touches_the_cross_key_value_weights(export) -> None:
@@ -139,6 +181,9 @@ def test_cached_decoding_picks_the_tokens_of_a_model_without_cache(export, beams
     for engine in (open_export(folder), open_model(model, tiny)):
         got = generate(engine, ids, mask, steps, Sampling(beams=beams))
         np.testing.assert_array_equal(got, expected)
+    layout = LayoutSeq2SeqSession(open_export(folder))  # the Hugging Face clients' loop
+    np.testing.assert_array_equal(decode(layout, ids, mask, steps, Sampling(beams=beams), None),
+                                  expected)
 
 
 def test_padded_batch_rows_equal_each_source_alone(export) -> None:

@@ -62,13 +62,14 @@ def model_config_schema() -> ModuleType:
     return module
 
 
-def export_folder(source: Path, out: Path, optimize: bool = False) -> Path:
+def export_folder(source: Path, out: Path, optimize: bool = False,
+                  quantize: str | None = None) -> Path:
     """An export without the parity grid (tests/test_export.py proves that): the reference
     here is the zoo's own generate() on the same files."""
     model, card = load_source(str(source))
     extra = tokenizer_files(source)
-    export_onnx(model, card, out, family_of(card), ExportOptions(optimize=optimize),
-                extra_files=extra)
+    export_onnx(model, card, out, family_of(card),
+                ExportOptions(optimize=optimize, quantize=quantize), extra_files=extra)
     return out
 
 
@@ -84,9 +85,10 @@ def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExpor
     tests/test_train.py's round trip too: the same trained folder, in the same worker)."""
     root = tmp_path_factory.mktemp("serving")
 
-    def exported(source: Path, out: Path, optimize: bool = False) -> Path:
+    def exported(source: Path, out: Path, optimize: bool = False,
+                 quantize: str | None = None) -> Path:
         with traces_reused(shared_traces):
-            return export_folder(source, out, optimize)
+            return export_folder(source, out, optimize, quantize)
 
     def gpt2() -> Path:
         return import_checkpoint(hf_gpt2(root / "hf-gpt2"), root / "gpt2-imported") and \
@@ -96,6 +98,9 @@ def exports(tmp_path_factory: pytest.TempPathFactory, shared_export: SharedExpor
         "gpt-tiny": lambda: exported(trained_gpt_tiny(), root / "gpt-tiny-onnx"),
         "gpt-tiny-optimized": lambda: exported(trained_gpt_tiny(), root / "gpt-tiny-opt",
                                                optimize=True),
+        # stored as onnx/model_q4.onnx (transformers.js's q4 name), which genai_config names
+        "gpt-tiny-int4": lambda: exported(trained_gpt_tiny(), root / "gpt-tiny-int4",
+                                          quantize="int4"),
         "gpt2": lambda: export_folder(gpt2(), root / "gpt2-onnx"),
     }
     return Lazy([*own, *FROM_SHARED],
@@ -162,6 +167,7 @@ def genai_greedy(folder: Path, prompts: list[list[int]], new_tokens: int,
 PROMPTS = {  # no prompt ends in the pad id: GenAI takes trailing pad ids for padding
     "gpt-tiny": [list(b"ROMEO:\nWhat"), list(b"Thou"), list(b"And then the king said")],
     "gpt-tiny-optimized": [list(b"ROMEO:\nWhat"), list(b"Thou"), list(b"And then the king")],
+    "gpt-tiny-int4": [list(b"ROMEO:\nWhat"), list(b"Thou")],
     "gpt2": [[5, 17, 30, 2], [101, 7], [3, 250, 18, 44, 90, 12, 61]],
 }
 
@@ -270,6 +276,7 @@ def config_tensors(entries: list, schema: ModuleType) -> list[tuple[str, str, li
 
 
 FAMILY_MODELS = {"gpt-tiny": ["gpt-tiny"], "gpt-tiny-optimized": ["gpt-tiny"],
+                 "gpt-tiny-int4": ["gpt-tiny"],
                  "bert-tiny": ["bert-tiny"],
                  "transformer-tiny": ["transformer-tiny-decoder", "transformer-tiny-encoder"]}
 

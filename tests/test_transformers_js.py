@@ -2,7 +2,11 @@
 folders as they are and agrees with `zoo run` on them (the zoo's Python API: the same code):
 the same greedy tokens (text-generation, from text through the export's own tokenizer files),
 sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
-1e-4 (text-classification).
+1e-4 (text-classification), and for a translation model (a MarianMT import) the same source
+ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
+onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
+Quantized exports too, opened by the `dtype` their files are named for (q4, int8, q8), or with
+no dtype given by the one their config.json names.
 
 Needs `node` and `npm ci --ignore-scripts` in examples/transformers-js (`make node-deps`);
 skips where they are missing, except under ZOO_REQUIRE_NODE_WEB=1 (.ci/run), where that fails.
@@ -19,7 +23,7 @@ import pytest
 
 from export.api import GenerateOptions, load
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS
+from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,35 +59,80 @@ def until_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
-@pytest.mark.parametrize("key", ["gpt", "llama"])
-def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, exports: Lazy
-                                                      ) -> None:
+def dtype_args(dtype: str | None) -> list[str]:
+    """run.mjs's --dtype (None: none given, so config.json's transformers.js_config decides)."""
+    return ["--dtype", dtype] if dtype else []
+
+
+@pytest.mark.parametrize("key, dtype", [("gpt", None), ("llama", None), ("gpt-q4", "q4"),
+                                        ("gpt-int8", "int8")])
+def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, dtype: str | None,
+                                                      exports: Lazy) -> None:
     exported = load(exports[key])
     for text in TEXTS:
         expected = until_eos(exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0]
                              .ids, exported.card["eos_token_id"])
         got = transformers_js(exports[key], "text-generation", "--text", text,
-                              "--max-new-tokens", str(STEPS))
+                              "--max-new-tokens", str(STEPS), *dtype_args(dtype))
         prompt = exported.tokenizer.encode(text)
         assert got["tokens"][:len(prompt)] == prompt, text  # the tokenizer files' own ids
         assert got["tokens"][len(prompt):] == expected, text
 
 
-def test_feature_extraction_gives_the_sentence_embedding(exports: Lazy) -> None:
-    expected = load(exports["embedder"]).embed(TEXTS)
-    got = np.array(transformers_js(exports["embedder"], "feature-extraction", "--pooling",
+@pytest.mark.parametrize("key, dtype", [("embedder", None), ("embedder-q8", "q8"),
+                                        ("embedder-q8", None)])
+def test_feature_extraction_gives_the_sentence_embedding(key: str, dtype: str | None,
+                                                         exports: Lazy) -> None:
+    expected = np.vstack(alone(load(exports[key]).embed))
+    got = np.array(transformers_js(exports[key], "feature-extraction", "--pooling",
                                    "mean", "--normalize", *sum((["--text", t] for t in TEXTS),
-                                                               []))["vectors"])
+                                                               []), *dtype_args(dtype))["vectors"])
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("key", ["classifier", "pooler-classifier"])
-def test_text_classification_gives_zoo_runs_labels(key: str, exports: Lazy) -> None:
-    expected = load(exports[key]).classify(TEXTS)
-    got = transformers_js(exports[key], "text-classification")
+@pytest.mark.parametrize("key, dtype", [("classifier", None), ("pooler-classifier", None),
+                                        ("classifier-q8", "q8")])
+def test_text_classification_gives_zoo_runs_labels(key: str, dtype: str | None,
+                                                   exports: Lazy) -> None:
+    expected = [row for rows in alone(load(exports[key]).classify) for row in rows]
+    got = transformers_js(exports[key], "text-classification", *dtype_args(dtype))
     assert got["labels"] == [next(iter(row)) for row in expected]
     for scores, row in zip(got["scores"], expected, strict=True):
         assert scores.keys() == row.keys()
         np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
                                    atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key, dtype", [(TRANSLATOR, None), ("translator-int8", None),
+                                        ("translator-int8", "int8")])
+def test_translation_gives_zoo_runs_ids_greedy_tokens_and_text(key: str, dtype: str | None,
+                                                               exports: Lazy) -> None:
+    exported = load(exports[key])
+    texts = [*TRANSLATIONS, *TEXTS]  # the shipped text's words, then some it never saw
+    got = transformers_js(exports[key], "translation", *sum((["--text", t] for t in texts), []),
+                          "--max-new-tokens", str(STEPS), *dtype_args(dtype))
+    eos = exported.card["eos_token_id"]
+    assert len({tuple(tokens) for tokens in got["tokens"]}) > 1  # the sources matter
+    for text, ids, tokens, translation in zip(texts, got["inputs"], got["tokens"], got["texts"],
+                                              strict=True):
+        expected = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0]
+        assert ids == expected.prompt, text  # tokenizer.json: the sentencepiece files' ids
+        assert tokens == until_eos(expected.ids, eos), text
+        assert translation == expected.text, text
+
+
+@pytest.mark.parametrize("key, task, dtype, file", [
+    ("gpt-q4", "text-generation", "fp32", "onnx/model.onnx"),
+    ("gpt-q4", "text-generation", "q8", "onnx/model_quantized.onnx"),
+    ("embedder-q8", "feature-extraction", "fp32", "onnx/model.onnx"),
+    ("translator-int8", "translation", "fp32", "onnx/encoder_model.onnx"),
+])
+def test_a_dtype_the_export_was_not_made_in_is_a_missing_file(key: str, task: str, dtype: str,
+                                                              file: str, exports: Lazy) -> None:
+    """A quantized export holds only its dtype's graph: transformers.js asked for another
+    looks for that dtype's file and finds none (no quantized weights under an fp32 name)."""
+    result = run_node(SCRIPT, str(exports[key]), task, "--text", "a", "--dtype", dtype,
+                      timeout=120)
+    assert result.returncode == 1
+    assert f'not found locally at "{exports[key] / file}"' in result.stderr, result.stderr

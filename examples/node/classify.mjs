@@ -11,7 +11,9 @@
 // --text goes through the folder's tokenizer (text.mjs), as `zoo run --text` does.
 // Bad input prints ONE line `error: ...` on stderr and exits with code 2, like the zoo CLI.
 
-import { InputError, MODEL_GRAPH, firstLine, int64, open, readManifest } from './contract.mjs';
+import {
+  InputError, MODEL_GRAPH, firstLine, graphFile, int64, open, readManifest,
+} from './contract.mjs';
 import { readTokenizer } from './text.mjs';
 
 function parseArgs(argv) {
@@ -74,7 +76,8 @@ async function main() {
   const args = parseArgs(process.argv.slice(2));
   const manifest = await readManifest(args.folder);
   const { card } = manifest;
-  const graph = manifest.graphs[MODEL_GRAPH];
+  const file = graphFile(manifest, MODEL_GRAPH);
+  const graph = manifest.graphs[file];
   if (!graph || !graph.outputs.includes('sentence_embedding')) {
     throw new InputError(`${args.folder}: no sentence_embedding output (a card with pooling)`);
   }
@@ -91,7 +94,7 @@ async function main() {
   const { ids, mask, dims } = batch(args.rows, card);
   const feeds = { input_ids: int64(ids, dims), attention_mask: int64(mask, dims) };
   if (graph.inputs.includes('token_type_ids')) feeds.token_type_ids = int64(ids.map(() => 0), dims);
-  const session = await open(args.folder, MODEL_GRAPH);
+  const session = await open(args.folder, file);
   const outputs = await session.run(feeds);
   const embeddings = rowsOf(outputs.sentence_embedding);
   const norms = embeddings.map((vector) => Math.sqrt(dot(vector, vector)));

@@ -11,6 +11,11 @@ export const MODEL_GRAPH = 'onnx/model.onnx'; // the encoder's and decoder's gra
 
 export class InputError extends Error {}
 
+// The file that holds the contract graph `name`: the name itself, or where a quantized export
+// stores it under transformers.js's name for its dtype (onnx/model_q4.onnx), as the manifest's
+// quantization.stored_as records (docs/onnx-contract.md, section 1).
+export const graphFile = (manifest, name) => manifest.quantization?.stored_as?.[name] ?? name;
+
 async function sha256(path) {
   const hash = createHash('sha256');
   for await (const chunk of createReadStream(path)) hash.update(chunk);

@@ -18,7 +18,9 @@
 
 import { join } from 'node:path';
 import ort from 'onnxruntime-node';
-import { InputError, MODEL_GRAPH, firstLine, int64, open, readManifest } from './contract.mjs';
+import {
+  InputError, MODEL_GRAPH, firstLine, graphFile, int64, open, readManifest,
+} from './contract.mjs';
 import { readTokenizer, textStream } from './text.mjs';
 
 function parseArgs(argv) {
@@ -125,7 +127,8 @@ async function greedy(session, manifest, first, steps, feedsFor, cache, onToken)
 }
 
 async function runDecoder(folder, manifest, ids, steps, onToken) {
-  const session = await open(folder, MODEL_GRAPH);
+  const file = graphFile(manifest, MODEL_GRAPH);
+  const session = await open(folder, file);
   let length = 0; // tokens seen so far (past + new): the mask covers all of them
   const feedsFor = (tokens) => {
     const positions = tokens.map((_, i) => length + i); // no padding: cumsum(mask) - 1
@@ -136,7 +139,7 @@ async function runDecoder(folder, manifest, ids, steps, onToken) {
       position_ids: int64(positions, [1, tokens.length]),
     };
   };
-  const cache = cacheNames(manifest.graphs[MODEL_GRAPH]);
+  const cache = cacheNames(manifest.graphs[file]);
   return { tokens: await greedy(session, manifest, ids, steps, feedsFor, cache, onToken) };
 }
 
@@ -162,9 +165,10 @@ async function runSeq2Seq(folder, manifest, ids, steps, onToken) {
 }
 
 async function runEncoder(folder, manifest, ids) {
-  const session = await open(folder, MODEL_GRAPH);
-  const inputs = manifest.graphs[MODEL_GRAPH].inputs;
-  if (!manifest.graphs[MODEL_GRAPH].outputs.includes('pooler_output')) {
+  const file = graphFile(manifest, MODEL_GRAPH);
+  const session = await open(folder, file);
+  const { inputs } = manifest.graphs[file];
+  if (!manifest.graphs[file].outputs.includes('pooler_output')) {
     throw new InputError(`${manifest.name}: this encoder has no pooler (card pooler: false)`);
   }
   const feeds = {

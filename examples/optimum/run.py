@@ -6,10 +6,13 @@ optimum-onnx needs an older transformers than the zoo's own environment has.
     .venv/bin/python run.py FOLDER feature-extraction --text A --text B
     .venv/bin/python run.py FOLDER sequence-classification --text A --text B
     .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
+    .venv/bin/python run.py FOLDER translation --text A --text B [--max-new-tokens 32]
 
 Prints one JSON object: `tokens` (prompt and new ids) for causal-lm; `last_hidden_state` (one
 (T, D) list per text) for feature-extraction; `labels` and `scores` ({label: probability} per
-text) for sequence-classification; `vectors` for sentence-transformers.
+text) for sequence-classification; `vectors` for sentence-transformers; `inputs` (each text's
+source ids), `tokens` (its new ids, from ORTModelForSeq2SeqLM.generate) and `texts`
+(`pipeline("translation")`'s) for translation.
 
     .venv/bin/python run.py --jobs JOBS.json
 
@@ -59,6 +62,29 @@ def sequence_classification(folder: str, texts: list[str]) -> dict[str, Any]:
             "scores": [{entry["label"]: entry["score"] for entry in row} for row in ranked]}
 
 
+def translation(folder: str, texts: list[str], max_new_tokens: int) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+    from transformers import AutoTokenizer, pipeline
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    # subfolder "onnx": there the layout's encoder and merged decoder are the only graphs, so a
+    # quantized export's encoder_model_int8.onnx is found by name pattern as the one match
+    # (from the folder's root, the contract's encoder.onnx matches too: Optimum would take the
+    # first of the two, with a warning)
+    model = ORTModelForSeq2SeqLM.from_pretrained(folder, subfolder="onnx")
+    translator = pipeline("translation", model=model, tokenizer=tokenizer)
+    inputs, tokens, translations = [], [], []
+    for text in texts:  # one at a time: no padding, each source its own length
+        source = tokenizer(text, return_tensors="pt")
+        inputs.append(source["input_ids"][0].tolist())
+        output = model.generate(**source, max_new_tokens=max_new_tokens, do_sample=False)
+        tokens.append(output[0, 1:].tolist())  # [0]: the decoder's start token
+        result = translator(text, max_new_tokens=max_new_tokens, do_sample=False,
+                            num_beams=1)  # greedy: the translation pipeline's default is 4 beams
+        translations.append(result[0]["translation_text"])
+    return {"inputs": inputs, "tokens": tokens, "texts": translations}
+
+
 def sentence_transformers(folder: str, texts: list[str]) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
@@ -68,12 +94,13 @@ def sentence_transformers(folder: str, texts: list[str]) -> dict[str, Any]:
 
 TASKS = {"causal-lm": causal_lm, "feature-extraction": feature_extraction,
          "sequence-classification": sequence_classification,
-         "sentence-transformers": sentence_transformers}
+         "sentence-transformers": sentence_transformers, "translation": translation}
+GENERATING = ("causal-lm", "translation")
 
 
 def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32) -> dict[str, Any]:
-    if task == "causal-lm":
-        return causal_lm(folder, texts, max_new_tokens)
+    if task in GENERATING:
+        return TASKS[task](folder, texts, max_new_tokens)
     return TASKS[task](folder, texts)
 
 

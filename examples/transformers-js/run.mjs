@@ -4,15 +4,25 @@
 //   node run.mjs FOLDER text-generation --text "ROMEO:" [--max-new-tokens 32]
 //   node run.mjs FOLDER feature-extraction --text A --text B [--pooling mean] [--normalize]
 //   node run.mjs FOLDER text-classification --text A --text B
+//   node run.mjs FOLDER translation --text A --text B [--max-new-tokens 32]
+//
+// `--dtype q4` (or q8, int8, fp32) is handed to transformers.js, which then opens
+// onnx/model_q4.onnx (a translation model: onnx/encoder_model_q4.onnx and
+// onnx/decoder_model_merged_q4.onnx); without it, config.json's transformers.js_config.dtype
+// decides.
 //
 // Prints one JSON object: generation's `tokens` (prompt and new ids) and `text`; the
 // embeddings' `vectors`; the classifier's `labels` (each text's best) and `scores` (every
-// label's probability, by label). Errors: one line on stderr, exit 1.
+// label's probability, by label); translation's `inputs` (each text's source ids), `tokens`
+// (its new ids, from AutoModelForSeq2SeqLM.generate) and `texts` (the `translation` pipeline's).
+// Errors: one line on stderr, exit 1.
 
 import { basename, dirname, resolve } from 'node:path';
-import { AutoModelForCausalLM, AutoTokenizer, env, pipeline } from '@huggingface/transformers';
+import {
+  AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, env, pipeline,
+} from '@huggingface/transformers';
 
-const TASKS = ['text-generation', 'feature-extraction', 'text-classification'];
+const TASKS = ['text-generation', 'feature-extraction', 'text-classification', 'translation'];
 
 function parse(argv) {
   const [folder, task, ...rest] = argv;
@@ -20,22 +30,23 @@ function parse(argv) {
     throw new Error(`usage: node run.mjs FOLDER (${TASKS.join('|')}) --text TEXT ...`);
   }
   const args = { folder: resolve(folder), task, texts: [], maxNewTokens: 32, pooling: 'mean',
-                 normalize: false };
+                 normalize: false, options: {} };
   for (let i = 0; i < rest.length; i++) {
     const flag = rest[i];
     if (flag === '--text') args.texts.push(rest[++i]);
     else if (flag === '--max-new-tokens') args.maxNewTokens = Number(rest[++i]);
     else if (flag === '--pooling') args.pooling = rest[++i];
     else if (flag === '--normalize') args.normalize = true;
+    else if (flag === '--dtype') args.options.dtype = rest[++i];
     else throw new Error(`unknown option ${flag}`);
   }
   if (args.texts.length === 0) throw new Error('give at least one --text');
   return args;
 }
 
-async function generate(id, texts, maxNewTokens) {
+async function generate(id, { texts, maxNewTokens, options }) {
   const tokenizer = await AutoTokenizer.from_pretrained(id);
-  const model = await AutoModelForCausalLM.from_pretrained(id);
+  const model = await AutoModelForCausalLM.from_pretrained(id, options);
   const inputs = tokenizer(texts[0]);
   const output = await model.generate({ ...inputs, max_new_tokens: maxNewTokens,
                                         do_sample: false });
@@ -43,8 +54,8 @@ async function generate(id, texts, maxNewTokens) {
   return { tokens, text: tokenizer.decode(tokens, { skip_special_tokens: true }) };
 }
 
-async function embed(id, texts, pooling, normalize) {
-  const extractor = await pipeline('feature-extraction', id);
+async function embed(id, { texts, pooling, normalize, options }) {
+  const extractor = await pipeline('feature-extraction', id, options);
   const vectors = [];
   for (const text of texts) { // one at a time: no padding, each row its own length
     const output = await extractor(text, { pooling, normalize });
@@ -53,8 +64,8 @@ async function embed(id, texts, pooling, normalize) {
   return { vectors };
 }
 
-async function classify(id, texts) {
-  const classifier = await pipeline('text-classification', id);
+async function classify(id, { texts, options }) {
+  const classifier = await pipeline('text-classification', id, options);
   const labels = [];
   const scores = [];
   for (const text of texts) {
@@ -65,14 +76,33 @@ async function classify(id, texts) {
   return { labels, scores };
 }
 
+async function translate(id, { texts, maxNewTokens, options }) {
+  const tokenizer = await AutoTokenizer.from_pretrained(id);
+  const model = await AutoModelForSeq2SeqLM.from_pretrained(id, options);
+  const translator = await pipeline('translation', id, options);
+  const inputs = [];
+  const tokens = [];
+  const translations = [];
+  for (const text of texts) { // one at a time: no padding, each source its own length
+    const source = tokenizer(text);
+    inputs.push(Array.from(source.input_ids.data, Number));
+    const output = await model.generate({ ...source, max_new_tokens: maxNewTokens,
+                                          do_sample: false });
+    tokens.push(Array.from(output.data, Number).slice(1)); // [0]: the decoder's start token
+    const [result] = await translator(text, { max_new_tokens: maxNewTokens, do_sample: false });
+    translations.push(result.translation_text);
+  }
+  return { inputs, tokens, texts: translations };
+}
+
 async function main() {
   const args = parse(process.argv.slice(2));
   env.allowRemoteModels = false; // only the folder: nothing is fetched
   env.localModelPath = `${dirname(args.folder)}/`;
   const id = basename(args.folder);
-  const result = args.task === 'text-generation' ? await generate(id, args.texts, args.maxNewTokens)
-    : args.task === 'feature-extraction' ? await embed(id, args.texts, args.pooling, args.normalize)
-      : await classify(id, args.texts);
+  const run = { 'text-generation': generate, 'feature-extraction': embed,
+               'text-classification': classify, translation: translate }[args.task];
+  const result = await run(id, args);
   process.stdout.write(`${JSON.stringify(result)}\n`);
 }
 

@@ -1,10 +1,11 @@
 // Open each page in headless Chromium and print what it shows, one line of JSON per URL, in
 // the order given:
 //   {"state":"done"|"error","text":"...","tokens":[...],"error":"...","status":"...",
-//    "tokensPerSecond":...,"totalMs":...,"wallMs":...,"attention":...}
+//    "tokensPerSecond":...,"totalMs":...,"wallMs":...,"attention":...,"run":...}
 // where text is the prompt and the answer as shown, tokensPerSecond and totalMs what the page
-// measured, wallMs the time this program saw from load to done, and attention the map the
-// page drew ({layer, tokens, heads}) or null.
+// measured, wallMs the time this program saw from load to done, attention the map the
+// page drew ({layer, tokens, heads}) or null, and run all the page kept of its run
+// (window.zooRun: transformers.html's vectors, labels and timings too).
 //
 //   node check-page.mjs URL [--screenshot PNG] [URL [--screenshot PNG]]... \
 //                       [--user-data-dir DIR] [--timeout-ms 60000]
@@ -86,6 +87,7 @@ async function readPage(page, { url, screenshot, golden }, { timeoutMs }) {
     error: document.getElementById('error').textContent,
     status: document.getElementById('status').textContent,
     attention: window.zooAttention ?? null,
+    run: window.zooRun ?? null,
   }));
   return { ...result, wallMs };
 }

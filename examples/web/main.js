@@ -149,8 +149,14 @@ async function readTokenizer(folder, manifest) {
   }
 }
 
-// One session per graph; the encoder-decoder's graphs share weights.onnx.data, fetched once.
-async function openSession(folder, manifest, file, externalData) {
+// The file that holds the contract graph `name`: a quantized export stores it under
+// transformers.js's name for its dtype (onnx/model_q4.onnx), as quantization.stored_as says.
+const graphFile = (manifest, name) => manifest.quantization?.stored_as?.[name] ?? name;
+
+// One session per graph (by its contract name); the encoder-decoder's graphs share
+// weights.onnx.data, fetched once.
+async function openSession(folder, manifest, name, externalData) {
+  const file = graphFile(manifest, name);
   const url = new URL(file, folder).href;
   const bytes = await fetchChecked(url, manifest.files[file]);
   try {
@@ -179,7 +185,7 @@ async function decoderSteps(folder, manifest, ids) {
       position_ids: int64(positions, [1, next.length]),
     };
   };
-  return { session, feedsFor, first: ids, graph: manifest.graphs[MODEL_GRAPH] };
+  return { session, feedsFor, first: ids, graph: manifest.graphs[graphFile(manifest, MODEL_GRAPH)] };
 }
 
 async function seq2seqSteps(folder, manifest, ids) {

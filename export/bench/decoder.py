@@ -85,8 +85,8 @@ def plan_decoder(ctx: Context) -> DecoderPlan:
         cost, rng.integers(3, card["vocab_size"], (1, prompt_length), dtype=np.int64),
         new_tokens, pasts, past_names(card["n_layers"], CACHE_INPUT), kv,
         4.0 * (cost.layer_params + cost.head_params),
-        onnx_matmul_weight_bytes(kv.path if kv else runtime.folder / MODEL_GRAPH),
-        onnx_matmul_weight_bytes(runtime.folder / MODEL_GRAPH))
+        onnx_matmul_weight_bytes(kv.path if kv else runtime.graphs[MODEL_GRAPH].path),
+        onnx_matmul_weight_bytes(runtime.graphs[MODEL_GRAPH].path))
 
 
 def bench_decoder(ctx: Context) -> dict[str, dict[str, Figure]]:
@@ -210,7 +210,7 @@ def decoder_profile(runtime: Runtime, card: Card, threads: int | None, folder: P
     empty = np.zeros(cache_shape(card, 1, past), np.float32)
     feeds = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, past + 1), np.int64),
              "position_ids": np.array([[past]]), **{name: empty for name in inputs}}
-    graph = profiled_graph(runtime.folder / MODEL_GRAPH, runtime.provider, threads, folder)
+    graph = profiled_graph(runtime.graphs[MODEL_GRAPH].path, runtime.provider, threads, folder)
     result = {f"model.onnx decode step, past {past}": op_times(
         graph, lambda: graph.session.run(None, feeds))}
     entry = runtime.manifest.get("generation")

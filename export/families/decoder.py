@@ -88,5 +88,6 @@ class DecoderFamily(Family):
                      "output to its past_key_values.* input",
         }})
 
-    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto]) -> GenAIFiles:
-        return decoder_genai(card, graphs, KV_FILE)
+    def genai(self, card: Card, graphs: dict[str, onnx.ModelProto],
+              stored_as: dict[str, str]) -> GenAIFiles:
+        return decoder_genai(card, graphs, KV_FILE, stored_as.get(MODEL_GRAPH, MODEL_GRAPH))

@@ -8,6 +8,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import onnx
 
 from export.bench.cost import seq2seq_cost
 from export.bench.encoder import forward_profile
@@ -20,6 +21,7 @@ from export.inspect.maps import seq2seq_maps
 from export.onnx.contract import DECODER
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
 from export.runtime.decoding import Seq2SeqSession
+from export.serving.seq2seq_layout import layout_entry, layout_graphs
 from registry.catalog import Card
 from zoo.blocks.heads import LMHead
 
@@ -51,6 +53,13 @@ class Seq2SeqFamily(Family):
                           attention_groups=("decoder_attentions", "cross_attentions"),
                           cross_cache="in")
         return {"encoder.onnx": encoder, "decoder.onnx": decoder}
+
+    def layout_graphs(self, card: Card, graphs: dict[str, onnx.ModelProto]
+                      ) -> dict[str, onnx.ModelProto]:
+        return layout_graphs(card, graphs["encoder.onnx"], graphs["decoder.onnx"])
+
+    def layout_entry(self, card: Card) -> dict[str, Any]:
+        return layout_entry(card)
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return (encoder_cases(reference, rng, "encoder.onnx", with_token_types=False)

@@ -4,14 +4,35 @@ declared by the family (export/families/).
 
 Names follow ONNX Runtime GenAI and Hugging Face Optimum. Integer inputs are int64; batch,
 sequence and past length are dynamic axes.
+
+A quantized export stores its client graphs (those under `onnx/`, where transformers.js looks)
+under the names transformers.js selects by `dtype` (`quantized_name`), and the manifest's
+`quantization.stored_as` records each renamed graph; code names a graph by its contract name
+and `stored_files` says which file holds it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 MANIFEST = "manifest.json"
 # The encoder's and decoder's one graph, where transformers.js and Optimum look for it.
 MODEL_GRAPH = "onnx/model.onnx"
 FORMAT_VERSION = 1
+LAYOUT = "layout"  # manifest entry: graphs made for clients that look for other files
+# The encoder-decoder in Optimum's and transformers.js's layout (serving/seq2seq_layout.py)
+LAYOUT_ENCODER = "onnx/encoder_model.onnx"
+LAYOUT_DECODER = "onnx/decoder_model_merged.onnx"
+USE_CACHE_BRANCH = "use_cache_branch"
+CLIENT_FOLDER = "onnx/"  # graphs the Hugging Face clients open: quantized ones take dtype names
+# `zoo export --quantize` choice -> transformers.js's `dtype` for its files: int8-dynamic is its
+# q8 (dynamic quantization with int8 weights, what its converter and Optimum ship as
+# model_quantized.onnx); int8 and int4 are MatMulNBits weights: q4 is its 4-bit MatMulNBits,
+# and `int8` names the weights' type (its converter's int8 file is MatMulInteger instead).
+DTYPES = {"int8-dynamic": "q8", "int8": "int8", "int4": "q4"}
+# transformers.js's DEFAULT_DTYPE_SUFFIX_MAPPING (src/utils/dtypes.js, 4.x), for these dtypes.
+DTYPE_SUFFIXES = {"fp32": "", "q8": "_quantized", "int8": "_int8", "q4": "_q4"}
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 
 
@@ -24,3 +45,25 @@ def past_names(n_layers: int, prefix: str, *infixes: str) -> list[str]:
     `{i}.decoder.key`, `{i}.decoder.value`, `{i}.encoder.key`, `{i}.encoder.value`."""
     return [f"{prefix}.{i}{infix}.{kind}" for i in range(n_layers) for infix in infixes or ("",)
             for kind in ("key", "value")]
+
+
+def quantized_name(file: str, choice: str) -> str:
+    """Where `--quantize choice` stores the client graph `file`: `onnx/model.onnx` becomes
+    `onnx/model_q4.onnx` for int4, the file transformers.js opens with `dtype: "q4"`."""
+    return f"{file.removesuffix('.onnx')}{DTYPE_SUFFIXES[DTYPES[choice]]}.onnx"
+
+
+def client_dtype(file: str, stored: str) -> str:
+    """transformers.js's dtype that opens the client graph `file` where it is `stored`."""
+    stem = file.removesuffix(".onnx")
+    return next(dtype for dtype, suffix in DTYPE_SUFFIXES.items()
+                if stored == f"{stem}{suffix}.onnx")
+
+
+def stored_files(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """{contract name: the file that holds it} for each graph the manifest lists: the name
+    itself, or for a quantized client graph its dtype name (`quantization.stored_as`)."""
+    quantization = manifest.get("quantization")
+    stored_as = quantization.get("stored_as") if isinstance(quantization, dict) else None
+    contract_name = {file: name for name, file in (stored_as or {}).items()}
+    return {contract_name.get(file, file): file for file in manifest.get("graphs", {})}

@@ -73,6 +73,21 @@ def save_models(models: dict[str, onnx.ModelProto], folder: Path) -> None:
         onnx.save_model(model, str(folder / name))
 
 
+def save_standalone(models: dict[str, onnx.ModelProto], folder: Path) -> None:
+    """Graphs that share no file with the others (the Hugging Face clients' seq2seq layout:
+    transformers.js names an external data file after its graph, `NAME.onnx_data`, and fetches
+    no other): weights inline, or for a graph too large for a protobuf in `NAME.onnx_data`."""
+    for name, model in models.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if model.ByteSize() > PROTO_LIMIT:
+            onnx.save_model(model, str(path), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=f"{path.name}_data",
+                            size_threshold=EXTERNAL_MIN_BYTES)
+        else:
+            onnx.save_model(model, str(path))
+
+
 def external_data_files(graph: Path, proto: onnx.ModelProto) -> dict[str, Path]:
     """{location: path} of the files `proto`'s external tensors live in, each refused in one
     line unless it stays in the graph's folder (the location is the file's to say, and a hostile

@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx
 
-from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, MANIFEST
+from export.onnx.contract import CACHE_INPUT, FORMAT_VERSION, LAYOUT, MANIFEST
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path, inside
@@ -116,9 +116,27 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     if not isinstance(graphs, dict):
         raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
     generation = manifest.get("generation")
+    layout = manifest.get(LAYOUT, {})
+    layout_graphs = layout.get("graphs") if isinstance(layout, dict) else None
+    _check_stored_as(manifest.get("quantization"),
+                     {**graphs, **(layout_graphs if isinstance(layout_graphs, dict) else {})},
+                     where)
     named = [("files", name) for name in manifest["files"]]
     named += [("graphs", name) for name in graphs]
+    if isinstance(layout_graphs, dict):
+        named += [(f"{LAYOUT}.graphs", name) for name in layout_graphs]
     if isinstance(generation, dict) and "file" in generation:
         named.append(("generation.file", generation["file"]))
     for field, name in named:
         inside(folder, name, where, field)
+
+
+def _check_stored_as(quantization: Any, graphs: dict[str, Any], where: str) -> None:
+    """A quantized export's `stored_as` names only graphs the manifest lists (by name only:
+    the files it may open are `graphs`' own)."""
+    stored_as = quantization.get("stored_as", {}) if isinstance(quantization, dict) else {}
+    if not isinstance(stored_as, dict) or not all(
+            isinstance(name, str) and isinstance(file, str) and file in graphs
+            for name, file in stored_as.items()):
+        raise ManifestError(f"{where}: field 'quantization.stored_as' should map contract "
+                            "graph names to graphs listed in 'graphs' (or 'layout.graphs')")

@@ -7,7 +7,11 @@ graph, see shared_cache.py); every graph gets ONNX Runtime's transformer fusions
 --quantize int8-dynamic: the family's compute-bound graphs (an encoder's model.onnx, an
 encoder-decoder's encoder.onnx) get int8 weights and run-time int8 activations (dynamic.py).
 The contract graphs keep their input and output names either way, so the parity grid (or,
-quantized, the agreement check or the quality gate) runs on them unchanged.
+quantized, the agreement check or the quality gate) runs on them unchanged. A quantized client
+graph (under onnx/) is stored under the name transformers.js opens for its dtype
+(`onnx/model_q4.onnx`; export/onnx/contract.py's quantized_name), recorded in the manifest's
+`quantization.stored_as`; nothing is left under the fp32 name. So is each graph of an
+encoder-decoder's seq2seq layout that holds quantized operators (`layout_under_dtype_names`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from torch import nn
 
 from export.checks.quality import calibration_batch
 from export.family import Family
-from export.onnx.dynamic import DynamicSettings, quantize_dynamic_graph
+from export.onnx.contract import CLIENT_FOLDER, DTYPES, quantized_name
+from export.onnx.dynamic import QUANTIZED_OPS, DynamicSettings, quantize_dynamic_graph
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
 from export.options import ExportOptions
@@ -38,6 +43,11 @@ class VariantResult:
     notes: list[str] = field(default_factory=list)
     manifest: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stored_as(self) -> dict[str, str]:
+        """{contract graph: the file a quantized one is stored as}; empty when none moved."""
+        return self.manifest.get("quantization", {}).get("stored_as", {})
+
 
 def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Card,
                   family: Family, options: ExportOptions, metadata: dict[str, str],
@@ -45,6 +55,7 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
     """Change `protos` in place (and add files); say what was done. `folder`: the staged
     export, whose tokenizer (where it has one) reads int8-dynamic's calibration text."""
     variant = VariantResult()
+    contract_files = list(protos)  # before --optimize adds its own graphs
     if options.optimize:
         extras = family.optimized_extras(model, card, options.opset, metadata, progress)
         protos.update(extras.graphs)
@@ -75,7 +86,46 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
             "symmetric": True, "matmuls": counts,
             "check": "top-1 agreement with fp32 instead of the parity grid",
         }
+    if options.quantize:
+        quantized = variant.manifest["quantization"]["matmuls"]
+        moved = _store_under_dtype_names(
+            protos, [file for file in contract_files if file in quantized], options.quantize)
+        variant.manifest["quantization"]["stored_as"] = moved
+        variant.notes.extend(f"{file} stored as {stored} (transformers.js dtype "
+                             f"{DTYPES[options.quantize]})" for file, stored in moved.items())
     return variant
+
+
+def _store_under_dtype_names(protos: dict[str, onnx.ModelProto], quantized: list[str],
+                             choice: str) -> dict[str, str]:
+    """Rename the quantized client graphs in `protos` (keeping their order); {old: new}."""
+    moved = {file: quantized_name(file, choice) for file in quantized
+             if file.startswith(CLIENT_FOLDER)}
+    renamed = {moved.get(file, file): proto for file, proto in protos.items()}
+    protos.clear()
+    protos.update(renamed)
+    return moved
+
+
+def layout_under_dtype_names(layout: dict[str, onnx.ModelProto], entry: dict[str, Any],
+                             choice: str) -> dict[str, str]:
+    """Rename, in `layout` and its manifest `entry`'s graphs, each layout graph a quantized
+    export made with quantized operators (int8-dynamic leaves the decoder's steps fp32, but the
+    merged decoder's first step holds encoder.onnx's quantized cross projection); {old: new}."""
+    moved = {file: quantized_name(file, choice) for file, proto in layout.items()
+             if _holds_quantized(proto.graph)}
+    for files in (layout, entry["graphs"]):
+        renamed = {moved.get(file, file): value for file, value in files.items()}
+        files.clear()
+        files.update(renamed)
+    return moved
+
+
+def _holds_quantized(graph: onnx.GraphProto) -> bool:
+    """A quantized operator in `graph` or in a subgraph (the merged decoder's `If` branches)."""
+    return any(node.op_type in (*QUANTIZED_OPS, "MatMulNBits") or any(
+        _holds_quantized(attribute.g) for attribute in node.attribute
+        if attribute.type == onnx.AttributeProto.GRAPH) for node in graph.node)
 
 
 def _quantize_dynamic(protos: dict[str, onnx.ModelProto], card: Card, family: Family,

@@ -17,10 +17,11 @@ import onnx
 from torch import nn
 
 from export.family import Family, GraphIO, contract_of, wrappers_of
-from export.onnx.files import save_models, set_metadata, strip_debug
+from export.onnx.contract import LAYOUT
+from export.onnx.files import save_models, save_standalone, set_metadata, strip_debug
 from export.onnx.manifest import build_manifest, package_versions, write_manifest
 from export.onnx.trace import ExportError, export_graph, trace_inputs
-from export.onnx.variants import VariantResult, apply_variant
+from export.onnx.variants import VariantResult, apply_variant, layout_under_dtype_names
 from export.options import ExportOptions
 from export.serving.huggingface import write_hf_files
 from registry.catalog import Card
@@ -101,18 +102,27 @@ def export_onnx(
             variant = apply_variant(protos, model, card, family, options, metadata, progress,
                                     staging)
             entries.update(variant.manifest)
-        genai = family.genai(card, protos)  # ONNX Runtime GenAI's files (decoders)
+        stored = variant.stored_as  # quantized client graphs under their dtype names
+        genai = family.genai(card, protos, stored)  # ONNX Runtime GenAI's files (decoders)
         if genai is not None:
             protos.update(genai.graphs)
+        layout = family.layout_graphs(card, protos)  # before save_models moves the weights out
+        client_graphs = [*contract, *layout]  # by contract name, for config.json's dtype
+        if layout:
+            entries[LAYOUT] = family.layout_entry(card)
+        if layout and options.quantize:  # `stored` is the manifest's quantization.stored_as
+            stored.update(layout_under_dtype_names(layout, entries[LAYOUT], options.quantize))
         save_models(protos, staging)
-        for file_name in protos:
+        save_standalone(layout, staging)
+        for file_name in [*protos, *layout]:
             _check(staging / file_name)
         # before the manifest, so their sha256 are recorded
-        for note in write_hf_files(staging, card, list(contract)):
+        for note in write_hf_files(staging, card, client_graphs, stored):
             progress(note)
         if genai is not None:
             genai.write(staging)
-        manifest = build_manifest(staging, card, options.opset, versions, contract, entries)
+        files = {stored.get(file, file): names for file, names in contract.items()}
+        manifest = build_manifest(staging, card, options.opset, versions, files, entries)
         check = verify(staging, manifest) if verify is not None else None
         write_manifest(staging, manifest)
     return Written(manifest, variant.notes, check)

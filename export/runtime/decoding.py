@@ -18,7 +18,10 @@ from export.onnx.contract import (
     CACHE_OUTPUT,
     DECODER,
     ENCODER,
+    LAYOUT_DECODER,
+    LAYOUT_ENCODER,
     MODEL_GRAPH,
+    USE_CACHE_BRANCH,
     past_names,
 )
 from export.runtime.engine import Engine
@@ -110,3 +113,43 @@ class Seq2SeqSession:
         if len(rows) < len(self.source_mask):
             self.cross = {name: value[rows] for name, value in self.cross.items()}
             self.source_mask = self.source_mask[rows]
+
+
+class LayoutSeq2SeqSession(Seq2SeqSession):
+    """The loop Optimum's ORTModelForSeq2SeqLM and transformers.js run over the seq2seq layout
+    (manifest `layout`): encoder_model.onnx gives the memory alone; decoder_model_merged.onnx's
+    first step (use_cache_branch false, every cache empty) projects it to the cross cache and
+    returns it, and every later step (use_cache_branch true) takes it back unchanged."""
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        self.source_mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
+        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask}
+        self.memory = self.engine.run(LAYOUT_ENCODER, feeds)["last_hidden_state"]
+        self.past = empty_past(self.engine, ids.shape[0])
+        self.cross = {}  # until the first step returns it
+        return self.step(np.full(len(ids), self.engine.card["bos_token_id"], np.int64))
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        first = not self.cross
+        cross = dict(zip(self.cross_inputs, empty_past(self.engine, len(tokens)), strict=True)
+                     ) if first else self.cross
+        feeds = {"input_ids": tokens[:, None].astype(np.int64),
+                 "encoder_attention_mask": self.source_mask, "encoder_hidden_states": self.memory,
+                 USE_CACHE_BRANCH: np.array([not first]), **cross,
+                 **dict(zip(self.past_inputs, self.past, strict=True))}
+        outputs = self.engine.run(LAYOUT_DECODER, feeds)
+        self.past = [outputs[name] for name in self.past_outputs]
+        if first:
+            self.cross = {name: outputs[output]
+                          for name, output in zip(self.cross_inputs, self.cross_outputs,
+                                                  strict=True)}
+        return outputs["logits"][:, -1]
+
+    def expand(self, beams: int) -> None:
+        self.memory = np.repeat(self.memory, beams, axis=0)
+        super().expand(beams)
+
+    def reorder(self, rows: np.ndarray) -> None:
+        if len(rows) < len(self.source_mask):
+            self.memory = self.memory[rows]
+        super().reorder(rows)

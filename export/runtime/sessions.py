@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from export.family import Family
+from export.onnx.contract import LAYOUT, stored_files
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.paths import display_path
@@ -155,12 +156,19 @@ class Graph:
                 binding.bind_output(name, "cuda")
             self.session.run_with_iobinding(binding)
             return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
-        return dict(zip(self.output_names, self.session.run(None, feeds), strict=True))
+        try:
+            outputs = self.session.run(None, feeds)
+        except Exception as exc:  # ORT raises its own exception types; report one line
+            raise OrtError(f"{display_path(self.path)}: ONNX Runtime failed to run it: "
+                           f"{first_line(exc)}") from exc
+        return dict(zip(self.output_names, outputs, strict=True))
 
 
 class Runtime:
-    """An exported folder opened with ONNX Runtime: one Graph per ONNX file. Opened through
-    export/opening.py's open_export, which reads the manifest and resolves the family once."""
+    """An exported folder opened with ONNX Runtime: one Graph per ONNX file, looked up by its
+    contract name (`run("onnx/model.onnx", ...)` runs a quantized export's
+    onnx/model_q4.onnx). Opened through export/opening.py's open_export, which reads the
+    manifest and resolves the family once."""
 
     def __init__(self, folder: Path, manifest: dict[str, Any], card: Card, family: Family,
                  provider: str = "cpu", threads: int | None = None) -> None:
@@ -173,8 +181,14 @@ class Runtime:
         if not graphs:
             raise OrtError(f"{display_path(self.folder)}: manifest lists no graphs")
         self.threads = threads
-        self.graphs = {name: Graph(self.folder / name, provider, threads) for name in graphs}
+        # By contract name: a quantized export stores its client graphs under dtype names.
+        self.graphs = {name: Graph(self.folder / file, provider, threads)
+                       for name, file in stored_files(manifest).items()}
         self._kv_graph: Graph | None = None
+        # the clients' layout (manifest `layout`): opened on first use, by its checks alone;
+        # {contract name: file}, as for the graphs (quantized, under dtype names)
+        self.layout_files = stored_files({"quantization": manifest.get("quantization"),
+                                          "graphs": manifest.get(LAYOUT, {}).get("graphs", {})})
 
     @property
     def kv_graph(self) -> Graph | None:
@@ -189,4 +203,7 @@ class Runtime:
         return self._kv_graph
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if file not in self.graphs and file in self.layout_files:
+            self.graphs[file] = Graph(self.folder / self.layout_files[file], self.provider,
+                                      self.threads)
         return self.graphs[file].run(feeds)

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, MODEL_GRAPH
+from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
 from registry.errors import ZooError
 from registry.schema import effective_bias
 from registry.sizes import attention_sizes
@@ -73,14 +73,16 @@ def genai_batch(folder: Path, prompts: list[list[int]]) -> np.ndarray:
     return np.array([p + [pad] * (width - len(p)) for p in prompts], np.int32)
 
 
-def decoder_genai(card: Any, graphs: dict[str, onnx.ModelProto], kv_file: str) -> GenAIFiles:
+def decoder_genai(card: Any, graphs: dict[str, onnx.ModelProto], kv_file: str,
+                  model_file: str) -> GenAIFiles:
     """GenAI's files for a decoder export: the shared-cache graph when the export has one
-    (`kv_file`), else the contract graph model.onnx."""
+    (`kv_file`), else the contract graph, stored as `model_file` (onnx/model.onnx, or a
+    quantized export's dtype name)."""
     if kv_file in graphs:
         graph = shared_cache_for_genai(graphs[kv_file])
         return GenAIFiles(genai_config(card, GENAI_GRAPH, graph, share_buffer=True),
                           {GENAI_GRAPH: graph})
-    return GenAIFiles(genai_config(card, MODEL_GRAPH, graphs[MODEL_GRAPH], share_buffer=False))
+    return GenAIFiles(genai_config(card, model_file, graphs[model_file], share_buffer=False))
 
 
 def model_type(card: Any) -> str:

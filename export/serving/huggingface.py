@@ -3,15 +3,22 @@ ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
 
 - `config.json`: the card in a transformers layout's terms (zoo/files/hf_config.py: written
   only where the importer reads it back as this card), with `id2label` for a classifier and
-  `transformers.js_config.dtype` naming the graph transformers.js opens (`fp32`: the suffix-less
-  `onnx/model.onnx`; its browser default, `q8`, would look for `onnx/model_quantized.onnx`).
-- `generation_config.json` (decoders): the special tokens and greedy decoding, as `zoo run`.
+  `transformers.js_config.dtype` naming the graph transformers.js opens when it is given no
+  `dtype` (`fp32`: the suffix-less `onnx/model.onnx`, where its browser default, `q8`, would
+  look for `onnx/model_quantized.onnx`; a quantized export's dtype: `q4` for
+  `onnx/model_q4.onnx`; per file where the files differ, by their names without `.onnx`).
+- `generation_config.json` (decoders, encoder-decoders): the special tokens and greedy
+  decoding, as `zoo run` (an encoder-decoder's start token; no forced end token).
 - the tokenizer files (export/serving/tokenizer_files.py), where the export has a tokenizer.
 - `modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json` (encoders with a
-  sentence vector sentence-transformers computes: cls, mean or last pooling).
+  sentence vector sentence-transformers computes: cls, mean or last pooling; quantized, its
+  `model_kwargs.file_name` names the graph's file).
 
 The graph itself is `onnx/model.onnx` (export/onnx/contract.py), where transformers.js looks
-(`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`.
+(`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`; an encoder-decoder's are
+`onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx` (export/serving/seq2seq_layout.py).
+Quantized, each is stored under transformers.js's name for its dtype (contract.py's
+quantized_name).
 """
 
 from __future__ import annotations
@@ -20,11 +27,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from export.onnx.contract import MODEL_GRAPH
+from export.onnx.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
 from export.serving.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from zoo.files.hf_config import hf_config
-from zoo.files.sentence_transformers import modules_files
+from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
 CONFIG_JSON = "config.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -35,28 +42,57 @@ def _write_json(path: Path, content: Any) -> None:
     path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
 
 
+# An encoder-decoder's config.json: transformers.js reads `is_encoder_decoder` from the file
+# alone (it knows no MarianConfig defaults), and MarianConfig's default forced_eos_token_id (0)
+# would force an end token at max_length where `zoo run` forces none.
+SEQ2SEQ = {"is_encoder_decoder": True, "forced_eos_token_id": None}
+
+
 def generation_config(card: Card) -> dict[str, Any]:
-    return {"bos_token_id": card["bos_token_id"], "eos_token_id": card["eos_token_id"],
-            "pad_token_id": card["pad_token_id"], "do_sample": False,
-            "max_length": card["max_positions"]}
+    config = {"bos_token_id": card["bos_token_id"], "eos_token_id": card["eos_token_id"],
+              "pad_token_id": card["pad_token_id"], "do_sample": False,
+              "max_length": card["max_positions"]}
+    if card.family == "encoder-decoder":  # the target starts at the card's bos
+        config.update(decoder_start_token_id=card["bos_token_id"], num_beams=1,
+                      forced_eos_token_id=None)
+    return config
 
 
-def write_hf_files(folder: Path, card: Card, graphs: list[str]) -> list[str]:
-    """Write the files into the staged export `folder` (its graphs already there); the lines
-    to show (why there is no config.json, what it leaves out)."""
+def transformers_js_dtype(graphs: list[str], stored_as: dict[str, str]) -> str | dict[str, str]:
+    """config.json's `transformers.js_config.dtype`: the dtype each client graph is stored
+    under, one string when they share it, else by file name without `.onnx` (transformers.js's
+    per-file form, e.g. {"encoder_model": "q8", "decoder_model_merged": "fp32"})."""
+    dtypes = {Path(file).stem: client_dtype(file, stored_as.get(file, file))
+              for file in graphs if file.startswith(CLIENT_FOLDER)}
+    shared = set(dtypes.values())
+    return shared.pop() if len(shared) == 1 else dtypes
+
+
+def write_hf_files(folder: Path, card: Card, graphs: list[str],
+                   stored_as: dict[str, str]) -> list[str]:
+    """Write the files into the staged export `folder` (its graphs already there, a quantized
+    client graph where `stored_as` says); the lines to show (why there is no config.json,
+    what it or the tokenizer files leave out)."""
     folder = Path(folder)
-    write_tokenizer_files(folder, card)
-    if MODEL_GRAPH not in graphs:
-        return [f"no {CONFIG_JSON}: the encoder-decoder's graphs are not in the seq2seq layout "
-                "(encoder_model.onnx, decoder_model_merged.onnx) the Hugging Face clients load"]
+    _, notes = write_tokenizer_files(folder, card)
     found = hf_config(card)
+    if found.note:
+        notes.append(found.note)
     if found.config is None:
-        return [found.note] if found.note else []
-    config = {**found.config, "torch_dtype": "float32",
-              "transformers.js_config": {"dtype": "fp32"}}
+        return notes
+    config = {**found.config, **(SEQ2SEQ if card.family == "encoder-decoder" else {}),
+              "torch_dtype": "float32",
+              "transformers.js_config": {"dtype": transformers_js_dtype(graphs, stored_as)}}
     _write_json(folder / CONFIG_JSON, config)
-    if card.family == "decoder":
+    if card.family in ("decoder", "encoder-decoder"):
         _write_json(folder / GENERATION_CONFIG, generation_config(card))
     for name, content in (modules_files(card) or {}).items():
+        if name == SENTENCE_CONFIG and MODEL_GRAPH in stored_as:
+            # sentence-transformers opens onnx/model.onnx unless told: its Transformer module
+            # takes model_kwargs from this file (lowest priority), so a quantized export loads
+            # as it is. Without it, SentenceTransformer(folder, backend="onnx") finds no
+            # model.onnx and exports again from model.safetensors, whose zoo tensor names it
+            # cannot read: random weights, with only a warning.
+            content = {**content, "model_kwargs": {"file_name": stored_as[MODEL_GRAPH]}}
         _write_json(folder / name, content)
-    return [found.note] if found.note else []
+    return notes

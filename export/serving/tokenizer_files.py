@@ -15,6 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from export.serving.marian_tokenizer import (
+    marian_special_tokens,
+    marian_tokenizer_config,
+    marian_tokenizer_json,
+)
+from zoo.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
 from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -84,21 +90,45 @@ def _byte_level(spec: dict[str, Any]) -> bool:
     return any(part.get("type") == "ByteLevel" for part in parts)
 
 
-def write_tokenizer_files(folder: Path, card: Any) -> list[str]:
-    """Beside the export's own tokenizer file: tokenizer.json (the byte tokenizer's
-    translation), tokenizer_config.json and special_tokens_map.json; the names written (none
-    where the folder has no tokenizer.json to describe: words, sentencepiece)."""
+def _write_json(path: Path, content: Any) -> None:
+    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+
+
+def write_marian_files(folder: Path, card: Any) -> tuple[list[str], list[str]]:
+    """Beside MarianMT's sentencepiece files: tokenizer.json where one can say them
+    (export/serving/marian_tokenizer.py), tokenizer_config.json naming MarianTokenizer,
+    special_tokens_map.json; (the names written, the notes to show)."""
+    text, note = marian_tokenizer_json(folder)
+    written = []
+    if text is not None:
+        (folder / HF_TOKENIZER).write_text(text, encoding="utf-8")
+        written.append(HF_TOKENIZER)
+    vocab = vocabulary(folder / VOCAB)
+    config = {**marian_tokenizer_config(card, vocab),
+              "separate_vocabs": (folder / TARGET_VOCAB).is_file()}
+    _write_json(folder / TOKENIZER_CONFIG, config)
+    _write_json(folder / SPECIAL_TOKENS_MAP, marian_special_tokens(vocab))
+    return [*written, TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP], [note] if note else []
+
+
+def write_tokenizer_files(folder: Path, card: Any) -> tuple[list[str], list[str]]:
+    """Beside the export's own tokenizer file: tokenizer.json (the byte tokenizer's or
+    MarianMT's sentencepiece files' translation), tokenizer_config.json and
+    special_tokens_map.json; (the names written: none where the folder has no tokenizer the
+    clients read, such as words; the notes to show)."""
     folder = Path(folder)
+    if (folder / SOURCE_SPM).is_file() and not (folder / BYTE_TOKENIZER).is_file():
+        return write_marian_files(folder, card)
     written = []
     if not (folder / HF_TOKENIZER).is_file() and (folder / BYTE_TOKENIZER).is_file():
         byte_tokenizer = load_tokenizer(folder)  # validated: a ByteTokenizer
         (folder / HF_TOKENIZER).write_text(byte_level_json(byte_tokenizer), encoding="utf-8")
         written.append(HF_TOKENIZER)
     if not (folder / HF_TOKENIZER).is_file():
-        return written
+        return written, []
     text = (folder / HF_TOKENIZER).read_text(encoding="utf-8")
     for name, content in ((TOKENIZER_CONFIG, tokenizer_config(text, card)),
                           (SPECIAL_TOKENS_MAP, special_tokens(json.loads(text), card))):
-        (folder / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        _write_json(folder / name, content)
         written.append(name)
-    return written
+    return written, []

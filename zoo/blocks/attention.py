@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from registry.sizes import attention_sizes
@@ -77,7 +78,13 @@ class DotProductCore:
 
     The scale multiplies Q, which feeds the MatMul directly: ONNX Runtime folds a scalar Mul on
     a MatMul input into the kernel (FusedMatMul's alpha) when it loads the graph, so it costs
-    nothing, where a Div of the (B, nh, T, S) scores stayed a kernel of its own."""
+    nothing, where a Div of the (B, nh, T, S) scores stayed a kernel of its own.
+
+    Cross-attention scales the query's projection instead, x (W s) + b s (constants that ONNX
+    Runtime folds when it loads the graph): a decoding step's scores are then a product with
+    alpha 1, which MLAS runs with its one-row kernel reading
+    the cross keys where they lie; with alpha 1/sqrt(head_dim) it packs (copies) every head's
+    keys first, every step, the cost of a step that grew with the source (BENCHMARKS.md)."""
 
     def __init__(self, record: list[torch.Tensor] | None = None) -> None:
         self.record = record
@@ -86,10 +93,15 @@ class DotProductCore:
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
-        query = a.split_heads(a.query(x))
-        if a.query_norm is not None:
-            query = a.query_norm(query)
-        query = query * (1.0 / math.sqrt(a.head_dim))
+        scale = 1.0 / math.sqrt(a.head_dim)
+        if source is None and a.query_norm is None:  # cross-attention: scaled in the projection
+            bias = None if a.query.bias is None else a.query.bias * scale
+            query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
+        else:
+            query = a.split_heads(a.query(x))
+            if a.query_norm is not None:
+                query = a.query_norm(query)
+            query = query * scale
         if source is None:  # cross-attention: the source's keys and values, projected once
             assert past is not None
             key, value = past

@@ -147,16 +147,17 @@ def sequence_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def load_tokenizer(folder: Path) -> Tokenizer | None:
-    """The tokenizer saved in `folder`, or None where there is none. The byte tokenizer wins
-    when both files are there: a decoder export's tokenizer.json is then its translation for
-    ONNX Runtime GenAI (export/serving/tokenizer_files.py)."""
+    """The tokenizer saved in `folder`, or None where there is none. The byte tokenizer and
+    MarianMT's sentencepiece files win over a tokenizer.json beside them: an export's
+    tokenizer.json is then their translation for the other clients (GenAI, transformers.js:
+    export/serving/tokenizer_files.py)."""
     folder = Path(folder)
     path = folder / BYTE_TOKENIZER
     if not path.is_file():
-        if (folder / HF_TOKENIZER).is_file():
-            return HuggingFaceTokenizer(folder / HF_TOKENIZER)
         if (folder / SPM_FILES[0]).is_file():
             return SentencePieceTokenizer(folder)
+        if (folder / HF_TOKENIZER).is_file():
+            return HuggingFaceTokenizer(folder / HF_TOKENIZER)
         if (folder / WORD_TOKENIZER).is_file():
             return _word_tokenizer(folder / WORD_TOKENIZER)
         return None

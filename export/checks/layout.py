@@ -1,0 +1,96 @@
+"""The clients' seq2seq layout (manifest `layout`, export/serving/seq2seq_layout.py) against the
+export's own graphs, in the same ONNX Runtime: the encoder's memory; the merged decoder's first
+step (use_cache_branch false: it projects the memory to the cross cache itself) against
+encoder.onnx's cross cache and decoder.onnx over an empty self cache; a later step (true)
+against decoder.onnx given the same caches; and the greedy tokens of the clients' loop
+(LayoutSeq2SeqSession) against `zoo run`'s. The contract graphs are what the parity grid or the
+agreement check proved; this proves the layout computes what they compute, whatever variant
+(--optimize, --quantize) they are."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from export.checks.cases import left_padding, random_ids, right_padding
+from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL, GENERATION_STEPS, Report, Row, compare
+from export.onnx.contract import (
+    CACHE_INPUT,
+    CACHE_OUTPUT,
+    DECODER,
+    ENCODER,
+    LAYOUT_DECODER,
+    LAYOUT_ENCODER,
+    USE_CACHE_BRANCH,
+    past_names,
+)
+from export.runtime.decoding import LayoutSeq2SeqSession, Seq2SeqSession, empty_past
+from export.runtime.sampling import Sampling, decode
+from export.runtime.sessions import Runtime
+from registry.schema import target_vocab_size
+
+PER_LAYER = re.compile(r"\.\d+\.(decoder|encoder)\.(key|value)$")  # present.{i}.decoder.key
+
+
+def _rows(case: str, expected: dict[str, np.ndarray], actual: dict[str, np.ndarray],
+          names: list[str], atol: float, rtol: float) -> list[Row]:
+    """One row per output, the layers' caches of a kind in one (as the parity table has them)."""
+    rows: dict[str, Row] = {}
+    for name in names:
+        label = "layout:" + PER_LAYER.sub(r".*.\1.*", name)
+        max_abs, max_rel, passed = compare(expected[name], actual[name], atol, rtol)
+        row = rows.setdefault(label, Row(label, case, 0.0, 0.0, True))
+        row.max_abs, row.max_rel = max(row.max_abs, max_abs), max(row.max_rel, max_rel)
+        row.passed = row.passed and passed
+    return list(rows.values())
+
+
+def check_layout(runtime: Runtime, atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL,
+                 steps: int = GENERATION_STEPS, seed: int = 0) -> Report:
+    card = runtime.card
+    n = card["n_layers"]
+    rng = np.random.default_rng(seed)
+    self_in, self_out = past_names(n, CACHE_INPUT, DECODER), past_names(n, CACHE_OUTPUT, DECODER)
+    cross_in, cross_out = past_names(n, CACHE_INPUT, ENCODER), past_names(n, CACHE_OUTPUT, ENCODER)
+    middle = max(2, min(card["max_positions"], 16) // 2)
+    report = Report()
+    for batch, source, target, padded in ((1, 1, 1, False), (3, middle, 3, True)):
+        case = f"b{batch} src{source} s{target}" + (" padded" if padded else "")
+        mask = right_padding(batch, source) if padded else np.ones((batch, source), np.int64)
+        encoder_feeds = {"input_ids": random_ids(runtime, rng, batch, source),
+                         "attention_mask": mask}
+        encoded = runtime.run("encoder.onnx", encoder_feeds)
+        memory = runtime.run(LAYOUT_ENCODER, encoder_feeds)
+        report.rows += _rows(case, encoded, memory, ["last_hidden_state"], atol, rtol)
+        cross = {name: encoded[out] for name, out in zip(cross_in, cross_out, strict=True)}
+        empty = dict(zip(self_in, empty_past(runtime, batch), strict=True))
+        ids = random_ids(runtime, rng, batch, target, target_vocab_size(card))
+        first = runtime.run(LAYOUT_DECODER, {
+            "input_ids": ids, "encoder_attention_mask": mask,
+            "encoder_hidden_states": memory["last_hidden_state"], USE_CACHE_BRANCH:
+            np.array([False]), **empty,
+            **dict(zip(cross_in, empty_past(runtime, batch), strict=True))})
+        expected = runtime.run("decoder.onnx", {"input_ids": ids, "encoder_attention_mask": mask,
+                                                **empty, **cross})
+        expected.update(encoded)  # the cross cache the first step returns: encoder.onnx's
+        report.rows += _rows(f"first {case}", expected, first,
+                             ["logits", *self_out, *cross_out], atol, rtol)
+        past = {name: expected[out] for name, out in zip(self_in, self_out, strict=True)}
+        ids = random_ids(runtime, rng, batch, 1, target_vocab_size(card))
+        later = runtime.run(LAYOUT_DECODER, {
+            "input_ids": ids, "encoder_attention_mask": mask,
+            "encoder_hidden_states": memory["last_hidden_state"],
+            USE_CACHE_BRANCH: np.array([True]), **past, **cross})
+        expected = runtime.run("decoder.onnx", {"input_ids": ids, "encoder_attention_mask": mask,
+                                                **past, **cross})
+        report.rows += _rows(f"later {case}", expected, later, ["logits", *self_out], atol,
+                             rtol)
+    steps = min(steps, card["max_positions"] - 1)
+    prompt = random_ids(runtime, rng, 2, 6)
+    mask = left_padding(2, 6)
+    tokens = [decode(session, prompt, mask, steps, Sampling(), None)
+              for session in (Seq2SeqSession(runtime), LayoutSeq2SeqSession(runtime))]
+    report.generation.append(("seq2seq layout's loop vs decoder.onnx's", bool(
+        np.array_equal(*tokens)), steps))
+    return report

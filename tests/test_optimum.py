@@ -45,9 +45,14 @@ pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
 
 
 def require_optimum() -> None:
-    if PYTHON.is_file():
+    stamp, requirements = PYTHON.parents[1] / ".installed", RUNNER.with_name("requirements.txt")
+    if not PYTHON.is_file() or not stamp.is_file():
+        problem = f"{PYTHON} missing: run `bash examples/optimum/setup.sh`"
+    elif stamp.stat().st_mtime < requirements.stat().st_mtime:
+        # a venv made before requirements.txt changed lacks what the clients now need
+        problem = f"{PYTHON.parents[1]} older than {requirements}: rerun its setup.sh"
+    else:
         return
-    problem = f"{PYTHON} missing: run `bash examples/optimum/setup.sh`"
     if os.environ.get("ZOO_REQUIRE_OPTIMUM") == "1":
         pytest.fail(f"{problem} (ZOO_REQUIRE_OPTIMUM=1: these tests must run here)")
     pytest.skip(problem)

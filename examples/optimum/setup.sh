@@ -12,6 +12,6 @@ stamp="$venv/.installed"
 if [ -f "$stamp" ] && [ "$stamp" -nt "$here/requirements.txt" ]; then
     exit 0
 fi
-"$python" -m venv "$venv"
+"$python" -m venv --clear "$venv"  # a stale or half-made one is rebuilt from nothing
 "$venv/bin/python" -m pip install --quiet -r "$here/requirements.txt"
 touch "$stamp"

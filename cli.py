@@ -329,6 +329,10 @@ def dataset_topics(out: str, eval_fraction: float, seed: int, force: bool) -> No
                    "with fp32; int8-dynamic (encoders, embedders, classifiers): int8 weights "
                    "and activations, checked by a quality gate (sentence cosine, label "
                    "agreement, MLM top-1) instead of the parity grid.")
+@click.option("--calibration", type=click.Path(dir_okay=False), metavar="FILE",
+              help="int8-dynamic: measure the activations to smooth on these texts (one a "
+                   "line, or .jsonl / .csv with a 'text' column; 64 rows spread over the file) "
+                   "instead of the shipped English text: text like the model's own use.")
 @click.option("--attentions", is_flag=True,
               help="Also output every layer's attention maps (attentions.{i}, Hugging Face's "
                    "names); checked by the parity grid like every output.")
@@ -339,8 +343,8 @@ def dataset_topics(out: str, eval_fraction: float, seed: int, force: bool) -> No
 @registry_option
 def export_command(source: str, to_onnx: bool, out: str | None, opset: int, provider: str,
                    atol: float, rtol: float, seed: int, sets: tuple[str, ...], optimize: bool,
-                   quantize: str | None, attentions: bool, triton_repo: str | None, force: bool,
-                   registries: tuple[str, ...]) -> None:
+                   quantize: str | None, calibration: str | None, attentions: bool,
+                   triton_repo: str | None, force: bool, registries: tuple[str, ...]) -> None:
     """Export a card or a built folder to ONNX, then prove parity with PyTorch.
 
     Files land in OUT only when onnx.checker and the parity grid (for --quantize: the agreement
@@ -351,7 +355,8 @@ def export_command(source: str, to_onnx: bool, out: str | None, opset: int, prov
     from export.commands.exporting import export_command as run_export
     from export.options import ExportOptions
 
-    options = ExportOptions(opset, provider, atol, rtol, force, optimize, quantize, attentions)
+    options = ExportOptions(opset, provider, atol, rtol, force, optimize, quantize, attentions,
+                            Path(calibration) if calibration else None)
     echo(run_export(source, Path(out or f"{Path(source).name}-onnx"), options, seed,
                     parse_overrides(sets) or None, registries,
                     Path(triton_repo) if triton_repo else None, progress))

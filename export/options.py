@@ -5,11 +5,14 @@ and TrainOptions do for their commands), checked once before any work."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL
-from export.onnx.quantize import check_choice
+from export.onnx.quantize import DYNAMIC, check_choice
 from export.onnx.trace import DEFAULT_OPSET, check_opset
 from export.runtime.sessions import require_provider
+from registry.errors import ZooError
+from zoo.files.texts import TextRow, read_texts
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class ExportOptions:
     optimize: bool = False  # ONNX Runtime's fusions (decoders: also model_kv.onnx)
     quantize: str | None = None  # "int8" | "int4": weight-only MatMulNBits; "int8-dynamic"
     attentions: bool = False  # the graphs also output every layer's attention maps
+    calibration: Path | None = None  # int8-dynamic's smoothing reads these texts (a data file)
 
     @property
     def plain(self) -> bool:
@@ -35,3 +39,13 @@ class ExportOptions:
         require_provider(self.provider)
         if self.quantize:
             check_choice(self.quantize)
+        if self.calibration is not None:
+            if self.quantize != DYNAMIC:
+                raise ZooError(f"--calibration: only --quantize {DYNAMIC} calibrates (it "
+                               "measures activations); drop it or add that")
+            self.calibration_rows()  # a bad file stops the export here, before any work
+
+    def calibration_rows(self) -> list[TextRow] | None:
+        """--calibration's texts (one a line, or .jsonl / .csv with a 'text' column), or None:
+        the shipped text."""
+        return None if self.calibration is None else read_texts(self.calibration)

@@ -28,6 +28,7 @@ from export.runtime.classify import right_padded, softmax
 from export.runtime.encode import encoder_feeds
 from export.runtime.engine import Engine
 from registry.errors import ZooError
+from zoo.files.texts import TextRow
 from zoo.files.tokenizer import Tokenizer, sequence_ids
 from zoo.training.data import SHIPPED_TEXT
 
@@ -37,6 +38,9 @@ LENGTHS = (4, 64)  # shortest and longest row, capped by max_positions
 # 4000th non-empty line on (of 9023): the gate reads the first 112, BENCHMARKS.md's 50 lines
 # lie in the first 2000.
 CALIBRATION_ROWS, CALIBRATION_LINE, CALIBRATION_SEED = 64, 4000, 1_000_003
+# --calibration FILE: its rows as they are, cut to this many tokens (64 rows of 128 cost a
+# bert-base's calibration seconds); fewer rows than this are too few to find the outliers by.
+CALIBRATION_LONGEST, MIN_CALIBRATION_ROWS = 128, 8
 # Sentence vectors and hidden states: the issue's target. The real all-MiniLM-L6-v2 measured
 # 0.9986 on the gate's passages (up to 64 tokens) and 0.995 at worst over 50 single lines of
 # the shipped text in one batch (BENCHMARKS.md; 0.9905 and 0.974 before smoothing.py's
@@ -128,10 +132,32 @@ def mixed_batch(card: Any, seed: int, tokenizer: Tokenizer | None = None, rows: 
     return encoder_feeds(card, ids, mask)
 
 
-def calibration_batch(card: Any, tokenizer: Tokenizer | None) -> dict[str, np.ndarray]:
+def calibration_batch(card: Any, tokenizer: Tokenizer | None,
+                      texts: list[TextRow] | None = None, where: str = ""
+                      ) -> dict[str, np.ndarray]:
     """What int8-dynamic's smoothing measures its activations on: other text than the gate's
-    (passages from CALIBRATION_LINE on; random ids from another seed)."""
-    return mixed_batch(card, CALIBRATION_SEED, tokenizer, CALIBRATION_ROWS, CALIBRATION_LINE)
+    (passages from CALIBRATION_LINE on; random ids from another seed), or the user's `texts`
+    (from the file `where`; --calibration): CALIBRATION_ROWS of them spread evenly over the
+    file, each cut to CALIBRATION_LONGEST tokens."""
+    if texts is None:
+        return mixed_batch(card, CALIBRATION_SEED, tokenizer, CALIBRATION_ROWS, CALIBRATION_LINE)
+    if tokenizer is None:
+        raise ZooError(f"{where}: --calibration needs the export's tokenizer to read it, and "
+                       "this model has none (it calibrates on random ids without the option)")
+    if len(texts) < MIN_CALIBRATION_ROWS:
+        raise ZooError(f"{where}: {len(texts)} rows; calibration needs at least "
+                       f"{MIN_CALIBRATION_ROWS}")
+    picked = np.linspace(0, len(texts) - 1, min(CALIBRATION_ROWS, len(texts))).round()
+    longest = min(CALIBRATION_LONGEST, card["max_positions"])
+    prompts = []
+    for row in (texts[int(index)] for index in picked):
+        ids = sequence_ids(tokenizer, row.text)[:longest]
+        if not ids:
+            raise ZooError(f"{where}:{row.line}: the text has no tokens")
+        prompts.append(ids)
+    pad = card["pad_token_id"] if card["pad_token_id"] is not None else 0
+    ids, mask = right_padded(prompts, pad)
+    return encoder_feeds(card, ids, mask)
 
 
 def cosines(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
 from export.options import ExportOptions
 from registry.catalog import Card
+from registry.paths import display_path
 from zoo.files.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -69,7 +70,7 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
         variant.manifest["optimization"] = report.as_dict()
     if options.quantize == DYNAMIC:
         variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress,
-                                               load_tokenizer(folder)))
+                                               load_tokenizer(folder), options))
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
@@ -130,10 +131,14 @@ def _holds_quantized(graph: onnx.GraphProto) -> bool:
 
 def _quantize_dynamic(protos: dict[str, onnx.ModelProto], card: Card, family: Family,
                       variant: VariantResult, progress: Callable[[str], None],
-                      tokenizer: Tokenizer | None) -> list[str]:
+                      tokenizer: Tokenizer | None, options: ExportOptions) -> list[str]:
     settings = DynamicSettings.for_this_cpu()
-    calibration = calibration_batch(card, tokenizer)
-    text = "the shipped text" if tokenizer is not None else "random ids"
+    if options.calibration is not None:
+        text = display_path(options.calibration)
+        calibration = calibration_batch(card, tokenizer, options.calibration_rows(), text)
+    else:
+        text = "the shipped text" if tokenizer is not None else "random ids"
+        calibration = calibration_batch(card, tokenizer)
     progress(f"quantizing MatMuls to {DYNAMIC} (weights int8, activations at run time"
              f"{', reduce_range: this CPU has no VNNI' if settings.reduce_range else ''}; "
              f"smoothing calibrated on {len(calibration['input_ids'])} rows of {text})...")

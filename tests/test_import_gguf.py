@@ -63,11 +63,20 @@ def gguf_name(name: str) -> str:
 
 
 def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None,
-               tokenizer: Any = None, chat_template: str | None = None) -> None:
+               tokenizer: Any = None, chat_template: str | None = None,
+               pieces: Any = None) -> None:
     """The file, and the model's weights set to what the file holds (Q8_0 dequantized);
-    `tokenizer` (a byte-level BPE) as llama.cpp stores one: tokens, merges, token types."""
+    `tokenizer` (a byte-level BPE) as llama.cpp stores one: tokens, merges, token types;
+    `pieces` (a SentencePieceProcessor) as llama.cpp's converter stores a Llama 2 tokenizer.model:
+    pieces, scores and types, no merges."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
+    if pieces is not None:
+        writer.add_tokenizer_model("llama")
+        ids = range(pieces.get_piece_size())
+        writer.add_token_list([pieces.id_to_piece(i) for i in ids])
+        writer.add_token_scores([pieces.get_score(i) for i in ids])
+        writer.add_token_types([spm_type(pieces, i) for i in ids])
     if tokenizer is not None:
         spec = json.loads(tokenizer.to_str())
         vocab = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
@@ -185,6 +194,108 @@ def test_the_files_byte_level_bpe_becomes_transformers_tokenizer(tmp_path: Path)
         text = reference.convert_tokens_to_string([reference.convert_ids_to_tokens(token)])
         assert labels.label(token) == (text if "\ufffd" not in text
                                        else ours.id_to_token(token))
+
+
+def spm_type(pieces: Any, index: int) -> int:
+    """llama.cpp's token type of a piece (gguf.TokenType), as its converter reads it."""
+    for kind, test in ((2, pieces.is_unknown), (3, pieces.is_control), (6, pieces.is_byte),
+                       (5, pieces.is_unused)):
+        if test(index):
+            return kind
+    return 1
+
+
+def sentencepiece_bpe(size: int) -> Any:
+    """A SentencePiece BPE trained here on the shipped text with Llama 2's settings (byte
+    fallback, the text as it is, a space put before it; <unk> <s> </s> as ids 0-2)."""
+    import io
+
+    import sentencepiece
+
+    from zoo.training.data import SHIPPED_TEXT
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(SHIPPED_TEXT.read_text(encoding="utf-8").splitlines()[:3000]),
+        model_writer=model, model_type="bpe", vocab_size=size, byte_fallback=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, character_coverage=1.0, minloglevel=2)
+    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+
+
+SPM_TEXTS = ["First Citizen: Before we proceed", "café 東京 12345, naïve",
+             "  two  spaces\tand a tab\n", "ROMEO: What, ho! apothecary!", " leading space"]
+
+
+def test_the_files_sentencepiece_bpe_becomes_what_sentencepiece_and_transformers_give(
+        tmp_path: Path) -> None:
+    """A Llama 2 style GGUF (pieces and scores, no merges): every text gets SentencePiece's own
+    ids after BOS (transformers' tokenizer from the same file gives the same, but for a text
+    that starts with a space, where it puts no "▁" before the text's own) and decodes back;
+    `zoo run --text` on its export feeds those ids, BOS first, as transformers' generate does."""
+    from tokenizers import Tokenizer
+
+    pieces = sentencepiece_bpe(600)
+    model = hf_model(True, pieces.get_piece_size())
+    write_gguf(model, tmp_path / "tiny.gguf", pieces=pieces)
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "SentencePiece BPE" in result.output
+    ours = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    assert any(pieces.is_byte(i) for i in pieces.encode("東京"))  # byte fallback is used
+    for text in SPM_TEXTS:
+        expected = [pieces.bos_id(), *pieces.encode(text)]
+        assert ours.encode(text).ids == expected, text
+        if not text.startswith(" "):
+            assert reference(text)["input_ids"] == expected, text
+        assert ours.decode(expected) == pieces.decode(expected[1:]) == text
+
+    prompt = SPM_TEXTS[0]
+    result = CliRunner().invoke(cli.main, ["export", str(tmp_path / "out"), "--onnx", "-o",
+                                           str(tmp_path / "onnx")])
+    assert result.exit_code == 0, result.output
+    ids = torch.tensor([[pieces.bos_id(), *pieces.encode(prompt)]])
+    with torch.no_grad():
+        greedy = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    result = CliRunner().invoke(cli.main, ["run", str(tmp_path / "onnx"), "--text", prompt,
+                                           "--max-new-tokens", "6"])
+    assert result.exit_code == 0, result.output
+    assert pieces.decode(greedy[0, 1:].tolist()) in result.output
+
+
+class Field:
+    """What gguf's reader gives for one key, as far as the conversion reads it."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def contents(self) -> Any:
+        return self.value
+
+
+def test_the_files_bos_and_eos_flags_decide_what_a_text_gets() -> None:
+    """llama.cpp's flags: no BOS where add_bos_token is false, EOS where add_eos_token is true;
+    no space before the text where add_space_prefix is false."""
+    from tokenizers import Tokenizer
+
+    from zoo.files.gguf_tokenizer import gguf_tokenizer
+
+    tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"]
+    fields = {"tokenizer.ggml.model": Field("llama"), "tokenizer.ggml.tokens": Field(tokens),
+              "tokenizer.ggml.scores": Field([0.0] * 6 + [-1.0, -2.0]),
+              "tokenizer.ggml.token_type": Field([2, 3, 3, 1, 1, 1, 1, 1]),
+              "tokenizer.ggml.bos_token_id": Field(1), "tokenizer.ggml.eos_token_id": Field(2),
+              "tokenizer.ggml.add_bos_token": Field(False),
+              "tokenizer.ggml.add_eos_token": Field(True),
+              "tokenizer.ggml.add_space_prefix": Field(False)}
+    tokenizer = Tokenizer.from_str(gguf_tokenizer(fields))
+    assert tokenizer.encode("ab a").ids == [7, 6, 2]  # ab, ▁a, </s>: no <s>, no ▁ first
+    fields["tokenizer.ggml.add_space_prefix"] = Field(True)
+    fields["tokenizer.ggml.add_bos_token"] = Field(True)
+    tokenizer = Tokenizer.from_str(gguf_tokenizer(fields))
+    assert tokenizer.encode("ab a").ids == [1, 6, 5, 6, 2]  # <s> ▁a b ▁a </s>
 
 
 TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n"

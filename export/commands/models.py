@@ -56,8 +56,8 @@ def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:
     lines = [f"imported {record['architecture']} as card {out.name} (over {record['extends']}'s "
              "fields; dequantized to float32)"]
     if record["tokenizer"] is None:
-        lines.append("no tokenizer: the file's is not byte-level BPE and no tokenizer.json lies "
-                     "beside it, so the folder takes token ids")
+        lines.append("no tokenizer: the file's is neither byte-level nor SentencePiece BPE and "
+                     "no tokenizer.json lies beside it, so the folder takes token ids")
     else:
         lines.append(f"tokenizer.json from {record['tokenizer']}")
     return lines + [wrote(out)]

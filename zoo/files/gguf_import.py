@@ -5,8 +5,9 @@ GGUF keeps the Hugging Face sizes under `llama.*` keys and the tensors under lla
 llama.cpp's converter reorders each head's query and key rows for its interleaved rotary
 (`permute` in convert_hf_to_gguf.py), which `_unpermute` undoes so that the zoo's half-split
 rotary sees Hugging Face's order. The tokenizer: a `tokenizer.json` beside the file (checked, as
-from a folder), else the file's own where it is GPT-2's byte-level BPE (converted as
-transformers converts it), else none: the folder then takes token ids, which the import says.
+from a folder), else the file's own where it is GPT-2's byte-level BPE or SentencePiece's BPE
+(converted as transformers converts them: gguf_tokenizer.py), else none: the folder then takes
+token ids, which the import says.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 
 from registry.catalog import open_catalog
 from registry.errors import ZooError, needs_package
@@ -26,6 +27,7 @@ from registry.sizes import attention_sizes
 from zoo.build import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
+from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer
 from zoo.files.importers import (
     RECORD,
     check_tokenizer_file,
@@ -184,29 +186,6 @@ def _vocab_size(reader: Any, where: str) -> int:
     return rows
 
 
-def byte_level_bpe(reader: Any) -> str | None:
-    """tokenizer.json for the file's own tokenizer where it is GPT-2's byte-level BPE
-    (`tokenizer.ggml.model: gpt2`, as SmolLM2, Qwen and Llama 3 have), as transformers converts
-    it: the vocabulary and merges, byte-level pre-tokenizer and decoder, control tokens special.
-    None for any other kind (SentencePiece's `llama`), which is not converted."""
-    fields = reader.fields
-    if "tokenizer.ggml.model" not in fields or fields["tokenizer.ggml.model"].contents() != "gpt2":
-        return None
-    tokens = fields["tokenizer.ggml.tokens"].contents()
-    merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"].contents()]
-    tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    kinds = fields["tokenizer.ggml.token_type"].contents() if (
-        "tokenizer.ggml.token_type" in fields) else []
-    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True)
-                                  for i, kind in enumerate(kinds) if kind == CONTROL])
-    return tokenizer.to_str()
-
-
-CONTROL = 3  # llama.cpp's token type of a special (control) token
-
-
 def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, str | None]:
     """(tokenizer.json's bytes, where they came from): a tokenizer.json beside the file
     (checked, as from a folder) first, else the file's own byte-level BPE, else none."""
@@ -215,10 +194,11 @@ def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, 
         check_tokenizer_file(beside)
         content, origin = beside.read_bytes(), display_path(beside)
     else:
-        converted = byte_level_bpe(reader)
+        converted = gguf_tokenizer(reader.fields)
         if converted is None:
             return None, None
-        content, origin = converted.encode(), f"{display_path(path)} (its byte-level BPE)"
+        kind = reader.fields["tokenizer.ggml.model"].contents()
+        content, origin = converted.encode(), f"{display_path(path)} (its {KINDS[kind]})"
     size = Tokenizer.from_str(content.decode()).get_vocab_size(with_added_tokens=True)
     check_tokenizer_fits(size, vocab_size, origin)
     return content, origin

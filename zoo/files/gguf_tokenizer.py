@@ -1,0 +1,115 @@
+"""A GGUF file's own tokenizer as a tokenizer.json, built as transformers builds one from the
+file (transformers/integrations/gguf/gguf_tokenizer_mapping.py), with the `tokenizers` library
+alone:
+
+- `tokenizer.ggml.model: gpt2` (SmolLM2, Qwen, Llama 3): GPT-2's byte-level BPE, the
+  vocabulary and merges as stored, control tokens special.
+- `tokenizer.ggml.model: llama` (Llama 2, TinyLlama, Mistral): SentencePiece's BPE with byte
+  fallback, as LlamaTokenizer writes it: the pieces as the vocabulary, the merges the file
+  stores or, where it stores none (llama.cpp writes scores instead), every pair of pieces that
+  makes a piece, best score first; "▁" for a space and one before the text (unless
+  `tokenizer.ggml.add_space_prefix` is false), as SentencePiece and llama.cpp do even where the
+  text starts with a space (transformers does not there); BOS before every text (unless
+  `tokenizer.ggml.add_bos_token` is false), EOS after where `add_eos_token` says so.
+
+Any other kind is not converted (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
+
+KINDS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}  # tokenizer.ggml.model
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
+SPACE = "\u2581"  # SentencePiece's stand-in for a space
+
+
+def gguf_tokenizer(fields: dict[str, Any]) -> str | None:
+    """tokenizer.json's text for the file's tokenizer, or None where it is of another kind."""
+    kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else None
+    if kind == "gpt2":
+        return _byte_level_bpe(fields)
+    if kind == "llama" and "tokenizer.ggml.scores" in fields:
+        return _sentencepiece_bpe(fields)
+    return None
+
+
+def _values(fields: dict[str, Any], key: str, default: Any = None) -> Any:
+    return fields[key].contents() if key in fields else default
+
+
+def _byte_level_bpe(fields: dict[str, Any]) -> str:
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"].contents()]
+    tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    kinds = _values(fields, "tokenizer.ggml.token_type", [])
+    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True)
+                                  for i, kind in enumerate(kinds) if kind == CONTROL])
+    return tokenizer.to_str()
+
+
+def _sentencepiece_bpe(fields: dict[str, Any]) -> str:
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    vocab = {token: i for i, token in enumerate(tokens)}
+    stored = _values(fields, "tokenizer.ggml.merges")
+    merges = ([tuple(merge.split(" ", 1)) for merge in stored] if stored
+              else merges_from_scores(vocab, fields["tokenizer.ggml.scores"].contents()))
+    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
+    # The space before the text as a normalizer (as Llama 2's own tokenizer.json has it), not
+    # Metaspace's prefix (transformers' GGUF reading), which skips a text that starts with a
+    # space: SentencePiece and llama.cpp put one before every text.
+    prefix = bool(_values(fields, "tokenizer.ggml.add_space_prefix", True))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend(SPACE)] * prefix + [normalizers.Replace(" ", SPACE)])
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tokenizer.decoder = decoders.Sequence(
+        steps + ([decoders.Strip(content=" ", left=1, right=0)] if prefix else []))
+    kinds = _values(fields, "tokenizer.ggml.token_type", [])
+    tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                  for i, kind in enumerate(kinds) if kind in (UNKNOWN, CONTROL)])
+    tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                          for i, kind in enumerate(kinds) if kind == USER_DEFINED])
+    tokenizer.post_processor = _bos_and_eos(fields, tokens)
+    return tokenizer.to_str()
+
+
+def merges_from_scores(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
+    """The merges a SentencePiece BPE vocabulary implies: each way of cutting a piece into two
+    pieces, the better the whole piece's score the earlier (then the shorter left part, then
+    the shorter right part, as transformers orders them)."""
+    found = []
+    for piece, score in zip(vocab, scores, strict=True):
+        cuts = sorted(((piece[:i], piece[i:]) for i in range(1, len(piece))
+                       if piece[:i] in vocab and piece[i:] in vocab),
+                      key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
+        found.extend((left, right, score) for left, right in cuts)
+    found.sort(key=lambda merge: (merge[2], len(merge[0]), len(merge[1])), reverse=True)
+    return [(left, right) for left, right, _ in found]
+
+
+def _bos_and_eos(fields: dict[str, Any], tokens: list[str]) -> processors.TemplateProcessing:
+    """BOS before each text (llama.cpp's default for this kind) and EOS after where the file
+    asks, as transformers' tokenizer adds them."""
+
+    def added(key: str, default: bool) -> list[tuple[str, int]]:
+        index = _values(fields, f"tokenizer.ggml.{key}_token_id")
+        wanted = _values(fields, f"tokenizer.ggml.add_{key}_token", default)
+        return [(tokens[index], int(index))] if index is not None and wanted else []
+
+    bos, eos = added("bos", True), added("eos", False)
+    start, end = [f"{token}:0" for token, _ in bos], [f"{token}:0" for token, _ in eos]
+    return processors.TemplateProcessing(
+        single=[*start, "$A:0", *end], pair=[*start, "$A:0", *end, *start, "$B:1", *end],
+        special_tokens=list(dict.fromkeys(bos + eos)))

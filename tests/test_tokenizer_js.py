@@ -3,8 +3,13 @@ text from Node.js (examples/node/tokenize.mjs) and from the page in headless Chr
 (examples/web/check-page.mjs --golden) equal the zoo's Python tokenizer's (zoo/files/
 tokenizer.py, which reads tokenizer.json with Python `tokenizers`), for the byte tokenizer, a
 GPT-2-style byte-level BPE tokenizer.json and a BERT-style WordPiece one, both trained here with
-`tokenizers` on the shipped text. Skips (or fails under ZOO_REQUIRE_NODE_WEB=1) as
-tests/test_node_web.py does."""
+`tokenizers` on the shipped text, and a Llama 2 style SentencePiece BPE as a GGUF import converts
+it; with and without the special tokens a whole sequence gets (`sequence`). Skips (or fails
+under ZOO_REQUIRE_NODE_WEB=1) as tests/test_node_web.py does.
+
+Not compared: SentencePiece byte pieces of a character cut short. Python's `tokenizers` (and
+SentencePiece itself) decode each of its bytes to a U+FFFD, @huggingface/tokenizers the cut
+sequence to one (as TextDecoder does); a byte that is never UTF-8 is one U+FFFD in both."""
 
 from __future__ import annotations
 
@@ -33,7 +38,13 @@ from tests.test_node_web import (
     run_node,
     serving,
 )
-from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
+from zoo.files.tokenizer import (
+    BYTE_TOKENIZER,
+    HF_TOKENIZER,
+    ByteTokenizer,
+    load_tokenizer,
+    sequence_ids,
+)
 from zoo.training.data import SHIPPED_TEXT
 
 TEXTS = [
@@ -53,6 +64,8 @@ DECODE = {
     "bytes": [[72, 105, 258, 33], [0xE6, 0x9D, 0xB1, 0x41], [0xE6, 0x9D], [0xFF, 0x41, 0xC0, 0xAF],
               [0xF0, 0x9F, 0x99], [0xED, 0xA0, 0x80, 0x41], [256, 257, 259]],
     "gpt2": [[0, 40, 41, 42], [300, 301, 0]],
+    # <s> pieces </s>; the byte pieces (ids 3 + byte) of 東; a byte that is never UTF-8
+    "spm": [[1, 300, 301, 2], [3 + 0xE6, 3 + 0x9D, 3 + 0xB1, 300], [300, 3 + 0xFF, 301]],
     "bert": [[2, 40, 41, 3], [4, 100, 101, 1]],
 }
 
@@ -95,19 +108,43 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     byte_level_bpe(text).save(str(made["gpt2"] / HF_TOKENIZER))
     byte_level_bpe(text).save(str(made["both"] / HF_TOKENIZER))
     wordpiece(text).save(str(made["bert"] / HF_TOKENIZER))
+    made["spm"] = root / "spm"
+    made["spm"].mkdir()
+    (made["spm"] / HF_TOKENIZER).write_text(sentencepiece_from_gguf(), encoding="utf-8")
     return made
+
+
+def sentencepiece_from_gguf() -> str:
+    """Llama 2's kind: a SentencePiece BPE trained here, as `zoo import` converts it from a GGUF
+    file's pieces, scores and types (zoo/files/gguf_tokenizer.py; BOS added to a sequence)."""
+    from tests.test_import_gguf import Field, sentencepiece_bpe, spm_type
+    from zoo.files.gguf_tokenizer import gguf_tokenizer
+
+    pieces = sentencepiece_bpe(600)
+    ids = range(pieces.get_piece_size())
+    converted = gguf_tokenizer({
+        "tokenizer.ggml.model": Field("llama"),
+        "tokenizer.ggml.tokens": Field([pieces.id_to_piece(i) for i in ids]),
+        "tokenizer.ggml.scores": Field([pieces.get_score(i) for i in ids]),
+        "tokenizer.ggml.token_type": Field([spm_type(pieces, i) for i in ids]),
+        "tokenizer.ggml.bos_token_id": Field(pieces.bos_id())})
+    assert converted is not None
+    return converted
 
 
 def python_golden(folder: Path, ids: list[list[int]]) -> dict:
     """What the zoo's Python tokenizer gives (`zoo run --text` encodes and decodes with it)."""
     tokenizer = load_tokenizer(folder)
     encoded = [tokenizer.encode(text) for text in TEXTS]
-    return {"encoded": [{"ids": row, "text": tokenizer.decode(row)} for row in encoded],
+    return {"encoded": [{"ids": row, "text": tokenizer.decode(row),
+                         "sequence": sequence_ids(tokenizer, text)}
+                        for row, text in zip(encoded, TEXTS, strict=True)],
             "decoded": [tokenizer.decode(row) for row in ids]}
 
 
 CASES = [("bytes", "bytes", "bytes"), ("gpt2", "tokenizer.json", "gpt2"),
-         ("bert", "tokenizer.json", "bert"), ("both", "bytes", "bytes")]
+         ("bert", "tokenizer.json", "bert"), ("both", "bytes", "bytes"),
+         ("spm", "tokenizer.json", "spm")]
 
 
 def assert_same(answer: dict, expected: dict, kind: str) -> None:

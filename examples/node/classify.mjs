@@ -86,7 +86,7 @@ async function main() {
     if (tokenizer === null) {
       throw new InputError(`${args.folder}: this export has no tokenizer; pass ids with --ids`);
     }
-    args.rows = args.texts.map((text) => tokenizer.encode(text));
+    args.rows = args.texts.map((text) => tokenizer.sequence(text)); // as Python's sequences
     if (args.rows.some((row) => row.length === 0)) throw new InputError('an empty --text');
   }
   const bad = args.rows.flat().find((id) => id >= card.vocab_size);

@@ -193,7 +193,8 @@ async function textPrompt(folder, manifest, text) {
   const stream = textStream(tokenizer);
   const write = (piece) => process.stdout.write(piece);
   return {
-    ids: tokenizer.encode(text),
+    // a decoder's prompt with its tokenizer's special tokens (BOS), as Python's zoo run
+    ids: manifest.family === 'decoder' ? tokenizer.sequence(text) : tokenizer.encode(text),
     start: () => manifest.family === 'decoder' && write(text),
     onToken: (token) => write(stream.push(token)),
     end: () => write(`${stream.end()}\n`),

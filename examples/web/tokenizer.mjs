@@ -24,6 +24,10 @@ class ByteTokenizer {
     return Array.from(new TextEncoder().encode(text));
   }
 
+  sequence(text) {
+    return this.encode(text); // no special tokens to add
+  }
+
   decode(ids) {
     return new TextDecoder('utf-8').decode(Uint8Array.from(ids.filter((id) => id < 256)));
   }
@@ -48,6 +52,10 @@ class WordTokenizer {
     return words.map((word) => this.index.get(word));
   }
 
+  sequence(text) {
+    return this.encode(text);
+  }
+
   decode(ids) {
     return ids.filter((id) => id >= 3 && id < this.words.length + 3)
       .map((id) => this.words[id - 3]).join(' ');
@@ -55,7 +63,7 @@ class WordTokenizer {
 }
 
 // A Hugging Face tokenizer.json, as Python's `tokenizers` uses it in the zoo: no special
-// tokens added when encoding, skipped when decoding, and no "clean up" of spaces (that is
+// tokens added when encoding a piece of text (`sequence` adds them), skipped when decoding, and no "clean up" of spaces (that is
 // transformers', not tokenizers', and @huggingface/tokenizers does it unless told not to).
 class HuggingFaceTokenizer {
   constructor(json, Tokenizer) {
@@ -65,6 +73,12 @@ class HuggingFaceTokenizer {
 
   encode(text) {
     return this.backend.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  // A whole sequence, with the special tokens its post-processor adds (BERT's [CLS] ... [SEP],
+  // Llama 2's BOS): what Python's sequence_ids gives for a sentence vector or a decoder prompt.
+  sequence(text) {
+    return this.backend.encode(text, { add_special_tokens: true }).ids;
   }
 
   decode(ids) {
@@ -144,7 +158,7 @@ export function golden(tokenizer, { texts = [], ids = [] }) {
   return {
     encoded: texts.map((text) => {
       const encoded = tokenizer.encode(text);
-      return { ids: encoded, text: tokenizer.decode(encoded) };
+      return { ids: encoded, text: tokenizer.decode(encoded), sequence: tokenizer.sequence(text) };
     }),
     decoded: ids.map((list) => tokenizer.decode(list)),
   };

@@ -264,6 +264,15 @@ def test_the_files_sentencepiece_bpe_becomes_what_sentencepiece_and_transformers
     assert result.exit_code == 0, result.output
     assert pieces.decode(greedy[0, 1:].tolist()) in result.output
 
+    # ONNX Runtime GenAI reads the same tokenizer.json to the same pieces and text; it adds no
+    # BOS whatever tokenizer_config.json says (LlamaTokenizer, add_bos_token: tried), so a
+    # GenAI caller puts it first
+    og = pytest.importorskip("onnxruntime_genai")
+    genai = og.Tokenizer(og.Model(str(tmp_path / "onnx")))
+    for text in SPM_TEXTS:
+        assert genai.encode(text).tolist() == pieces.encode(text), text
+        assert genai.decode(np.array([pieces.bos_id(), *pieces.encode(text)], np.int32)) == text
+
 
 class Field:
     """What gguf's reader gives for one key, as far as the conversion reads it."""

@@ -264,6 +264,14 @@ def test_the_files_sentencepiece_bpe_becomes_what_sentencepiece_and_transformers
     assert result.exit_code == 0, result.output
     assert pieces.decode(greedy[0, 1:].tolist()) in result.output
 
+    # the attention map is of what `zoo run` feeds: BOS first
+    result = CliRunner().invoke(cli.main, ["attention", str(tmp_path / "out"), "--text", prompt,
+                                           "--layer", "0", "-o", str(tmp_path / "map.png"),
+                                           "--json", str(tmp_path / "map.json")])
+    assert result.exit_code == 0, result.output
+    looked = json.loads((tmp_path / "map.json").read_text())
+    assert looked["key_ids"][:len(ids[0])] == ids[0].tolist()
+
     # ONNX Runtime GenAI reads the same tokenizer.json to the same pieces and text; it adds no
     # BOS whatever tokenizer_config.json says (LlamaTokenizer, add_bos_token: tried), so a
     # GenAI caller puts it first

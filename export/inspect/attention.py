@@ -28,7 +28,7 @@ from registry.paths import display_path
 from registry.sizes import attention_sizes
 from zoo.files.atomic import atomic_write_bytes, refuse_existing
 from zoo.files.sources import load_source
-from zoo.files.tokenizer import load_tokenizer
+from zoo.files.tokenizer import load_tokenizer, sequence_ids
 from zoo.files.weights import load_built
 from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid
 
@@ -93,7 +93,11 @@ def _prompt(request: Request, card: Card, folder: Path | None) -> tuple[list[int
         if tokenizer is None:
             raise AttentionError(f"{request.source}: no tokenizer here; pass token ids with "
                                  "--ids")
-        ids = tokenizer.encode(check_text(request.text))
+        text = check_text(request.text)
+        # what `zoo run` feeds: a whole sequence's special tokens (BOS, [CLS] ... [SEP]), but
+        # for a translation's source
+        ids = (tokenizer.encode(text) if card["family"] == "encoder-decoder"
+               else sequence_ids(tokenizer, text))
     else:
         ids = list(request.ids or [])
     check_ids(card, [ids], "--text" if request.text is not None else "--ids")

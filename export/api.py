@@ -90,7 +90,7 @@ class Exported:
                whole: bool = False) -> list[list[int]]:
         """Token ids of one prompt or a batch, checked against the vocabulary and
         max_positions; `what` names them in errors (`zoo run` says --text or --ids). `whole`:
-        each text is a whole sequence (a sentence vector's, a decoder's prompt), with its
+        each text is a whole sequence (a sentence vector's, a prompt, a source), with its
         tokenizer's special tokens."""
         batch = [prompts] if _is_one(prompts) else list(prompts)  # type: ignore[list-item]
         if not batch:
@@ -120,9 +120,10 @@ class Exported:
         if not self.runtime.family.generates:
             raise ZooError(f"{display_path(self.folder)}: a {self.card.family} export does not "
                            "generate; use embed, classify or masked_predictions")
-        # a decoder's text with its tokenizer's special tokens (Llama 2's BOS), as transformers'
-        # pipeline and llama.cpp encode a prompt; a chat prompt comes as ids, BOS in its template
-        batch = self.tokens(prompts, what, whole=self.runtime.family.continues_prompt)
+        # a text with its tokenizer's special tokens (Llama 2's BOS, a source's </s>), as
+        # transformers' pipelines and llama.cpp encode one; a chat prompt comes as ids (BOS in
+        # its template)
+        batch = self.tokens(prompts, what, whole=True)
         ids, mask = left_padded(batch, self.card["pad_token_id"])
         rows = generate(self.runtime, ids, mask, options.max_new_tokens, options.sampling(),
                         self.card["eos_token_id"])

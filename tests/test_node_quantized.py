@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import cli
 from export.opening import open_export
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS
+from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR
 from tests.test_node_web import (
     NODE_DIR,
     PROMPTS,
@@ -56,3 +56,18 @@ def test_classify_mjs_gives_zoo_runs_labels_and_probabilities(exports: Lazy) -> 
     got = json.loads(result.stdout)
     assert got["labels"] == expected["labels"]
     np.testing.assert_allclose(got["probabilities"], expected["probabilities"], atol=1e-5)
+
+
+@pytest.mark.parametrize("key", [TRANSLATOR])
+def test_generate_mjs_translates_from_text_as_zoo_run_does(key: str, exports: Lazy) -> None:
+    """A MarianMT export's source through its tokenizer.json (which adds </s> as a special
+    token, where Python's sentencepiece files append it): the same translation as zoo run."""
+    folder = exports[key]
+    for text in TRANSLATIONS:
+        python = CliRunner().invoke(cli.main, ["run", str(folder), "--text", text,
+                                               "--max-new-tokens", "24"])
+        assert python.exit_code == 0, python.output
+        result = run_node(NODE_DIR / "generate.mjs", str(folder), "--text", text,
+                          "--steps", "24")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == python.output.strip(), text

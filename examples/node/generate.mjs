@@ -193,8 +193,9 @@ async function textPrompt(folder, manifest, text) {
   const stream = textStream(tokenizer);
   const write = (piece) => process.stdout.write(piece);
   return {
-    // a decoder's prompt with its tokenizer's special tokens (BOS), as Python's zoo run
-    ids: manifest.family === 'decoder' ? tokenizer.sequence(text) : tokenizer.encode(text),
+    // the text with its tokenizer's special tokens (a decoder's BOS, a translation source's
+    // </s>), as Python's zoo run
+    ids: tokenizer.sequence(text),
     start: () => manifest.family === 'decoder' && write(text),
     onToken: (token) => write(stream.push(token)),
     end: () => write(`${stream.end()}\n`),

@@ -232,7 +232,7 @@ function readForm() {
 
 // The prompt's ids, and the text it shows as: typed text goes through the export's tokenizer;
 // typed ids (the raw path) are used as they are.
-function promptOf(request, tokenizer, card, seq2seq) {
+function promptOf(request, tokenizer, card) {
   if (request.ids) {
     const ids = parseIds(request.ids, card);
     return { ids, shown: tokenizer ? tokenizer.decode(ids) : '' };
@@ -241,9 +241,9 @@ function promptOf(request, tokenizer, card, seq2seq) {
     throw new PageError(`${request.folder}: this export has no tokenizer (byte-tokenizer.json ` +
                         'or tokenizer.json); type token ids instead');
   }
-  // a decoder's prompt with its tokenizer's special tokens (BOS), as Python's zoo run
-  const ids = seq2seq ? tokenizer.encode(request.text) : tokenizer.sequence(request.text);
-  return { ids, shown: request.text };
+  // the text with its tokenizer's special tokens (a decoder's BOS, a translation source's
+  // </s>), as Python's zoo run
+  return { ids: tokenizer.sequence(request.text), shown: request.text };
 }
 
 // Hand the browser the turn so the new text is painted (a message, not setTimeout, which
@@ -261,7 +261,7 @@ async function generate(request) {
   const { card } = manifest;
   const seq2seq = manifest.family === 'encoder-decoder';
   const tokenizer = await readTokenizer(request.folder, manifest);
-  const { ids, shown } = promptOf(request, tokenizer, card, seq2seq);
+  const { ids, shown } = promptOf(request, tokenizer, card);
   checkPrompt(ids, card, request.steps, seq2seq);
   const { session, feedsFor, first, graph } = await (seq2seq ? seq2seqSteps : decoderSteps)(
     request.folder, manifest, ids);

@@ -1,7 +1,9 @@
 // Text <-> ids for a zoo export, the same ids and text as the zoo's Python tokenizer
 // (zoo/files/tokenizer.py; docs/onnx-contract.md, section 6): byte-tokenizer.json,
-// tokenizer.json and the reversal demo's word-tokenizer.json (MarianMT's sentencepiece files
-// are not read here). One file for Node.js
+// tokenizer.json and the reversal demo's word-tokenizer.json (a MarianMT export's
+// sentencepiece files are not read here: its tokenizer.json is their translation, which adds
+// the source's </s> as a special token, so a source is encoded with `sequence`). One file for
+// Node.js
 // (examples/node) and the page: it lives in the page's folder because a page can load only
 // what its server serves, and it imports nothing itself: the caller hands in how to read a
 // file of the export and how to get the Tokenizer class of @huggingface/tokenizers

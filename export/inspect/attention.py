@@ -93,11 +93,8 @@ def _prompt(request: Request, card: Card, folder: Path | None) -> tuple[list[int
         if tokenizer is None:
             raise AttentionError(f"{request.source}: no tokenizer here; pass token ids with "
                                  "--ids")
-        text = check_text(request.text)
-        # what `zoo run` feeds: a whole sequence's special tokens (BOS, [CLS] ... [SEP]), but
-        # for a translation's source
-        ids = (tokenizer.encode(text) if card["family"] == "encoder-decoder"
-               else sequence_ids(tokenizer, text))
+        # what `zoo run` feeds: the text with its special tokens (BOS, [CLS] ... [SEP], </s>)
+        ids = sequence_ids(tokenizer, check_text(request.text))
     else:
         ids = list(request.ids or [])
     check_ids(card, [ids], "--text" if request.text is not None else "--ids")

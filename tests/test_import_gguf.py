@@ -315,6 +315,39 @@ def test_the_files_bos_and_eos_flags_decide_what_a_text_gets() -> None:
     assert tokenizer.encode("ab a").ids == [1, 6, 5, 6, 2]  # <s> ▁a b ▁a </s>
 
 
+def small_vocabulary() -> dict[str, Field]:
+    """A SentencePiece vocabulary without byte pieces: <unk> <s> </s> ▁ a b ▁a ab."""
+    tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"]
+    return {"tokenizer.ggml.model": Field("llama"), "tokenizer.ggml.tokens": Field(tokens),
+            "tokenizer.ggml.scores": Field([0.0] * 6 + [-1.0, -2.0]),
+            "tokenizer.ggml.token_type": Field([2, 3, 3, 1, 1, 1, 1, 1]),
+            "tokenizer.ggml.bos_token_id": Field(1)}
+
+
+def test_a_character_with_no_piece_is_unk_as_sentencepiece_gives_it() -> None:
+    from tokenizers import Tokenizer
+
+    from zoo.files.gguf_tokenizer import gguf_tokenizer
+
+    tokenizer = Tokenizer.from_str(gguf_tokenizer(small_vocabulary()))
+    assert tokenizer.encode("axb").ids == [1, 6, 0, 5]  # <s> ▁a <unk> b: x kept as <unk>
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"tokenizer.ggml.scores": Field([0.0] * 7)}, "tokenizer.ggml.scores has 7 entries for 8"),
+    ({"tokenizer.ggml.token_type": Field([1] * 9)}, "token_type has 9 entries for 8 tokens"),
+    ({"tokenizer.ggml.tokens": Field(["<unk>", "<s>", "</s>", "a", "a", "b", "ba", "ab"])},
+     "holds 'a' more than once"),
+    ({"tokenizer.ggml.unknown_token_id": Field(8)}, "unknown_token_id 8 is not a token id"),
+])
+def test_lists_that_are_not_one_vocabulary_are_one_line(change: dict, message: str) -> None:
+    from registry.errors import ZooError
+    from zoo.files.gguf_tokenizer import gguf_tokenizer
+
+    with pytest.raises(ZooError, match=f"^tiny.gguf: .*{message}"):
+        gguf_tokenizer(small_vocabulary() | change, "tiny.gguf")
+
+
 TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n"
             "{% endfor %}{% if add_generation_prompt %}<|start|>assistant\n{% endif %}")
 

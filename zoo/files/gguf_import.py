@@ -188,13 +188,14 @@ def _vocab_size(reader: Any, where: str) -> int:
 
 def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, str | None]:
     """(tokenizer.json's bytes, where they came from): a tokenizer.json beside the file
-    (checked, as from a folder) first, else the file's own byte-level BPE, else none."""
+    (checked, as from a folder) first, else the file's own byte-level or SentencePiece BPE
+    (gguf_tokenizer.py), else none."""
     beside = source_file(path.parent, HF_TOKENIZER)
     if beside.is_file():
         check_tokenizer_file(beside)
         content, origin = beside.read_bytes(), display_path(beside)
     else:
-        converted = gguf_tokenizer(reader.fields)
+        converted = gguf_tokenizer(reader.fields, display_path(path))
         if converted is None:
             return None, None
         kind = reader.fields["tokenizer.ggml.model"].contents()

@@ -17,6 +17,7 @@ Any other kind is not converted (None).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from tokenizers import (
@@ -29,19 +30,33 @@ from tokenizers import (
     processors,
 )
 
+from registry.errors import ZooError
+
 KINDS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}  # tokenizer.ggml.model
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
 SPACE = "\u2581"  # SentencePiece's stand-in for a space
 
 
-def gguf_tokenizer(fields: dict[str, Any]) -> str | None:
-    """tokenizer.json's text for the file's tokenizer, or None where it is of another kind."""
+def gguf_tokenizer(fields: dict[str, Any], where: str = "the GGUF file") -> str | None:
+    """tokenizer.json's text for the file's tokenizer, or None where it is of another kind;
+    lists that do not describe one vocabulary are refused in one line (`where`: the file)."""
     kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else None
+    if kind not in KINDS or (kind == "llama" and "tokenizer.ggml.scores" not in fields):
+        return None
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in fields and len(fields[key].contents()) != len(tokens):
+            raise ZooError(f"{where}: {key} has {len(fields[key].contents())} entries for "
+                           f"{len(tokens)} tokens")
     if kind == "gpt2":
         return _byte_level_bpe(fields)
-    if kind == "llama" and "tokenizer.ggml.scores" in fields:
-        return _sentencepiece_bpe(fields)
-    return None
+    repeated = [token for token, count in Counter(tokens).items() if count > 1]
+    if repeated:  # SentencePiece's pieces are unique
+        raise ZooError(f"{where}: tokenizer.ggml.tokens holds {repeated[0]!r} more than once")
+    unknown = _values(fields, "tokenizer.ggml.unknown_token_id")
+    if unknown is not None and not 0 <= unknown < len(tokens):
+        raise ZooError(f"{where}: tokenizer.ggml.unknown_token_id {unknown} is not a token id")
+    return _sentencepiece_bpe(fields)
 
 
 def _values(fields: dict[str, Any], key: str, default: Any = None) -> Any:
@@ -66,7 +81,13 @@ def _sentencepiece_bpe(fields: dict[str, Any]) -> str:
     stored = _values(fields, "tokenizer.ggml.merges")
     merges = ([tuple(merge.split(" ", 1)) for merge in stored] if stored
               else merges_from_scores(vocab, fields["tokenizer.ggml.scores"].contents()))
-    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True))
+    # a character with neither a piece nor byte pieces is <unk>, as SentencePiece gives it
+    # (without an unk_token the BPE drops it)
+    kinds = _values(fields, "tokenizer.ggml.token_type", [])
+    unknown = _values(fields, "tokenizer.ggml.unknown_token_id",
+                      next((i for i, kind in enumerate(kinds) if kind == UNKNOWN), None))
+    tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True,
+                                     unk_token=None if unknown is None else tokens[unknown]))
     # The space before the text as a normalizer (as Llama 2's own tokenizer.json has it), not
     # Metaspace's prefix (transformers' GGUF reading), which skips a text that starts with a
     # space: SentencePiece and llama.cpp put one before every text.
@@ -76,7 +97,6 @@ def _sentencepiece_bpe(fields: dict[str, Any]) -> str:
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     tokenizer.decoder = decoders.Sequence(
         steps + ([decoders.Strip(content=" ", left=1, right=0)] if prefix else []))
-    kinds = _values(fields, "tokenizer.ggml.token_type", [])
     tokenizer.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                   for i, kind in enumerate(kinds) if kind in (UNKNOWN, CONTROL)])
     tokenizer.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
@@ -87,8 +107,9 @@ def _sentencepiece_bpe(fields: dict[str, Any]) -> str:
 
 def merges_from_scores(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
     """The merges a SentencePiece BPE vocabulary implies: each way of cutting a piece into two
-    pieces, the better the whole piece's score the earlier (then the shorter left part, then
-    the shorter right part, as transformers orders them)."""
+    pieces, the better the whole piece's score the earlier (on a tie the longer left part, then
+    the longer right part, as transformers orders them). `vocab` holds each piece once, in id
+    order, so it pairs with `scores`."""
     found = []
     for piece, score in zip(vocab, scores, strict=True):
         cuts = sorted(((piece[:i], piece[i:]) for i in range(1, len(piece))

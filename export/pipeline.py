@@ -12,14 +12,15 @@ from torch import nn
 
 from export.checks.agreement import AgreementReport
 from export.checks.parity import Report
-from export.checks.quality import GateReport
+from export.checks.quality import GateReport, calibration_batch
 from export.checks.verify import verify
 from export.families import family_of
 from export.onnx.writer import export_onnx
 from export.opening import open_staged
 from export.options import ExportOptions
 from registry.catalog import Card
-from zoo.files.tokenizer import tokenizer_files
+from registry.paths import display_path
+from zoo.files.tokenizer import load_tokenizer, tokenizer_files
 
 
 @dataclass
@@ -55,6 +56,10 @@ def export_and_verify(
     options.check()  # before minutes of exporting
     family = family_of(card)  # once: the writer, the variants and the check share it
     family.check_quantization(card, options.quantize)
+    if options.calibration is not None:  # every refusal of the file before the trace
+        tokenizer = load_tokenizer(source_folder) if source_folder is not None else None
+        calibration_batch(card, tokenizer, options.calibration_rows(),
+                          display_path(options.calibration))
 
     def verify_staged(staging: Path, manifest: dict[str, Any]
                       ) -> Report | AgreementReport | GateReport:

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import export.onnx.dynamic
+import export.onnx.writer
 from cli import main
 from export.checks.quality import CALIBRATION_LONGEST, CALIBRATION_ROWS, calibration_batch
 from export.onnx.contract import MANIFEST
@@ -51,6 +52,7 @@ def test_too_few_rows_or_no_tokenizer_is_one_line() -> None:
     rows = [TextRow(text, line) for line, text in enumerate(texts()[:3], start=1)]
     with pytest.raises(Exception, match=r"rows\.txt: 3 rows; calibration needs at least 8"):
         calibration_batch(card("bert-tiny"), ByteTokenizer(), rows, "rows.txt")
+    rows = [TextRow(text, line) for line, text in enumerate(texts(), start=1)]
     with pytest.raises(Exception, match=r"rows\.txt: --calibration needs the export's tokenizer"):
         calibration_batch(card("bert-tiny"), None, rows, "rows.txt")
 
@@ -92,22 +94,26 @@ def test_an_int8_dynamic_export_calibrates_on_the_file_given(
     assert calibration == f"{CALIBRATION_ROWS} rows of {display_path(data)}"
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    (["--quantize", "int8"], "--calibration: only --quantize int8-dynamic calibrates"),
-    (["--quantize", "int8-dynamic", "--calibration-missing"], "no such data file"),
-    (["--quantize", "int8-dynamic", "--calibration-empty"], "data file is empty"),
+@pytest.mark.parametrize(("case", "message"), [
+    ("int8", "--calibration: only --quantize int8-dynamic calibrates"),
+    ("missing", "no such data file"),
+    ("empty", "data file is empty"),
+    ("short", "3 rows; calibration needs at least 8"),
+    ("no tokenizer", "--calibration needs the export's tokenizer"),  # the bert-tiny card's
 ])
 def test_a_calibration_it_cannot_use_is_refused_before_any_work(
-        extra: list[str], message: str, tmp_path: Path) -> None:
+        case: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def traced(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("traced before refusing")
+
+    monkeypatch.setattr(export.onnx.writer, "export_graph", traced)
     data = tmp_path / "data.txt"
-    if "--calibration-empty" in extra:
-        data.write_text("\n", encoding="utf-8")
-    else:
-        data.write_text("".join(text + "\n" for text in texts()), encoding="utf-8")
-    if "--calibration-missing" in extra:
+    rows = {"empty": [""], "short": texts()[:3]}.get(case, texts())
+    data.write_text("".join(text + "\n" for text in rows), encoding="utf-8")
+    if case == "missing":
         data = tmp_path / "missing.txt"
-    quantize = [arg for arg in extra if not arg.startswith("--calibration")]
+    quantize = "int8" if case == "int8" else "int8-dynamic"
     (tmp_path / "out").mkdir()
     assert_refused_and_nothing_written(
-        ["export", "bert-tiny", "--onnx", *quantize, "--calibration", str(data)],
+        ["export", "bert-tiny", "--onnx", "--quantize", quantize, "--calibration", str(data)],
         tmp_path / "out" / "export", message)

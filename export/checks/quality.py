@@ -141,12 +141,12 @@ def calibration_batch(card: Any, tokenizer: Tokenizer | None,
     file, each cut to CALIBRATION_LONGEST tokens."""
     if texts is None:
         return mixed_batch(card, CALIBRATION_SEED, tokenizer, CALIBRATION_ROWS, CALIBRATION_LINE)
-    if tokenizer is None:
-        raise ZooError(f"{where}: --calibration needs the export's tokenizer to read it, and "
-                       "this model has none (it calibrates on random ids without the option)")
     if len(texts) < MIN_CALIBRATION_ROWS:
         raise ZooError(f"{where}: {len(texts)} rows; calibration needs at least "
                        f"{MIN_CALIBRATION_ROWS}")
+    if tokenizer is None:
+        raise ZooError(f"{where}: --calibration needs the export's tokenizer to read it, and "
+                       "this model has none (it calibrates on random ids without the option)")
     picked = np.linspace(0, len(texts) - 1, min(CALIBRATION_ROWS, len(texts))).round()
     longest = min(CALIBRATION_LONGEST, card["max_positions"])
     prompts = []

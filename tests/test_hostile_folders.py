@@ -113,6 +113,23 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused_before_it_is_rea
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("layout", [{"graphs": {"../secret.onnx": {}}}, "x", {},
+                                    {"graphs": ["../secret.onnx"]}])
+def test_a_manifest_layout_naming_a_file_outside_or_nothing_is_one_line(
+        tmp_path: Path, layout: object) -> None:
+    """The clients' layout entry: its graphs are checked as `graphs` are (a list of names was
+    not checked at all), and one that is not a mapping of graphs is refused in one line."""
+    export = fake_export(tmp_path / "exp", "data.bin")
+    manifest = json.loads((export / MANIFEST).read_text())
+    manifest["layout"] = layout
+    (export / MANIFEST).write_text(json.dumps(manifest))
+    (tmp_path / "secret.onnx").write_bytes(b"secret")
+    outside = layout == {"graphs": {"../secret.onnx": {}}}
+    says = (["'../secret.onnx'", "leaves the folder"] if outside
+            else ["field 'layout' should hold 'graphs'"])
+    assert_refused(zoo("parity", str(export)), MANIFEST, *says)
+
+
 @pytest.mark.parametrize("stored_as", [{"onnx/model.onnx": "../secret.onnx"},
                                        {"onnx/model.onnx": ["onnx/model.onnx"]}, "model.onnx"])
 def test_a_manifest_whose_stored_as_names_no_listed_graph_is_one_line(

@@ -116,15 +116,16 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     if not isinstance(graphs, dict):
         raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
     generation = manifest.get("generation")
-    layout = manifest.get(LAYOUT, {})
+    layout = manifest.get(LAYOUT, {"graphs": {}})
     layout_graphs = layout.get("graphs") if isinstance(layout, dict) else None
-    _check_stored_as(manifest.get("quantization"),
-                     {**graphs, **(layout_graphs if isinstance(layout_graphs, dict) else {})},
-                     where)
+    if not isinstance(layout_graphs, dict) or not all(isinstance(name, str)
+                                                      for name in layout_graphs):
+        raise ManifestError(f"{where}: field '{LAYOUT}' should hold 'graphs', mapping file "
+                            "names to their names")
+    _check_stored_as(manifest.get("quantization"), {**graphs, **layout_graphs}, where)
     named = [("files", name) for name in manifest["files"]]
     named += [("graphs", name) for name in graphs]
-    if isinstance(layout_graphs, dict):
-        named += [(f"{LAYOUT}.graphs", name) for name in layout_graphs]
+    named += [(f"{LAYOUT}.graphs", name) for name in layout_graphs]
     if isinstance(generation, dict) and "file" in generation:
         named.append(("generation.file", generation["file"]))
     for field, name in named:

@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 
 from export.family import Family
-from export.onnx.contract import LAYOUT, stored_files
+from export.onnx.contract import LAYOUT, MANIFEST, stored_files
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.paths import display_path
@@ -206,4 +206,7 @@ class Runtime:
         if file not in self.graphs and file in self.layout_files:
             self.graphs[file] = Graph(self.folder / self.layout_files[file], self.provider,
                                       self.threads)
+        if file not in self.graphs:  # a manifest that lists less than its family runs
+            raise OrtError(f"{display_path(self.folder)}: {file} is not among the graphs "
+                           f"{MANIFEST} lists")
         return self.graphs[file].run(feeds)

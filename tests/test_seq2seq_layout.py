@@ -127,8 +127,10 @@ def test_the_variants_keep_the_layout(shared_export: SharedExport, variant: str)
         assert not (folder / LAYOUT_ENCODER).exists() and not (folder / LAYOUT_DECODER).exists()
         assert manifest["quantization"]["stored_as"] == {LAYOUT_ENCODER: encoder,
                                                          LAYOUT_DECODER: decoder}
-    ops = {node.op_type for node in onnx.load(str(folder / decoder)).graph.node[0]
-           .attribute[0].g.node}  # the later steps' branch: decoder.onnx's own nodes
+    branches = {attribute.name: attribute.g for attribute
+                in onnx.load(str(folder / decoder)).graph.node[0].attribute}
+    ops = {node.op_type for node in branches["then_branch"].node}  # use_cache_branch: the
+    # later steps' branch, decoder.onnx's own nodes
     decoder_ops = {node.op_type for node in onnx.load(str(folder / "decoder.onnx")).graph.node}
     assert decoder_ops <= ops | {"Constant"}
     if variant == "int8":

@@ -94,24 +94,22 @@ def classify_command(request: CorpusRequest, progress: RowsProgress = lambda *a:
 
 def _runs(request: CorpusRequest, progress: RowsProgress, truth: Rows | None,
           classifier: bool = False) -> tuple[Run | None, Run]:
-    """(the reference's run or None, the export's run): the reference first, so that a bad
-    reference stops the command before the export's work."""
+    """(the reference's run or None, the export's run): both exports opened and compared
+    before either runs the rows, the reference run first."""
     refuse_existing(request.out, request.force)  # before minutes of work
     check_writable(request.out)
-    reference = None
-    if request.against is not None:
-        reference = _run(replace(request, folder=request.against), progress, truth, classifier)
-    run = _run(request, progress, truth, classifier)
-    if reference is not None and classifier and (
-            label_names(reference.exported.card) != label_names(run.exported.card)):
-        raise ZooError(f"{display_path(request.against)}: its classes "
-                       f"{label_names(reference.exported.card)} are not "
-                       f"{display_path(request.folder)}'s {label_names(run.exported.card)}")
-    return reference, run
+    exported = _opened(request, classifier)
+    if request.against is None:
+        return None, _run(exported, request, progress, truth)
+    against = replace(request, folder=request.against)
+    reference = _opened(against, classifier)
+    _check_comparable(reference, exported, request, classifier)
+    return (_run(reference, against, progress, truth),
+            _run(exported, request, progress, truth))
 
 
-def _run(request: CorpusRequest, progress: RowsProgress, truth: Rows | None, classifier: bool
-         ) -> Run:
+def _opened(request: CorpusRequest, classifier: bool) -> Exported:
+    """The export, refused in one line where it cannot do the command's work."""
     exported = load(request.folder, request.provider, request.threads)
     card, where = exported.card, display_path(request.folder)
     if card["pooling"] is None:
@@ -121,6 +119,27 @@ def _run(request: CorpusRequest, progress: RowsProgress, truth: Rows | None, cla
                        "vectors")
     if exported.tokenizer is None:
         raise ZooError(f"{where}: this export has no tokenizer to read the texts with")
+    return exported
+
+
+def _check_comparable(reference: Exported, exported: Exported, request: CorpusRequest,
+                      classifier: bool) -> None:
+    """--against a model whose vectors or classes are not the export's: one line, before
+    either runs the rows."""
+    assert request.against is not None
+    against, where = display_path(request.against), display_path(request.folder)
+    widths = reference.card["d_model"], exported.card["d_model"]
+    if widths[0] != widths[1]:
+        raise ZooError(f"{against}: its sentence vectors have {widths[0]} values, "
+                       f"{where}'s {widths[1]}: they cannot be compared")
+    if classifier and label_names(reference.card) != label_names(exported.card):
+        raise ZooError(f"{against}: its classes {label_names(reference.card)} are not "
+                       f"{where}'s {label_names(exported.card)}")
+
+
+def _run(exported: Exported, request: CorpusRequest, progress: RowsProgress,
+         truth: Rows | None) -> Run:
+    card = exported.card
     # the labels checked against the classes before the rows are run
     expected = None if truth is None else label_ids(truth, card["labels"], card["num_labels"])
     prompts = _tokenized(exported, request)

@@ -37,6 +37,7 @@ from export.onnx.contract import (
     USE_CACHE_BRANCH,
     past_names,
 )
+from export.onnx.trace import ExportError
 from registry.catalog import Card
 from registry.schema import target_vocab_size
 from registry.sizes import attention_sizes
@@ -92,7 +93,8 @@ def _needed(graph: onnx.GraphProto, outputs: Iterable[str], available: set[str]
             continue
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                for a in node.attribute):
-            raise ValueError(f"{node.op_type} node {node.name!r}: subgraphs are not carried over")
+            raise ExportError(f"the clients' decoder layout: {node.op_type} node "
+                              f"{node.name!r} holds a subgraph, which is not carried over")
         kept.add(id(node))
         stack.extend(node.input)
     return [node for node in graph.node if id(node) in kept]

@@ -117,3 +117,15 @@ def test_a_calibration_it_cannot_use_is_refused_before_any_work(
     assert_refused_and_nothing_written(
         ["export", "bert-tiny", "--onnx", "--quantize", quantize, "--calibration", str(data)],
         tmp_path / "out" / "export", message)
+
+
+def test_an_onnx_runtime_failure_in_calibration_is_one_line(
+        embedder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : probe failed\nmore")
+
+    monkeypatch.setattr(export.onnx.dynamic, "prepare_for_int8", failing)
+    (tmp_path / "out").mkdir()
+    assert_refused_and_nothing_written(
+        ["export", str(embedder), "--onnx", "--quantize", "int8-dynamic"],
+        tmp_path / "out" / "export", "--quantize int8-dynamic: calibration: [ONNXRuntimeError]")

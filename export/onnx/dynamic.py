@@ -65,8 +65,11 @@ def quantize_dynamic_graph(model: onnx.ModelProto, settings: DynamicSettings, d_
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     fold_transposed_weights(model)
-    report = prepare_for_int8(model, calibration, d_model, d_ff,
-                              weight_levels=64 if settings.reduce_range else 127)
+    try:  # the calibration probe runs the fp32 graph in ONNX Runtime
+        report = prepare_for_int8(model, calibration, d_model, d_ff,
+                                  weight_levels=64 if settings.reduce_range else 127)
+    except Exception as exc:  # ORT's own exception types; report one line
+        raise QuantizeError(f"--quantize {DYNAMIC}: calibration: {first_line(exc)}") from exc
     with tempfile.TemporaryDirectory() as scratch, quiet_loggers(
             "onnxruntime", "onnxruntime.quantization", disable=logging.WARNING):
         path = Path(scratch) / "quantized.onnx"

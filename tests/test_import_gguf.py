@@ -324,6 +324,40 @@ def small_vocabulary() -> dict[str, Field]:
             "tokenizer.ggml.bos_token_id": Field(1)}
 
 
+def test_a_large_sentencepiece_vocabulary_converts_to_its_ids_on_every_line() -> None:
+    """8,000 pieces (digits split, whitespace pieces, as Llama 2's): the converted tokenizer
+    gives SentencePiece's ids and text on every line of the shipped text and on passages."""
+    import io
+
+    import sentencepiece
+    from tokenizers import Tokenizer
+
+    from zoo.files.gguf_tokenizer import gguf_tokenizer
+    from zoo.training.data import SHIPPED_TEXT
+
+    lines = [line for line in SHIPPED_TEXT.read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="bpe", vocab_size=8000,
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, character_coverage=1.0, split_digits=True,
+        allow_whitespace_only_pieces=True, minloglevel=2)
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    ids = range(pieces.get_piece_size())
+    tokenizer = Tokenizer.from_str(gguf_tokenizer({
+        "tokenizer.ggml.model": Field("llama"),
+        "tokenizer.ggml.tokens": Field([pieces.id_to_piece(i) for i in ids]),
+        "tokenizer.ggml.scores": Field([pieces.get_score(i) for i in ids]),
+        "tokenizer.ggml.token_type": Field([spm_type(pieces, i) for i in ids]),
+        "tokenizer.ggml.bos_token_id": Field(pieces.bos_id())}))
+    texts = lines + [" ".join(lines[i:i + 5]) for i in range(0, 2000, 5)] + SPM_TEXTS
+    for text in texts:
+        expected = [pieces.bos_id(), *pieces.encode(text)]
+        assert tokenizer.encode(text).ids == expected, text
+        assert tokenizer.decode(expected) == pieces.decode(expected[1:]), text
+
+
 def test_a_character_with_no_piece_is_unk_as_sentencepiece_gives_it() -> None:
     from tokenizers import Tokenizer
 

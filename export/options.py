@@ -39,11 +39,10 @@ class ExportOptions:
         require_provider(self.provider)
         if self.quantize:
             check_choice(self.quantize)
-        if self.calibration is not None:
-            if self.quantize != DYNAMIC:
-                raise ZooError(f"--calibration: only --quantize {DYNAMIC} calibrates (it "
-                               "measures activations); drop it or add that")
-            self.calibration_rows()  # a bad file stops the export here, before any work
+        # the file itself is read (and refused) by export_and_verify, before the trace
+        if self.calibration is not None and self.quantize != DYNAMIC:
+            raise ZooError(f"--calibration: only --quantize {DYNAMIC} calibrates (it "
+                           "measures activations); drop it or add that")
 
     def calibration_rows(self) -> list[TextRow] | None:
         """--calibration's texts (one a line, or .jsonl / .csv with a 'text' column), or None:

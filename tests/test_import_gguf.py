@@ -205,6 +205,17 @@ def spm_type(pieces: Any, index: int) -> int:
     return 1
 
 
+def spm_fields(pieces: Any) -> dict[str, Any]:
+    """A SentencePiece model as gguf's reader gives its tokenizer keys (pieces, scores, types,
+    BOS), for the conversion without a file."""
+    ids = range(pieces.get_piece_size())
+    return {"tokenizer.ggml.model": Field("llama"),
+            "tokenizer.ggml.tokens": Field([pieces.id_to_piece(i) for i in ids]),
+            "tokenizer.ggml.scores": Field([pieces.get_score(i) for i in ids]),
+            "tokenizer.ggml.token_type": Field([spm_type(pieces, i) for i in ids]),
+            "tokenizer.ggml.bos_token_id": Field(pieces.bos_id())}
+
+
 def sentencepiece_bpe(size: int) -> Any:
     """A SentencePiece BPE trained here on the shipped text with Llama 2's settings (byte
     fallback, the text as it is, a space put before it; <unk> <s> </s> as ids 0-2)."""
@@ -299,14 +310,10 @@ def test_the_files_bos_and_eos_flags_decide_what_a_text_gets() -> None:
 
     from zoo.files.gguf_tokenizer import gguf_tokenizer
 
-    tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a", "ab"]
-    fields = {"tokenizer.ggml.model": Field("llama"), "tokenizer.ggml.tokens": Field(tokens),
-              "tokenizer.ggml.scores": Field([0.0] * 6 + [-1.0, -2.0]),
-              "tokenizer.ggml.token_type": Field([2, 3, 3, 1, 1, 1, 1, 1]),
-              "tokenizer.ggml.bos_token_id": Field(1), "tokenizer.ggml.eos_token_id": Field(2),
-              "tokenizer.ggml.add_bos_token": Field(False),
-              "tokenizer.ggml.add_eos_token": Field(True),
-              "tokenizer.ggml.add_space_prefix": Field(False)}
+    fields = small_vocabulary() | {"tokenizer.ggml.eos_token_id": Field(2),
+                                   "tokenizer.ggml.add_bos_token": Field(False),
+                                   "tokenizer.ggml.add_eos_token": Field(True),
+                                   "tokenizer.ggml.add_space_prefix": Field(False)}
     tokenizer = Tokenizer.from_str(gguf_tokenizer(fields))
     assert tokenizer.encode("ab a").ids == [7, 6, 2]  # ab, ▁a, </s>: no <s>, no ▁ first
     fields["tokenizer.ggml.add_space_prefix"] = Field(True)
@@ -344,13 +351,7 @@ def test_a_large_sentencepiece_vocabulary_converts_to_its_ids_on_every_line() ->
         add_dummy_prefix=True, character_coverage=1.0, split_digits=True,
         allow_whitespace_only_pieces=True, minloglevel=2)
     pieces = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
-    ids = range(pieces.get_piece_size())
-    tokenizer = Tokenizer.from_str(gguf_tokenizer({
-        "tokenizer.ggml.model": Field("llama"),
-        "tokenizer.ggml.tokens": Field([pieces.id_to_piece(i) for i in ids]),
-        "tokenizer.ggml.scores": Field([pieces.get_score(i) for i in ids]),
-        "tokenizer.ggml.token_type": Field([spm_type(pieces, i) for i in ids]),
-        "tokenizer.ggml.bos_token_id": Field(pieces.bos_id())}))
+    tokenizer = Tokenizer.from_str(gguf_tokenizer(spm_fields(pieces)))
     texts = lines + [" ".join(lines[i:i + 5]) for i in range(0, 2000, 5)] + SPM_TEXTS
     for text in texts:
         expected = [pieces.bos_id(), *pieces.encode(text)]

@@ -117,17 +117,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def sentencepiece_from_gguf() -> str:
     """Llama 2's kind: a SentencePiece BPE trained here, as `zoo import` converts it from a GGUF
     file's pieces, scores and types (zoo/files/gguf_tokenizer.py; BOS added to a sequence)."""
-    from tests.test_import_gguf import Field, sentencepiece_bpe, spm_type
+    from tests.test_import_gguf import sentencepiece_bpe, spm_fields
     from zoo.files.gguf_tokenizer import gguf_tokenizer
 
-    pieces = sentencepiece_bpe(600)
-    ids = range(pieces.get_piece_size())
-    converted = gguf_tokenizer({
-        "tokenizer.ggml.model": Field("llama"),
-        "tokenizer.ggml.tokens": Field([pieces.id_to_piece(i) for i in ids]),
-        "tokenizer.ggml.scores": Field([pieces.get_score(i) for i in ids]),
-        "tokenizer.ggml.token_type": Field([spm_type(pieces, i) for i in ids]),
-        "tokenizer.ggml.bos_token_id": Field(pieces.bos_id())})
+    converted = gguf_tokenizer(spm_fields(sentencepiece_bpe(600)))
     assert converted is not None
     return converted
 

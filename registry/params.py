@@ -91,7 +91,7 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         heads += d * d + d + norm + vocab  # transform, norm, output bias
     if card["num_labels"]:
         heads += d * card["num_labels"] + card["num_labels"]  # the classifier's linear
-    # A decoder with a pooling is a sequence model: no LM head (zoo/build.py).
+    # A decoder with a pooling is a sequence model: no LM head (zoo/assemble.py).
     has_output = (family == "encoder-decoder" or card["mlm_head"]
                   or (family == "decoder" and card["pooling"] is None))
     output_vocab = target if family == "encoder-decoder" else vocab

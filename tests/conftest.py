@@ -146,7 +146,7 @@ def trained_gpt_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], P
     out = tmp_path_factory.mktemp("trained") / "gpt-tiny-trained"
 
     def folder() -> Path:
-        from zoo.build import build_model
+        from zoo.assemble import build_model
         from zoo.training.train import TrainOptions, train
 
         if not out.exists():
@@ -227,7 +227,7 @@ def shared_export(tmp_path_factory: pytest.TempPathFactory,
     card is traced again in another worker: that is a failure here, not a silent cost."""
     from export.options import ExportOptions
     from export.pipeline import export_and_verify
-    from zoo.build import build_model
+    from zoo.assemble import build_model
 
     root = tmp_path_factory.mktemp("shared-exports")
     made: dict[tuple[str, str], tuple[Path, Any]] = {}

@@ -176,7 +176,7 @@ MUTANTS = [
     Mutant("output-bias-dropped", "zoo/blocks/heads.py",
            "return F.linear(x, weight, self.bias)", "return F.linear(x, weight)",
            ("tests/test_pinned_outputs.py::test_output_bias_is_added_to_the_final_logits",)),
-    Mutant("output-bias-not-built", "zoo/build.py",
+    Mutant("output-bias-not-built", "zoo/assemble.py",
            'bias=c["output_bias"])', "bias=False)",
            ("tests/test_pinned_outputs.py::test_output_bias_is_added_to_the_final_logits",)),
     Mutant("beams-start-identical", "export/runtime/sampling.py",

@@ -29,8 +29,8 @@ from tests.conftest import (
     prompt_feeds,
     random_ids,
 )
+from zoo.assemble import build_model
 from zoo.blocks.attention import recorded_attentions
-from zoo.build import build_model
 
 # The tests that read the session's shared exports run in their card's pytest-xdist group, so
 # each export is made once (tests/conftest.py: shared_export, on_shared).

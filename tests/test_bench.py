@@ -37,7 +37,7 @@ from tests.conftest import (
     traces_reused,
 )
 from tests.contract_doc import documented_contract, documented_layout, documented_stored_name
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
 # The tests that read the session's shared exports run in their card's pytest-xdist group, so

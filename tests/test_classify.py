@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import cli
 from registry.params import count_parameters
 from tests.conftest import card, count_module_parameters, random_ids
-from zoo.build import build_model
+from zoo.assemble import build_model
 
 ENCODER_CLASSIFIER = {"pooling": "cls", "num_labels": 3, "mlm_head": False}
 DECODER_CLASSIFIER = {"pooling": "last", "num_labels": 3}

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import cli
 from tests.conftest import card
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.weights import load_built, save_built
 from zoo.training.checkpoints import latest_checkpoint
 from zoo.training.classify import prepare_classifier

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import cli
 from export.onnx.manifest import read_manifest
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card, export_card
-from zoo.build import build_model
+from zoo.assemble import build_model
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
 

@@ -35,7 +35,7 @@ from tests.conftest import (
     on_shared,
 )
 from tests.contract_doc import documented_contract
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
 

@@ -14,7 +14,7 @@ import torch
 
 from registry.params import count_parameters
 from tests.conftest import SharedExport, card, on_shared, random_ids, renamed
-from zoo.build import build_model
+from zoo.assemble import build_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,8 +9,8 @@ import torch
 
 from registry import count_parameters
 from tests.conftest import ALL_CARDS, TINY_CARDS, card, count_module_parameters, random_ids
+from zoo.assemble import build_model
 from zoo.blocks.positions import sinusoid_table
-from zoo.build import build_model
 
 
 def forward(model: torch.nn.Module, family: str, ids: torch.Tensor,

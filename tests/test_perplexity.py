@@ -19,7 +19,7 @@ from export.checks.perplexity import TextScore, score_text, text_windows, top1_a
 from export.opening import open_export
 from registry.errors import ZooError
 from tests.conftest import card, on_shared, random_ids
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 # Reads the session's shared gpt-tiny export, in the worker that holds it.

@@ -30,7 +30,7 @@ from export.runtime.classify import run_sequences
 from export.runtime.sampling import Sampling, decode
 from tests.conftest import card, random_ids
 from tests.test_sampling import EOS, VOCAB, PrefixSession, sequence_score, table_logits
-from zoo.build import build_model
+from zoo.assemble import build_model
 
 LENGTHS = (7, 4, 1, 5)  # one row unpadded, the others padded by 3, 6 and 2
 

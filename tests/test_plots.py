@@ -14,7 +14,7 @@ from matplotlib.image import imread
 
 from cli import main
 from tests.conftest import card, modules_loaded
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.weights import load_built, save_built
 from zoo.plots.draw import CHART_SIZE, DPI, HEATMAP_SIZE, Panel, heatmap_grid
 from zoo.plots.positions import plot_positions

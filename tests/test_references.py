@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from tests.conftest import card, random_ids, renamed
+from zoo.assemble import build_model
 from zoo.blocks.feedforward import SwiGLUFeedForward
 from zoo.blocks.norms import RMSNorm
 from zoo.blocks.positions import RotaryPositions, apply_rotary
-from zoo.build import build_model
 
 
 def test_rmsnorm_equals_torch_nn_rmsnorm() -> None:

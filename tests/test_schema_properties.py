@@ -10,7 +10,7 @@ from registry import CardError
 from registry.params import count_parameters
 from registry.schema import FIELDS, validate
 from tests.conftest import card, count_module_parameters
-from zoo.build import build_model
+from zoo.assemble import build_model
 
 ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6),
                       st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),

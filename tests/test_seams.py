@@ -22,9 +22,9 @@ from export.opening import open_export
 from export.pipeline import export_and_verify
 from export.runtime.encode import encoder_feeds
 from tests.conftest import card, random_ids
+from zoo.assemble import build_model
 from zoo.blocks.attention import DOT_PRODUCT, Attention, attention_core
 from zoo.blocks.heads import HeadInputs, HeadSpec, register_head, unregister_head
-from zoo.build import build_model
 
 
 class MeanPooler(nn.Module):

@@ -22,7 +22,7 @@ from export.runtime.decoding import LayoutSeq2SeqSession, empty_past
 from export.runtime.generate import generate
 from export.runtime.sampling import Sampling, decode
 from tests.conftest import card
-from zoo.build import build_model
+from zoo.assemble import build_model
 
 NAME = "transformer-tiny"
 UNTIED = {"tie_embeddings": False}  # a random tied head only repeats its input token

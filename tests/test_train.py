@@ -22,7 +22,7 @@ from export.opening import open_model
 from export.pipeline import export_and_verify
 from export.runtime.generate import generate
 from tests.conftest import ON_TRAINED, card, traces_reused
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.tokenizer import ByteTokenizer, load_tokenizer
 from zoo.files.weights import load_built
 from zoo.training import checkpoints

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import TINY_CARDS, card, random_ids
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.weights import WEIGHTS, load_built, save_built
 
 

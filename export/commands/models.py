@@ -10,7 +10,7 @@ from typing import Any
 
 from export.commands import wrote
 from registry.catalog import open_catalog
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.atomic import refuse_existing
 from zoo.files.gguf_import import import_gguf
 from zoo.files.importers import import_checkpoint

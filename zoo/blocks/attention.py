@@ -136,7 +136,7 @@ class Attention(nn.Module):
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
                  head_norm: Callable[[int], nn.Module] | None = None) -> None:
-        """Sizes as registry/sizes.py derives them from a card (zoo/build.py passes them);
+        """Sizes as registry/sizes.py derives them from a card (zoo/assemble.py passes them);
         `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
         `projection_bias`: the query/key/value biases (default `bias`, which the output
         projection has); `head_norm(head_dim)`: a norm over each head's queries and keys."""

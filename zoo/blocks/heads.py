@@ -128,7 +128,7 @@ class Classifier(nn.Module):
 class HeadSpec:
     """An optional encoder head: the module name (its weights' prefix), its class (which
     declares `graph_output`), whether a card has it, and how to build it (`parts` is
-    zoo.build.Parts: norms and the like for this card)."""
+    zoo.assemble.Parts: norms and the like for this card)."""
 
     name: str
     head: type[nn.Module]

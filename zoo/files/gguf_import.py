@@ -24,7 +24,7 @@ from registry.catalog import open_catalog
 from registry.errors import ZooError, needs_package
 from registry.paths import display_path
 from registry.sizes import attention_sizes
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
 from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer

@@ -24,7 +24,7 @@ from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules

@@ -11,7 +11,7 @@ from torch import nn
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.weights import CONFIG, load_built
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save
 from registry.catalog import Card, card_from_file
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.build import build_model
+from zoo.assemble import build_model
 from zoo.files.atomic import atomic_folder
 
 WEIGHTS = "model.safetensors"

@@ -146,9 +146,16 @@ node-deps:
 		done; \
 	else echo "npm not found: the Node.js and browser tests will be skipped"; fi
 
+# tests/test_optimum.py's environment (Optimum and sentence-transformers, apart from .venv:
+# optimum-onnx needs an older transformers), made when missing or older than its requirements;
+# setup.sh touches the stamp last, so a half-made one is made again.
+OPTIMUM := examples/optimum/.venv/.installed
+$(OPTIMUM): examples/optimum/requirements.txt
+	PYTHON=$(PYTHON) bash examples/optimum/setup.sh
+
 # Two pytest workers (the tests reading the session's shared exports grouped in one), one
 # torch thread each: the tiny models gain nothing from more, and two workers fill two cores.
-test: $(STAMP) node-deps
+test: $(STAMP) node-deps $(OPTIMUM)
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 

@@ -137,6 +137,7 @@ def parse_count(option: str, text: str | None) -> int | None:
 
 
 @click.group(cls=ZooGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="zoo", prog_name="zoo", message="%(prog)s %(version)s")
 def main() -> None:
     """A plugin-style Transformer model zoo: YAML cards, shared PyTorch blocks, safetensors
     weights, and ONNX export with parity checks against ONNX Runtime."""

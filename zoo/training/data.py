@@ -14,8 +14,8 @@ import torch
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.files.tokenizer import ByteTokenizer
+from zoo.training.datasets import SHIPPED_TEXT as SHIPPED_TEXT  # re-exported: the lm default
 
-SHIPPED_TEXT = Path(__file__).parent / "datasets" / "tinyshakespeare.txt"
 IGNORE = -100  # label for positions that carry no loss
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from zoo.files.tokenizer import WordTokenizer
+from zoo.training.datasets import SHIPPED_TEXT
 
-SHIPPED_TEXT = Path(__file__).parent / "datasets" / "tinyshakespeare.txt"
 SPECIALS = 3  # pad 0, bos 1, eos 2
 SHORTEST, LONGEST = 3, 8
 TRAIN_SHARE = 0.9

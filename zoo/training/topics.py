@@ -11,9 +11,9 @@ from pathlib import Path
 
 from registry.errors import ZooError
 from zoo.files.atomic import atomic_folder
+from zoo.training.datasets import TOPICS
 from zoo.training.labelled import Example, Rows, read_rows
 
-TOPICS = Path(__file__).resolve().parent / "datasets" / "topics.jsonl"
 TRAIN, EVAL = "train.jsonl", "eval.jsonl"
 
 

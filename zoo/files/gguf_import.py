@@ -126,8 +126,9 @@ def zoo_tensors(reader: Any, layout: LayoutMap, card: Any, where: str
     for tensor in reader.tensors:
         matched = gguf.match(tensor.name)
         if matched is None:
-            raise GGUFError(f"{where}: tensor {tensor.name} has no place in a {card.name} model "
-                            f"({display_path(layout.path)} gguf)")
+            raise GGUFError(f"{where}: tensor {tensor.name} has no place in a "
+                            f"{layout.data['model_type']} model ({display_path(layout.path)}, "
+                            "gguf: tensors)")
         target, source = matched
         array = _array(tensor)
         if source in gguf.permuted:

@@ -8,6 +8,7 @@ llama.cpp's, and genai_config.json's type is the map's."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,10 @@ MODELS = {  # general.architecture llama.cpp writes, transformers' classes, sett
 }
 
 
-def hf_model(kind: str, tie: bool) -> torch.nn.Module:
+def hf_model(kind: str, tie: bool, vocab_size: int = 96) -> torch.nn.Module:
     _, config_class, model_class, own = MODELS[kind]
-    config = getattr(transformers, config_class)(**SIZES, **own, tie_word_embeddings=tie)
+    config = getattr(transformers, config_class)(**SIZES | {"vocab_size": vocab_size}, **own,
+                                                 tie_word_embeddings=tie)
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
     with torch.no_grad():  # biases (Qwen2's q/k/v) and norms (Qwen3's q/k) far from 0 and 1
@@ -48,9 +50,20 @@ def hf_model(kind: str, tie: bool) -> torch.nn.Module:
 
 
 def write_gguf(model: torch.nn.Module, path: Path, architecture: str,
-               extra: dict[str, float] | None = None) -> None:
+               extra: dict[str, float] | None = None, tokenizer: Any = None,
+               split: str | None = None) -> None:
+    """`tokenizer` (a byte-level BPE) as llama.cpp stores one, its `split` as tokenizer.ggml.pre."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), architecture)
+    if tokenizer is not None:
+        spec = json.loads(tokenizer.to_str())
+        vocab = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+        special = {token["content"] for token in spec["added_tokens"]}
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(split)
+        writer.add_token_list([token for token, _ in vocab])
+        writer.add_token_merges([" ".join(merge) for merge in spec["model"]["merges"]])
+        writer.add_token_types([3 if token in special else 1 for token, _ in vocab])
     writer.add_name(f"tiny {config.model_type}")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -107,6 +120,48 @@ def test_a_gguf_file_of_each_mapped_architecture_gives_transformers_logits(
         logits, _ = ours(ids)
     assert expected.abs().max() > 1.0  # large enough for the tolerance to mean something
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def numbers_bpe() -> Any:
+    """A byte-level BPE (GPT-2's split) trained here on the shipped text and on numbers, so
+    that it merges digits and a space before them ("Ġ1", "99"): split otherwise, a text with
+    numbers gets other ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from zoo.training.data import SHIPPED_TEXT
+
+    lines = SHIPPED_TEXT.read_text(encoding="utf-8").splitlines()[:2000]
+    lines += [f"In {n}, {n * 37} ROMEO'S {n % 97} I'M" for n in range(1500)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|end|>", "<|start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(lines, trainer)
+    return tokenizer
+
+
+@pytest.mark.parametrize("kind, split", [("qwen2", "qwen2"), ("qwen3", "qwen2"),
+                                         ("mistral", "llama-bpe")])
+def test_the_files_byte_level_bpe_is_split_as_its_pre_tokenizer_says(
+        tmp_path: Path, kind: str, split: str) -> None:
+    """Qwen's files split one digit a piece, Llama 3's up to three (tokenizer.ggml.pre), before
+    the merges: the converted tokenizer gives transformers' ids from the same file."""
+    from tokenizers import Tokenizer
+
+    bpe = numbers_bpe()
+    write_gguf(hf_model(kind, True, bpe.get_vocab_size()), tmp_path / "tiny.gguf",
+               MODELS[kind][0], tokenizer=bpe, split=split)
+    assert "byte-level BPE" in imported(tmp_path / "tiny.gguf", tmp_path / "out").output
+    ours = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    texts = ["In 1599, 12345678 citizens", "I'M here; WE'LL go", "café 東京 3.14159\n\n x",
+             "<|start|>ROMEO: 42<|end|>"]
+    for text in texts:
+        assert ours.encode(text).ids == reference.backend_tokenizer.encode(text).ids, text
+        assert ours.decode(ours.encode(text).ids, skip_special_tokens=False) == text
+    pieces = [piece for piece, _ in ours.pre_tokenizer.pre_tokenize_str(" 12345678")]
+    assert pieces == (["Ġ", *"12345678"] if split == "qwen2" else ["Ġ", "123", "456", "78"])
 
 
 def test_an_architecture_no_map_names_is_refused_by_name(tmp_path: Path) -> None:

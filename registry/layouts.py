@@ -157,6 +157,8 @@ class LayoutMap:
         self.ignore = [compile_pattern(pattern) for pattern in self.data.get("ignore", [])]
         self.like = read_yaml(path).get("like")  # the map this one's sections go over
         self.gguf = gguf_layout(self.data["gguf"], where) if "gguf" in self.data else None
+        if not isinstance(self.data.get("genai", ""), str):
+            raise LayoutError(f"{where}: genai: should be ONNX Runtime GenAI's model type name")
 
     @staticmethod
     def _read(path: Path, seen: tuple[str, ...]) -> dict[str, Any]:

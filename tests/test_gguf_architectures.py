@@ -9,6 +9,7 @@ llama.cpp's, and genai_config.json's type is the map's."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -230,3 +231,25 @@ def test_genai_configs_type_is_the_maps(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(registry.layouts, "MAPS", maps)
     assert model_type(cards["qwen2"]) == "mistral"
     assert model_type(cards["llama"]) == "llama"
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"architecture": "qwen2"}, "gguf: needs architecture, config, tensors"),
+    ({"permuted": {"blk.{i}.attn_x.{p}": "heads"}}, "blk.{i}.attn_x.{p}: heads should name"),
+    ({"permuted": {"blk.{i}.attn_q.{p}": "groups"}}, "groups should name one of its tensors"),
+])
+def test_a_malformed_gguf_section_is_one_line(tmp_path: Path, section: dict, message: str
+                                              ) -> None:
+    import yaml
+
+    import registry.layouts
+    from registry.errors import ZooError
+
+    maps = tmp_path / "maps"
+    shutil.copytree(registry.layouts.MAPS, maps)
+    data = yaml.safe_load((maps / "llama.yaml").read_text(encoding="utf-8"))
+    data["gguf"] = section if "architecture" in section and len(section) == 1 else (
+        data["gguf"] | section)
+    (maps / "llama.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ZooError, match=r"^\S*llama.yaml: " + ".*" + re.escape(message)):
+        registry.layouts.LayoutMap(maps / "llama.yaml")

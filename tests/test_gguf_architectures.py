@@ -253,3 +253,31 @@ def test_a_malformed_gguf_section_is_one_line(tmp_path: Path, section: dict, mes
     (maps / "llama.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     with pytest.raises(ZooError, match=r"^\S*llama.yaml: " + ".*" + re.escape(message)):
         registry.layouts.LayoutMap(maps / "llama.yaml")
+
+
+@pytest.mark.parametrize("kind, genai_type", [("qwen2", "qwen2"), ("qwen3", "qwen3")])
+def test_an_imported_files_export_runs_in_genai_under_its_maps_type(
+        tmp_path: Path, kind: str, genai_type: str) -> None:
+    """The export of an imported file names the type of the map that reproduces its card,
+    and GenAI's loop under that type gives transformers' greedy tokens (Llama's type:
+    tests/test_llama_family.py)."""
+    pytest.importorskip("onnxruntime_genai")
+    from tests.test_serving import genai_greedy
+
+    model = hf_model(kind, False)
+    write_gguf(model, tmp_path / "tiny.gguf", MODELS[kind][0])
+    imported(tmp_path / "tiny.gguf", tmp_path / "out")
+    result = CliRunner().invoke(cli.main, ["export", str(tmp_path / "out"), "--onnx", "-o",
+                                           str(tmp_path / "onnx")])
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "onnx" / "genai_config.json").read_text())["model"]
+    assert config["type"] == genai_type
+    prompts = [[1, 40, 41, 42, 43], [1, 7, 8]]
+    expected = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            tokens = model.generate(ids, max_new_tokens=6, do_sample=False,
+                                    eos_token_id=None)[0, ids.shape[1]:].tolist()
+            expected.append(tokens[:tokens.index(2) + 1] if 2 in tokens else tokens)
+    assert genai_greedy(tmp_path / "onnx", prompts, 6) == expected

@@ -185,6 +185,15 @@ def test_a_sliding_window_is_refused_under_the_files_architecture(tmp_path: Path
     assert_one_error(result, "tiny.gguf", "qwen2.attention.sliding_window is set")
 
 
+def test_a_tensor_the_cards_model_lacks_is_refused_by_its_gguf_name(tmp_path: Path) -> None:
+    """Qwen2's query/key/value biases in a file that says `llama` (whose map's card has none)."""
+    write_gguf(hf_model("qwen2", True), tmp_path / "tiny.gguf", "llama")
+    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
+                                           str(tmp_path / "out")])
+    assert_one_error(result, "tiny.gguf", "no place in the card's model: blk.0.attn_k.bias, "
+                                          "blk.0.attn_q.bias, blk.0.attn_v.bias")
+
+
 def test_the_maps_gguf_keys_and_names_are_llama_cpps() -> None:
     """Every metadata key a map reads is one gguf's writer writes; the dense tensors llama.cpp
     gives each architecture are each named by its map, and a name of the map's that the

@@ -2,8 +2,10 @@
 
 Each map says which card a Hugging Face `model_type` extends, how its config.json keys become
 card fields, and how its tensor names become zoo names. A map may be `like` another (Mistral and
-Qwen are Llama's layout with settings of their own): its sections go over that map's. This
-module only reads and checks the maps; `zoo/files/importers.py` applies them to tensors.
+Qwen are Llama's layout with settings of their own): its sections go over that map's. A map
+also says the layout's names in llama.cpp's GGUF files (`gguf`) and ONNX Runtime GenAI's model
+type for it (`genai`). This module only reads and checks the maps; `zoo/files/importers.py` and
+`zoo/files/gguf_import.py` apply them to tensors, `export/serving/genai.py` writes the type.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ UNDO_SHAPES = {
     "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
     "row": lambda shapes: [(1, *shape) for shape in shapes],  # (1, n) -> (n,)
 }
+
+
+# The attention sizes (registry/sizes.py) a GGUF `permuted` entry may name: the heads whose
+# rows llama.cpp reordered.
+PERMUTED_HEADS = ("heads", "kv_heads")
+GGUF_SECTIONS = ("architecture", "config", "tensors")  # every `gguf` section has these
 
 
 MISSING = object()  # a config.json key that is absent (null is a value: `rope_scaling: null`)
@@ -85,6 +93,56 @@ class Rule:
         return tuple(shapes[0])
 
 
+@dataclass
+class GGUFLayout:
+    """A map's `gguf` section: the metadata keys (under `{architecture}.`) and tensor names
+    llama.cpp gives this layout in a GGUF file."""
+
+    architecture: str  # general.architecture
+    config: dict[str, str]  # card field: metadata key, required
+    optional: dict[str, str]  # card field: metadata key, where the file has it
+    refused: list[str]  # metadata keys the zoo has no block for
+    permuted: dict[str, str]  # source pattern: the heads whose rows llama.cpp reordered
+    rules: list[Rule]  # llama.cpp's name -> the zoo's
+
+    def key(self, name: str) -> str:
+        return f"{self.architecture}.{name}"
+
+    def match(self, name: str) -> tuple[str, str] | None:
+        """(the zoo's name, the source pattern) for llama.cpp's tensor `name`, or None."""
+        for rule in self.rules:
+            found = rule.pattern.fullmatch(name)
+            if found:
+                return rule.targets[0].format(**found.groupdict()), rule.source
+        return None
+
+    def source_of(self, target: str) -> str:
+        """llama.cpp's name for zoo tensor `target` (as given where there is none)."""
+        for rule in self.rules:
+            found = rule.target_patterns[0].fullmatch(target)
+            if found:
+                return rule.source.format(**found.groupdict())
+        return target
+
+
+def gguf_layout(section: Any, where: str) -> GGUFLayout:
+    """A `gguf` section checked: its sections there, each tensor named once, `permuted`
+    naming tensors of the section and heads registry/sizes.py knows."""
+    if not isinstance(section, dict) or not set(GGUF_SECTIONS) <= set(section):
+        raise LayoutError(f"{where}: gguf: needs {', '.join(GGUF_SECTIONS)}")
+    tensors, permuted = section["tensors"], section.get("permuted") or {}
+    if not isinstance(tensors, dict) or not isinstance(permuted, dict):
+        raise LayoutError(f"{where}: gguf: tensors and permuted should map names to names")
+    for source, heads in permuted.items():
+        if source not in tensors or heads not in PERMUTED_HEADS:
+            raise LayoutError(f"{where}: gguf: permuted: {source}: {heads} should name one of "
+                              f"its tensors and one of {', '.join(PERMUTED_HEADS)}")
+    rules = [Rule(source, [target], ["none"]) for source, target in tensors.items()]
+    return GGUFLayout(str(section["architecture"]), dict(section["config"]),
+                      dict(section.get("optional") or {}), list(section.get("refused") or []),
+                      dict(permuted), rules)
+
+
 class LayoutMap:
     """One `registry/maps/*.yaml`: a foreign layout and how it becomes a zoo card and tensors."""
 
@@ -97,6 +155,10 @@ class LayoutMap:
                 raise LayoutError(f"{where}: missing key '{key}'")
         self.rules = [self._rule(entry, where) for entry in self.data["tensors"]]
         self.ignore = [compile_pattern(pattern) for pattern in self.data.get("ignore", [])]
+        self.like = read_yaml(path).get("like")  # the map this one's sections go over
+        self.gguf = gguf_layout(self.data["gguf"], where) if "gguf" in self.data else None
+        if not isinstance(self.data.get("genai", ""), str):
+            raise LayoutError(f"{where}: genai: should be ONNX Runtime GenAI's model type name")
 
     @staticmethod
     def _read(path: Path, seen: tuple[str, ...]) -> dict[str, Any]:
@@ -148,6 +210,10 @@ class LayoutMap:
     def __getitem__(self, key: str) -> Any:
         return self.data.get(key) or {}
 
+    def genai_type(self) -> str | None:
+        """ONNX Runtime GenAI's model type for an export of this layout, where it has one."""
+        return self.data.get("genai")
+
     def architectures(self) -> list[str]:
         return list(self.data.get("architectures", []))
 
@@ -181,3 +247,13 @@ class LayoutMap:
 def known_maps() -> dict[str, LayoutMap]:
     maps = [LayoutMap(path) for path in sorted(MAPS.glob("*.yaml"))]
     return {layout.data["model_type"]: layout for layout in maps}
+
+
+def gguf_maps() -> dict[str, LayoutMap]:
+    """general.architecture: the map that reads such a GGUF file. A map of its own comes
+    before one `like` it: llama.cpp writes Mistral's files as `llama`, which Llama's map reads."""
+    found: dict[str, LayoutMap] = {}
+    for layout in sorted(known_maps().values(), key=lambda m: (m.like is not None, m.path.stem)):
+        if layout.gguf is not None:
+            found.setdefault(layout.gguf.architecture, layout)
+    return found

@@ -2,8 +2,10 @@
 shared-cache graph in the form GenAI's own loop drives (`model_genai.onnx`).
 
 GenAI runs model type `decoder` on the contract graph unchanged: its default input and output
-names are the contract's. It pads a batch on the right and numbers positions from 0, which the
-contract graph computes exactly (positions are an input, the mask covers past + new tokens).
+names are the contract's. Where a layout map (registry/maps/*.yaml) reproduces the card, the
+type is that map's `genai` (llama, qwen2, qwen3); the names are given in the config either
+way. It pads a batch on the right and numbers positions from 0, which the contract graph
+computes exactly (positions are an input, the mask covers past + new tokens).
 
 `model_kv.onnx` (export/onnx/shared_cache.py) takes `seqlens_k` and `total_sequence_length` and
 returns each row's last logits as (B, V); GenAI feeds `attention_mask` and reads (B, T, V) or,
@@ -27,12 +29,13 @@ from onnx import TensorProto, helper
 
 from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
 from registry.errors import ZooError
-from registry.schema import effective_bias
+from registry.layouts import known_maps
 from registry.sizes import attention_sizes
+from zoo.files.hf_config import hf_config
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_GRAPH = "onnx/model_genai.onnx"
-MODEL_TYPE = "decoder"  # GenAI's generic decoder-only type (`gpt2` expects other names)
+MODEL_TYPE = "decoder"  # GenAI's generic decoder-only type, where no map says another
 NAMES = {  # GenAI's config key -> the contract name (templates take the layer for %d)
     "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
                "position_ids": "position_ids",
@@ -86,17 +89,11 @@ def decoder_genai(card: Any, graphs: dict[str, onnx.ModelProto], kv_file: str,
 
 
 def model_type(card: Any) -> str:
-    """GenAI's own model type where the card's layout is one of them: llama (RMSNorm, SwiGLU,
-    rotary, no biases), qwen2 (the same with q/k/v biases), qwen3 (with qk-norm); otherwise
-    its generic decoder. The names are given in the config either way."""
-    llama = (card["norm"] == "rmsnorm" and card["activation"] == "swiglu"
-             and card["position"] == "rotary" and not card["bias"] and not card["output_bias"]
-             and not effective_bias(card, "mlp_bias"))
-    if not llama:
-        return MODEL_TYPE
-    if card["qk_norm"]:
-        return "qwen3"
-    return "qwen2" if effective_bias(card, "attention_bias") else "llama"
+    """GenAI's model type: the `genai` of the layout map that reproduces the card (the one
+    whose config.json the export writes, zoo/files/hf_config.py), else its generic decoder."""
+    config = hf_config(card).config
+    layout = known_maps().get(config["model_type"]) if config else None
+    return (layout.genai_type() if layout else None) or MODEL_TYPE
 
 
 def genai_config(card: Any, file: str, graph: onnx.ModelProto,

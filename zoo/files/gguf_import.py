@@ -1,13 +1,15 @@
-"""`zoo import FILE.gguf`: a Llama-architecture GGUF file (llama.cpp's format) as a zoo model
-folder. Read with the `gguf` package (ggml's own reader), every tensor dequantized to float32.
+"""`zoo import FILE.gguf`: a GGUF file (llama.cpp's format) as a zoo model folder, read through
+the layout map whose `gguf` section names the file's general.architecture (registry/maps/*.yaml:
+Llama's, Qwen2's, Qwen3's; llama.cpp writes Mistral's as `llama`). Read with the `gguf` package
+(ggml's own reader), every tensor dequantized to float32.
 
-GGUF keeps the Hugging Face sizes under `llama.*` keys and the tensors under llama.cpp's names;
-llama.cpp's converter reorders each head's query and key rows for its interleaved rotary
-(`permute` in convert_hf_to_gguf.py), which `_unpermute` undoes so that the zoo's half-split
-rotary sees Hugging Face's order. The tokenizer: a `tokenizer.json` beside the file (checked, as
-from a folder), else the file's own where it is GPT-2's byte-level BPE or SentencePiece's BPE
-(converted as transformers converts them: gguf_tokenizer.py), else none: the folder then takes
-token ids, which the import says.
+GGUF keeps the Hugging Face sizes under `{architecture}.*` keys and the tensors under llama.cpp's
+names, both the map's. For Llama llama.cpp's converter reorders each head's query and key rows
+for its interleaved rotary (`permute` in convert_hf_to_gguf.py), which `_unpermute` undoes where
+the map says so (`permuted`), so that the zoo's half-split rotary sees Hugging Face's order. The
+tokenizer: a `tokenizer.json` beside the file (checked, as from a folder), else the file's own
+where it is GPT-2's byte-level BPE or SentencePiece's BPE (converted as transformers converts
+them: gguf_tokenizer.py), else none: the folder then takes token ids, which the import says.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tokenizers import Tokenizer
 
 from registry.catalog import open_catalog
 from registry.errors import ZooError, needs_package
+from registry.layouts import LayoutMap, gguf_maps
 from registry.paths import display_path
 from registry.sizes import attention_sizes
 from zoo.assemble import build_model
@@ -38,27 +41,10 @@ from zoo.files.importers import (
 from zoo.files.tokenizer import HF_TOKENIZER
 from zoo.files.weights import save_built
 
-ARCHITECTURES = {"llama": "llama-tiny"}  # general.architecture -> the card it extends
-CARD_KEYS = {  # card field: the architecture's GGUF key (llama.<key>)
-    "n_layers": "block_count", "max_positions": "context_length",
-    "d_model": "embedding_length", "d_ff": "feed_forward_length",
-    "n_heads": "attention.head_count", "n_kv_heads": "attention.head_count_kv",
-    "rope_theta": "rope.freq_base", "norm_eps": "attention.layer_norm_rms_epsilon",
-}
-TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",
+TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",  # the same for every architecture
               "eos_token_id": "tokenizer.ggml.eos_token_id",
               "pad_token_id": "tokenizer.ggml.padding_token_id"}
-REFUSED = ("rope.scaling.type", "expert_count", "attention.sliding_window")
-LAYER_TENSORS = {  # llama.cpp's name in block i -> the zoo's in layer i
-    "attn_norm.weight": "norms.0.weight", "ffn_norm.weight": "norms.1.weight",
-    "attn_q.weight": "self_attention.query.weight", "attn_k.weight": "self_attention.key.weight",
-    "attn_v.weight": "self_attention.value.weight",
-    "attn_output.weight": "self_attention.out.weight",
-    "ffn_gate.weight": "feed_forward.gate.weight", "ffn_up.weight": "feed_forward.up.weight",
-    "ffn_down.weight": "feed_forward.down.weight",
-}
-MODEL_TENSORS = {"token_embd.weight": "embeddings.token.weight",
-                 "output_norm.weight": "final_norm.weight", "output.weight": "head.weight"}
+EMBEDDING, HEAD = "embeddings.token.weight", "head.weight"  # the zoo's names
 
 
 class GGUFError(ZooError):
@@ -83,26 +69,34 @@ def _metadata(reader: Any) -> dict[str, Any]:
     return found
 
 
-def card_fields(metadata: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
-    """(parent card, card fields) from the file's metadata; what the zoo cannot compute is
-    refused by its key."""
+def file_layout(metadata: dict[str, Any], where: str) -> LayoutMap:
+    """The map whose `gguf` section reads the file's general.architecture; another is refused."""
     architecture = metadata.get("general.architecture")
-    if architecture not in ARCHITECTURES:
+    layouts = gguf_maps()
+    if architecture not in layouts:
         raise GGUFError(f"{where}: general.architecture={architecture!r} is not imported "
-                        f"(known: {', '.join(ARCHITECTURES)})")
-    for key in REFUSED:
-        if f"{architecture}.{key}" in metadata:
-            raise GGUFError(f"{where}: {architecture}.{key} is set: the zoo has no such block")
-    fields: dict[str, Any] = {}
-    for field, key in CARD_KEYS.items():
-        value = metadata.get(f"{architecture}.{key}")
-        if value is None:
-            raise GGUFError(f"{where}: no {architecture}.{key} (the {field} of the model)")
-        fields[field] = float(value) if isinstance(value, float) else value
-    fields["norm_eps"] = float(np.float32(fields["norm_eps"]))  # GGUF stores it as float32
+                        f"(known: {', '.join(layouts)})")
+    return layouts[architecture]
+
+
+def card_fields(layout: LayoutMap, metadata: dict[str, Any], where: str) -> dict[str, Any]:
+    """Card fields from the file's metadata under the map's keys, and the map's own `fields`
+    (Qwen2's query/key/value biases, Qwen3's qk-norm); what the zoo cannot compute is refused
+    by its key."""
+    gguf = layout.gguf
+    for key in map(gguf.key, gguf.refused):
+        if key in metadata:
+            raise GGUFError(f"{where}: {key} is set: the zoo has no such block")
+    fields: dict[str, Any] = dict(layout["fields"])
+    for field, key in [*gguf.config.items(), *gguf.optional.items()]:
+        value = metadata.get(gguf.key(key))
+        if value is None and field in gguf.config:
+            raise GGUFError(f"{where}: no {gguf.key(key)} (the {field} of the model)")
+        if value is not None:  # GGUF stores floats as float32: the card holds that value
+            fields[field] = float(np.float32(value)) if isinstance(value, float) else value
     fields.update({field: metadata[key] for field, key in TOKEN_KEYS.items() if key in metadata})
-    fields["description"] = f"{metadata.get('general.name', architecture)} (GGUF)"
-    return ARCHITECTURES[architecture], fields
+    fields["description"] = f"{metadata.get('general.name', gguf.architecture)} (GGUF)"
+    return fields
 
 
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -122,25 +116,24 @@ def _array(tensor: Any) -> np.ndarray:
     return np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32).reshape(shape)
 
 
-def zoo_tensors(reader: Any, card: Any, where: str) -> dict[str, torch.Tensor]:
-    """The file's tensors under the zoo's names, query and key rows back in Hugging Face's
-    order; a name the zoo has no place for is refused."""
-    sizes = attention_sizes(card)
-    heads, kv_heads = sizes.heads, sizes.kv_heads
+def zoo_tensors(reader: Any, layout: LayoutMap, card: Any, where: str
+                ) -> dict[str, torch.Tensor]:
+    """The file's tensors under the zoo's names (the map's), query and key rows back in Hugging
+    Face's order where the map says llama.cpp reordered them; a name the map has no place for
+    is refused."""
+    gguf, sizes = layout.gguf, attention_sizes(card)
     found = {}
     for tensor in reader.tensors:
-        name = tensor.name
-        target = MODEL_TENSORS.get(name)
-        if target is None and name.startswith("blk."):
-            _, layer, rest = name.split(".", 2)
-            target = f"layers.{layer}.{LAYER_TENSORS[rest]}" if rest in LAYER_TENSORS else None
-        if target is None:
-            raise GGUFError(f"{where}: tensor {name} has no place in a {card.name} model")
+        matched = gguf.match(tensor.name)
+        if matched is None:
+            raise GGUFError(f"{where}: tensor {tensor.name} has no place in a "
+                            f"{layout.data['model_type']} model ({display_path(layout.path)}, "
+                            "gguf: tensors)")
+        target, source = matched
         array = _array(tensor)
-        if target.endswith("query.weight"):
+        if source in gguf.permuted:
+            heads = getattr(sizes, gguf.permuted[source])
             array = _unpermute(array, heads)
-        elif target.endswith("key.weight"):
-            array = _unpermute(array, kv_heads)
         found[target] = torch.from_numpy(np.array(array, np.float32))  # writable, owned
     return found
 
@@ -153,36 +146,47 @@ def import_gguf(path: Path, out: Path, force: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise GGUFError(f"{where}: no such file")
     reader = _reader(path)
-    parent_name, fields = card_fields(_metadata(reader), where)
-    parent = open_catalog().get(parent_name)
+    metadata = _metadata(reader)
+    layout = file_layout(metadata, where)
+    fields = card_fields(layout, metadata, where)
+    parent = open_catalog().get(layout.data["extends"])
     names = {tensor.name for tensor in reader.tensors}
-    fields.update(vocab_size=_vocab_size(reader, where), dropout=0.0,
-                  tie_embeddings="output.weight" not in names)
+    fields.update(vocab_size=_vocab_size(reader, layout, where), dropout=0.0,
+                  tie_embeddings=layout.gguf.source_of(HEAD) not in names)
     card, _ = make_card(parent, out.name, fields, {key: where for key in fields}, where)
     model = build_model(card, seed=None)
-    tensors = zoo_tensors(reader, card, where)
-    expected = model.state_dict()
-    wrong = sorted(f"{name} {tuple(t.shape)} != {tuple(expected[name].shape)}"
-                   for name, t in tensors.items() if name in expected
-                   and t.shape != expected[name].shape)
-    missing = sorted(set(expected) - set(tensors))
-    if wrong or missing:
-        raise GGUFError(f"{where}: " + "; ".join(part for part in (
-            f"mis-shaped: {', '.join(wrong[:6])}" if wrong else "",
-            f"missing: {', '.join(missing[:6])}" if missing else "") if part))
+    tensors = zoo_tensors(reader, layout, card, where)
+    _check_tensors(tensors, model.state_dict(), layout, where)
     model.load_state_dict(tensors, strict=True)
-    return _land(path, out, force, model, card, reader)
+    return _land(path, out, force, model, card, reader, layout)
 
 
-def _vocab_size(reader: Any, where: str) -> int:
+def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
+                   layout: LayoutMap, where: str) -> None:
+    """Every tensor the card's model has, in its shape, and none it lacks (a bias the card
+    does not have), named as the file names them."""
+    name = layout.gguf.source_of
+    wrong = sorted(f"{name(key)} {tuple(t.shape)} != {tuple(expected[key].shape)}"
+                   for key, t in tensors.items() if key in expected
+                   and t.shape != expected[key].shape)
+    missing = sorted(name(key) for key in set(expected) - set(tensors))
+    extra = sorted(name(key) for key in set(tensors) - set(expected))
+    parts = [f"{label}: {', '.join(found[:6])}" for label, found in (
+        ("mis-shaped", wrong), ("missing", missing), ("no place in the card's model", extra))
+        if found]
+    if parts:
+        raise GGUFError(f"{where}: " + "; ".join(parts))
+
+
+def _vocab_size(reader: Any, layout: LayoutMap, where: str) -> int:
     field = reader.fields.get("tokenizer.ggml.tokens")
-    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    name = layout.gguf.source_of(EMBEDDING)
+    embedding = next((t for t in reader.tensors if t.name == name), None)
     if embedding is None:
-        raise GGUFError(f"{where}: no token_embd.weight")
+        raise GGUFError(f"{where}: no {name}")
     rows = int(embedding.shape.tolist()[-1])
     if field is not None and len(field.data) != rows:
-        raise GGUFError(f"{where}: {len(field.data)} tokens, but token_embd.weight has "
-                        f"{rows} rows")
+        raise GGUFError(f"{where}: {len(field.data)} tokens, but {name} has {rows} rows")
     return rows
 
 
@@ -206,11 +210,11 @@ def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, 
 
 
 def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
-          reader: Any) -> dict[str, Any]:
+          reader: Any, layout: LayoutMap) -> dict[str, Any]:
     tokenizer, origin = _tokenizer(path, reader, card["vocab_size"])
     record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
-              "architecture": card["description"], "extends": ARCHITECTURES["llama"],
-              "tokenizer": origin}
+              "architecture": card["description"], "extends": layout.data["extends"],
+              "layout": layout.data["model_type"], "tokenizer": origin}
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)
         if tokenizer is not None:

@@ -3,7 +3,9 @@ file (transformers/integrations/gguf/gguf_tokenizer_mapping.py), with the `token
 alone:
 
 - `tokenizer.ggml.model: gpt2` (SmolLM2, Qwen, Llama 3): GPT-2's byte-level BPE, the
-  vocabulary and merges as stored, control tokens special.
+  vocabulary and merges as stored, control tokens special; the text split before the merges
+  with the regex `tokenizer.ggml.pre` names where it is Qwen2's or Llama 3's (one digit, or up
+  to three, a piece), else GPT-2's, as llama.cpp and transformers split it.
 - `tokenizer.ggml.model: llama` (Llama 2, TinyLlama, Mistral): SentencePiece's BPE with byte
   fallback, as LlamaTokenizer writes it: the pieces as the vocabulary, the merges the file
   stores or, where it stores none (llama.cpp writes scores instead), every pair of pieces that
@@ -22,6 +24,7 @@ from typing import Any
 
 from tokenizers import (
     AddedToken,
+    Regex,
     Tokenizer,
     decoders,
     models,
@@ -35,6 +38,12 @@ from registry.errors import ZooError
 KINDS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}  # tokenizer.ggml.model
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
 SPACE = "\u2581"  # SentencePiece's stand-in for a space
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLITS = {"qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,  # tokenizer.ggml.pre: regex
+          "llama-bpe": LLAMA3_SPLIT, "llama3": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT}
 
 
 def gguf_tokenizer(fields: dict[str, Any], where: str = "the GGUF file") -> str | None:
@@ -67,7 +76,12 @@ def _byte_level_bpe(fields: dict[str, Any]) -> str:
     tokens = fields["tokenizer.ggml.tokens"].contents()
     merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"].contents()]
     tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    split = SPLITS.get(_values(fields, "tokenizer.ggml.pre"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                       use_regex=split is None)
+    if split is not None:  # the regex the merges were learned on, then bytes as characters
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), tokenizer.pre_tokenizer])
     tokenizer.decoder = decoders.ByteLevel()
     kinds = _values(fields, "tokenizer.ggml.token_type", [])
     tokenizer.add_special_tokens([AddedToken(tokens[i], special=True)

@@ -27,9 +27,9 @@ def zoo_ok(*args: str | Path) -> str:
     return result.output
 
 
-def refusal(result: Finished, code: int) -> list[str]:
-    """The stderr lines of a command that exited with `code`, after the checks both kinds of
-    refusal share: no traceback, nothing on stdout, no exception but click's exit."""
+def refusal(result: Finished, code: int, parts: tuple[str, ...]) -> tuple[str, list[str]]:
+    """(stdout, stderr lines) of a command refused with exit `code`, whose last stderr line is
+    its only `error:` line and holds every part; no traceback, no exception but click's exit."""
     if isinstance(result, Result):
         exit_code, stdout, stderr = result.exit_code, result.stdout, result.stderr
         assert result.exception is None or isinstance(result.exception, SystemExit), \
@@ -38,27 +38,25 @@ def refusal(result: Finished, code: int) -> list[str]:
         exit_code, stdout, stderr = result.returncode, result.stdout, result.stderr
     assert exit_code == code, stdout + stderr
     assert "Traceback" not in stdout + stderr
-    assert stdout == "", stdout
-    return stderr.splitlines()
-
-
-def error_line(lines: list[str], parts: tuple[str, ...]) -> str:
-    """The last line, which must be the one `error:` line and hold every part."""
+    lines = stderr.splitlines()
     errors = [line for line in lines if line.startswith("error: ")]
-    assert errors and errors == lines[-1:], lines
+    assert errors and errors == lines[-1:], stderr
     for part in parts:
         assert part in errors[0], f"{part!r} not in {errors[0]!r}"
-    return errors[0]
+    return stdout, lines
 
 
 def assert_one_line_error(result: Finished, *parts: str, code: int = 2) -> str:
-    """Refused in exactly one line on stderr, `error: ...` holding every part; returns it."""
-    lines = refusal(result, code)
+    """Refused in exactly one line, `error: ...` on stderr holding every part, nothing on
+    stdout; returns that line."""
+    stdout, lines = refusal(result, code, parts)
+    assert stdout == "", stdout
     assert len(lines) == 1, lines
-    return error_line(lines, parts)
+    return lines[0]
 
 
 def assert_error_after_progress(result: Finished, *parts: str, code: int = 2) -> str:
-    """As assert_one_line_error, for a command that reports progress on stderr before it is
-    refused (export, train): the last line is the only `error:` one."""
-    return error_line(refusal(result, code), parts)
+    """As assert_one_line_error, for a command that reports before it is refused (export's
+    parity table on stdout, progress on stderr): the last stderr line is the only `error:`
+    one; returns it."""
+    return refusal(result, code, parts)[1][-1]

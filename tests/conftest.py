@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from registry import Card, open_catalog
 
+pytest.register_assert_rewrite("tests.helpers")  # its asserts say what they compared
 CATALOG = open_catalog()
 ALL_CARDS = CATALOG.names()
 TINY_CARDS = CATALOG.names("*-tiny")

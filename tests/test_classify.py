@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from click.testing import CliRunner
 
-import cli
 from registry.params import count_parameters
 from tests.conftest import card, count_module_parameters, random_ids
+from tests.helpers import assert_one_line_error, zoo
 from zoo.assemble import build_model
 
 ENCODER_CLASSIFIER = {"pooling": "cls", "num_labels": 3, "mlm_head": False}
@@ -33,16 +32,12 @@ DECODER_CLASSIFIER = {"pooling": "last", "num_labels": 3}
     ("gpt-tiny", ["num_labels=-1"], "num_labels=-1 should be >= 0"),
 ])
 def test_bad_sequence_fields_are_one_line(name: str, sets: list[str], expected: str) -> None:
-    result = CliRunner().invoke(cli.main, ["show", name, *(f"--set={s}" for s in sets)])
-    assert result.exit_code == 2, result.output
-    assert expected in result.output
-    assert len(result.output.strip().splitlines()) == 1
-    assert "Traceback" not in result.output
+    assert_one_line_error(zoo("show", name, *(f"--set={s}" for s in sets)), expected)
 
 
 def test_show_lists_the_fields_and_counts_the_classifier() -> None:
-    result = CliRunner().invoke(cli.main, ["show", "gpt-tiny", "--set", "pooling=mean",
-                                           "--set", "num_labels=2", "--set", "labels=[neg, pos]"])
+    result = zoo("show", "gpt-tiny", "--set", "pooling=mean",
+                 "--set", "num_labels=2", "--set", "labels=[neg, pos]")
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line for line in result.output.splitlines() if line.strip()}
     assert "mean" in lines["pooling"] and "--set" in lines["pooling"]

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-import cli
 from tests.conftest import card
+from tests.helpers import assert_error_after_progress, assert_one_line_error, zoo, zoo_ok
 from zoo.assemble import build_model
 from zoo.files.weights import load_built, save_built
 from zoo.training.checkpoints import latest_checkpoint
@@ -39,11 +38,6 @@ def jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def zoo(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli.main, list(args))
-    return result.exit_code, result.output
-
-
 GOOD = '{"text": "aa", "label": "x"}\n{"text": "11", "label": "y"}\n'
 
 
@@ -62,11 +56,8 @@ def test_bad_jsonl_is_one_line_and_writes_nothing(tmp_path: Path, content: bytes
                                                   expected: str) -> None:
     data = tmp_path / "data.jsonl"
     data.write_bytes(content)
-    code, output = zoo("train", "bert-tiny", "--task", "classify", "--data", str(data),
-                       "-o", str(tmp_path / "out"))
-    assert code == 2, output
-    assert expected in output
-    assert len(output.strip().splitlines()) == 1 and "Traceback" not in output
+    assert_one_line_error(zoo("train", "bert-tiny", "--task", "classify", "--data", data,
+                              "-o", tmp_path / "out"), expected)
     assert not (tmp_path / "out").exists()
 
 
@@ -79,20 +70,18 @@ def test_bad_jsonl_is_one_line_and_writes_nothing(tmp_path: Path, content: bytes
 def test_bad_csv_is_one_line(tmp_path: Path, content: str, expected: str) -> None:
     data = tmp_path / "data.csv"
     data.write_text(content, encoding="utf-8")
-    code, output = zoo("train", "gpt-tiny", "--task", "classify", "--data", str(data),
-                       "-o", str(tmp_path / "out"))
-    assert code == 2 and expected in output, output
-    assert len(output.strip().splitlines()) == 1
+    assert_one_line_error(zoo("train", "gpt-tiny", "--task", "classify", "--data", data,
+                              "-o", tmp_path / "out"), expected)
 
 
 def test_unknown_label_in_the_eval_file_names_its_line(tmp_path: Path) -> None:
     data = jsonl(tmp_path / "train.jsonl", toy_rows(20))
     held = jsonl(tmp_path / "eval.jsonl", [{"text": "ae", "label": "vowel"},
                                            {"text": "zz", "label": "letter"}])
-    code, output = zoo("train", "bert-tiny", "--task", "classify", "--data", str(data),
-                       "--eval", str(held), "--steps", "1", "-o", str(tmp_path / "out"))
-    assert code == 2, output
-    assert "eval.jsonl:2: label 'letter' is not one of the classes (digit, vowel)" in output
+    assert_error_after_progress(zoo("train", "bert-tiny", "--task", "classify", "--data", data,
+                                    "--eval", held, "--steps", "1", "-o", tmp_path / "out"),
+                                "eval.jsonl:2: label 'letter' is not one of the classes (digit, "
+                                "vowel)")
     assert not (tmp_path / "out").exists()
 
 
@@ -176,11 +165,10 @@ def test_a_short_run_learns_and_eval_json_agrees_with_the_model(tmp_path: Path) 
     train_file = jsonl(tmp_path / "train.jsonl", toy_rows(64, seed=1))
     held_rows = toy_rows(24, seed=2)
     held = jsonl(tmp_path / "eval.jsonl", held_rows)
-    code, output = zoo("train", "bert-tiny", "--task", "classify", "--data", str(train_file),
-                       "--eval", str(held), "--steps", "30", "--batch-size", "16",
-                       "--lr", "3e-3", "--warmup", "5", "--checkpoint-every", "15",
-                       "-o", str(tmp_path / "out"))
-    assert code == 0, output
+    output = zoo_ok("train", "bert-tiny", "--task", "classify", "--data", str(train_file),
+                    "--eval", str(held), "--steps", "30", "--batch-size", "16",
+                    "--lr", "3e-3", "--warmup", "5", "--checkpoint-every", "15",
+                    "-o", str(tmp_path / "out"))
     assert "eval at step 15" in output and "eval at step 30" in output
     result = json.loads((tmp_path / "out" / "eval.json").read_text())
     model, trained = load_built(tmp_path / "out")

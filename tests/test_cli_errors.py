@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 import cli
 from registry.errors import ZooError
 from tests.conftest import modules_loaded
+from tests.helpers import assert_one_line_error, zoo
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "llama-tiny",
@@ -35,25 +36,6 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run every test in its own folder, with no card folders from the environment."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("ZOO_PATH", raising=False)
-
-
-def zoo(*args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args))
-
-
-def assert_user_error(result: Result, *parts: str) -> str:
-    """Exit 2, one line on stderr starting `error:`, containing every part; nothing on stdout."""
-    assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    line = lines[0]
-    assert line.startswith("error: ")
-    for part in parts:
-        assert part in line, f"{part!r} not in {line!r}"
-    return line
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -119,7 +101,7 @@ def test_bad_card(tmp_path: Path, case: str, command: str) -> None:
     args = [command, name, "--registry", str(folder)]
     if command == "build":
         args += ["-o", str(tmp_path / "out")]
-    assert_user_error(zoo(*args), *parts)
+    assert_one_line_error(zoo(*args), *parts)
     assert snapshot(tmp_path) == before
     assert not (tmp_path / "out").exists()
 
@@ -127,33 +109,34 @@ def test_bad_card(tmp_path: Path, case: str, command: str) -> None:
 def test_bad_card_through_zoo_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     folder = write_cards(tmp_path / "mycards", {"bad.yaml": "extends: gpt-tiny\nn_heads: 5\n"})
     monkeypatch.setenv("ZOO_PATH", str(folder))
-    assert_user_error(zoo("show", "bad"), "bad.yaml: n_heads=5 does not divide d_model=64")
+    assert_one_line_error(zoo("show", "bad"), "bad.yaml: n_heads=5 does not divide d_model=64")
 
 
 def test_bad_card_breaks_list(tmp_path: Path) -> None:
     folder = write_cards(tmp_path / "mycards", {"bad.yaml": "family: [decoder\n"})
-    assert_user_error(zoo("list", "--registry", str(folder)), "bad.yaml", "malformed YAML")
+    assert_one_line_error(zoo("list", "--registry", str(folder)), "bad.yaml", "malformed YAML")
 
 
 @pytest.mark.parametrize("command", ["show", "build"])
 def test_unknown_card_suggests_close_name(tmp_path: Path, command: str) -> None:
-    line = assert_user_error(zoo(command, "gpt-tinny"), "unknown card 'gpt-tinny'", "did you mean")
+    line = assert_one_line_error(zoo(command, "gpt-tinny"), "unknown card 'gpt-tinny'",
+                                 "did you mean")
     assert "gpt-tiny" in line.split("did you mean", 1)[1]
     assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_card_without_close_name() -> None:
-    line = assert_user_error(zoo("show", "qqqqqqqqqqqq"), "unknown card 'qqqqqqqqqqqq'")
+    line = assert_one_line_error(zoo("show", "qqqqqqqqqqqq"), "unknown card 'qqqqqqqqqqqq'")
     assert "did you mean" not in line
 
 
 def test_list_pattern_matching_nothing() -> None:
-    assert_user_error(zoo("list", "nomatch*"), "no card matches", "nomatch*")
+    assert_one_line_error(zoo("list", "nomatch*"), "no card matches", "nomatch*")
 
 
 def test_missing_registry_folder(tmp_path: Path) -> None:
-    assert_user_error(zoo("list", "--registry", str(tmp_path / "nowhere")),
-                      "--registry", "nowhere", "does not exist")
+    assert_one_line_error(zoo("list", "--registry", str(tmp_path / "nowhere")),
+                          "--registry", "nowhere", "does not exist")
 
 
 @pytest.mark.parametrize("source", ["--registry", "ZOO_PATH"])
@@ -166,7 +149,7 @@ def test_duplicate_card_names_both_files(
         monkeypatch.setenv("ZOO_PATH", str(folder))
     else:
         args += ["--registry", str(folder)]
-    line = assert_user_error(zoo(*args), "duplicate card name 'gpt-tiny'")
+    line = assert_one_line_error(zoo(*args), "duplicate card name 'gpt-tiny'")
     assert str(Path("registry") / "cards" / "gpt-tiny.yaml") in line
     assert str(Path("mycards") / "gpt-tiny.yaml") in line
 
@@ -179,7 +162,8 @@ def test_build_refuses_existing_folder(tmp_path: Path) -> None:
     out.mkdir()
     (out / "keep.txt").write_text("mine", encoding="utf-8")
     before = snapshot(tmp_path)
-    assert_user_error(zoo("build", "gpt-tiny", "-o", str(out)), "out", "already exists", "--force")
+    assert_one_line_error(zoo("build", "gpt-tiny", "-o", str(out)), "out", "already exists",
+                          "--force")
     assert snapshot(tmp_path) == before
 
 
@@ -189,7 +173,7 @@ def test_build_force_overwrites_and_plain_rebuild_does_not(tmp_path: Path) -> No
     first = snapshot(out)
     assert set(first) == {"model.safetensors", "config.yaml"}
 
-    assert_user_error(zoo("build", "gpt-tiny", "-o", str(out), "--seed", "4"), "already exists")
+    assert_one_line_error(zoo("build", "gpt-tiny", "-o", str(out), "--seed", "4"), "already exists")
     assert snapshot(out) == first
 
     result = zoo("build", "gpt-tiny", "-o", str(out), "--seed", "4", "--force")
@@ -214,13 +198,13 @@ def test_build_bad_set_writes_nothing(tmp_path: Path, sets: list[str], parts: li
     args = ["build", "gpt-tiny", "-o", str(tmp_path / "out")]
     for pair in sets:
         args += ["--set", pair]
-    assert_user_error(zoo(*args), *parts)
+    assert_one_line_error(zoo(*args), *parts)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_build_set_value_not_yaml(tmp_path: Path) -> None:
     result = zoo("build", "gpt-tiny", "-o", str(tmp_path / "out"), "--set", "n_layers=[1")
-    line = assert_user_error(result, "--set 'n_layers=[1': value is not valid YAML")
+    line = assert_one_line_error(result, "--set 'n_layers=[1': value is not valid YAML")
     assert line.startswith("error: --set 'n_layers=[1': value is not valid YAML")
     assert list(tmp_path.iterdir()) == []
 
@@ -229,7 +213,7 @@ def test_build_bad_set_with_force_leaves_existing_output(tmp_path: Path) -> None
     out = tmp_path / "out"
     assert zoo("build", "gpt-tiny", "-o", str(out)).exit_code == 0
     before = snapshot(tmp_path)
-    assert_user_error(zoo("build", "gpt-tiny", "-o", str(out), "--force", "--set", "n_heads=5"),
+    assert_one_line_error(zoo("build", "gpt-tiny", "-o", str(out), "--force", "--set", "n_heads=5"),
                       "n_heads=5 does not divide d_model=64")
     assert snapshot(tmp_path) == before
 
@@ -457,7 +441,7 @@ def test_show_set_overrides_the_card_and_its_count() -> None:
     ],
 )
 def test_show_bad_set_is_one_line(pair: str, parts: list[str]) -> None:
-    assert_user_error(zoo("show", "bert-base", "--set", pair), *parts)
+    assert_one_line_error(zoo("show", "bert-base", "--set", pair), *parts)
 
 
 @pytest.mark.parametrize("count", ["-3", "0"])
@@ -465,5 +449,5 @@ def test_run_refuses_max_new_tokens_below_one_before_opening_the_folder(
         tmp_path: Path, count: str) -> None:
     # The folder does not exist: the option is checked before any work, so no export is needed.
     result = zoo("run", str(tmp_path / "no-export"), "--ids", "1,2", "--max-new-tokens", count)
-    assert_user_error(result, f"--max-new-tokens {count}: should be >= 1")
+    assert_one_line_error(result, f"--max-new-tokens {count}: should be >= 1")
     assert list(tmp_path.iterdir()) == []

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import export.commands.corpus
 import export.runtime.corpus
-from cli import main
 from export.api import load
 from export.runtime.corpus import length_batches
 from tests.conftest import ON_CLASSIFIER
+from tests.helpers import assert_error_after_progress, assert_one_line_error, zoo
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
@@ -36,20 +35,9 @@ def folder(classifier_export: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return copy
 
 
-def zoo(*args: str) -> object:
-    return CliRunner().invoke(main, list(args))
-
-
 def lines_file(path: Path, texts: list[str]) -> Path:
     path.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
     return path
-
-
-def one_error(result: object, *parts: str) -> None:
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and all(part in errors[0] for part in parts), result.stderr
-    assert "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("budget", [None, 40])  # the machine's batches; many small ones
@@ -110,7 +98,7 @@ def test_a_bad_row_is_one_error_naming_file_and_line_and_nothing_is_written(
     data.write_text(content, encoding="utf-8")
     out = tmp_path / "out" / "v.npy"
     out.parent.mkdir()
-    one_error(zoo("embed", str(folder), "--data", str(data), "-o", str(out)), *parts)
+    assert_one_line_error(zoo("embed", str(folder), "--data", str(data), "-o", str(out)), *parts)
     assert list(out.parent.iterdir()) == []
 
 
@@ -128,8 +116,8 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
     out = tmp_path / "out" / "labels.jsonl"
     out.parent.mkdir()
     out.write_text("earlier\n")
-    one_error(zoo("classify", str(folder), "--data", str(data), "-o", str(out)),
-              "already exists", "--force")
+    assert_one_line_error(zoo("classify", str(folder), "--data", str(data), "-o", str(out)),
+                          "already exists", "--force")
     assert out.read_text() == "earlier\n"
     # With --force, a run that fails after its first batch leaves the old file whole.
     real = export.runtime.corpus.run_sequences
@@ -144,7 +132,7 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
     monkeypatch.setattr(export.runtime.corpus, "run_sequences", fails_later)
     monkeypatch.setattr(export.commands.corpus, "token_budget", lambda threads: 40)
     failed = zoo("classify", str(folder), "--data", str(data), "-o", str(out), "--force")
-    assert failed.exit_code == 1 and "No space left on device" in failed.stderr
+    assert_error_after_progress(failed, "No space left on device", code=1)
     assert out.read_text() == "earlier\n" and list(out.parent.iterdir()) == [out]
     monkeypatch.undo()
     assert zoo("classify", str(folder), "--data", str(data), "-o", str(out),

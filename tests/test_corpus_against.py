@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from cli import main
 from registry.paths import display_path
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, export_card
+from tests.helpers import assert_one_line_error, zoo
 from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 pytestmark = ON_CLASSIFIER
@@ -43,10 +42,6 @@ def exports(classifier_export: Path, tmp_path_factory: pytest.TempPathFactory
     return with_bytes(classifier_export, root / "reference"), with_bytes(other, root / "other")
 
 
-def zoo(*args: str | Path) -> object:
-    return CliRunner().invoke(main, [str(arg) for arg in args])
-
-
 def labelled(path: Path) -> Path:
     path.write_text("".join(json.dumps({"text": text, "label": LABELS[i % 3], "n": i}) + "\n"
                             for i, text in enumerate(TEXTS)), encoding="utf-8")
@@ -56,12 +51,6 @@ def labelled(path: Path) -> Path:
 def probabilities(path: Path) -> np.ndarray:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return np.array([[row["probabilities"][name] for name in LABELS] for row in rows])
-
-
-def one_error(result: object, *parts: str) -> None:
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and all(part in errors[0] for part in parts), result.stderr
 
 
 def test_classify_against_a_reference_prints_both_exports_side_by_side(
@@ -123,8 +112,8 @@ def test_a_bad_label_is_one_error_at_its_line_before_any_output(
     data.write_text(rows, encoding="utf-8")
     out = tmp_path / "out" / "labels.jsonl"
     out.parent.mkdir()
-    one_error(zoo("classify", candidate, "--data", data, "-o", out, "--against", reference,
-                  "--label-column", column), *parts)
+    assert_one_line_error(zoo("classify", candidate, "--data", data, "-o", out,
+                              "--against", reference, "--label-column", column), *parts)
     assert list(out.parent.iterdir()) == []
 
 
@@ -134,13 +123,13 @@ def test_labels_need_columns_and_a_reference_needs_the_same_classes(
     lines = tmp_path / "rows.txt"
     lines.write_text("to be\nor not\n", encoding="utf-8")
     out = tmp_path / "l.jsonl"
-    one_error(zoo("classify", candidate, "--data", lines, "-o", out, "--label-column", "label"),
-              "rows.txt", ".jsonl or .csv")
+    assert_one_line_error(zoo("classify", candidate, "--data", lines, "-o", out,
+                              "--label-column", "label"), "rows.txt", ".jsonl or .csv")
     renamed = export_card(tmp_path, "bert-tiny", {**BERT_CLASSIFIER, "labels": ["a", "b", "c"]},
                           CLASSIFIER_SEED)
-    one_error(zoo("classify", with_bytes(renamed, tmp_path / "renamed"), "--data", lines, "-o",
-                  out, "--against", reference), "its classes", "['low', 'mid', 'high']",
-              "['a', 'b', 'c']")
+    assert_one_line_error(zoo("classify", with_bytes(renamed, tmp_path / "renamed"),
+                              "--data", lines, "-o", out, "--against", reference),
+                          "its classes", "['low', 'mid', 'high']", "['a', 'b', 'c']")
     assert not out.exists()
 
 
@@ -159,6 +148,6 @@ def test_a_reference_of_another_width_is_refused_before_either_runs_the_rows(
     lines = tmp_path / "rows.txt"
     lines.write_text("to be\nor not\n", encoding="utf-8")
     out = tmp_path / "v.npy"
-    one_error(zoo("embed", candidate, "--data", lines, "-o", out, "--against", narrow),
-              "narrow", "sentence vectors have 32 values", "64")
+    assert_one_line_error(zoo("embed", candidate, "--data", lines, "-o", out, "--against", narrow),
+                          "narrow", "sentence vectors have 32 values", "64")
     assert not out.exists()

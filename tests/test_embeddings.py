@@ -9,22 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-import cli
 from export.onnx.manifest import read_manifest
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card, export_card
+from tests.helpers import assert_one_line_error, zoo, zoo_ok
 from zoo.assemble import build_model
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
 
 PROMPTS = [[72, 101, 108, 108, 111], [5, 6, 7], [72, 101, 108, 108, 111, 33, 33]]
-
-
-def zoo(*args: str) -> str:
-    result = CliRunner().invoke(cli.main, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def reference(name: str, overrides: dict, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -62,8 +55,8 @@ def test_export_declares_the_optimum_names(classifier_export: Path) -> None:
 
 def test_run_json_matches_each_text_alone(classifier_export: Path) -> None:
     """A right-padded batch through ONNX Runtime equals every prompt computed unpadded."""
-    out = zoo("run", str(classifier_export), "--json",
-              *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))])
+    out = zoo_ok("run", str(classifier_export), "--json",
+                 *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))])
     data = json.loads(out)
     vectors, probabilities = reference("bert-tiny", BERT_CLASSIFIER, seed=CLASSIFIER_SEED)
     np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
@@ -74,7 +67,7 @@ def test_run_json_matches_each_text_alone(classifier_export: Path) -> None:
 
 
 def test_run_prints_top_labels_and_similarities(classifier_export: Path) -> None:
-    out = zoo("run", str(classifier_export), "--ids", "72,101", "--ids", "5,6,7")
+    out = zoo_ok("run", str(classifier_export), "--ids", "72,101", "--ids", "5,6,7")
     _, probabilities = reference("bert-tiny", BERT_CLASSIFIER, seed=CLASSIFIER_SEED)
     lines = out.splitlines()
     assert lines[0] == "[0] '72,101'"
@@ -87,17 +80,12 @@ def test_run_prints_top_labels_and_similarities(classifier_export: Path) -> None
 
 
 def test_run_refuses_a_prompt_longer_than_max_positions(classifier_export: Path) -> None:
-    result = CliRunner().invoke(cli.main, ["run", str(classifier_export),
-                                           "--ids", ",".join(["5"] * 129)])
-    assert result.exit_code == 2, result.output
-    assert "a prompt of 129 tokens exceeds max_positions=128" in result.output
-    assert len(result.output.strip().splitlines()) == 1
+    result = zoo("run", classifier_export, "--ids", ",".join(["5"] * 129))
+    assert_one_line_error(result, "a prompt of 129 tokens exceeds max_positions=128")
 
 
 def test_run_refuses_json_for_a_generator(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli.main, ["run", str(tmp_path), "--ids", "1", "--json"])
-    assert result.exit_code == 2
-    assert len(result.output.strip().splitlines()) == 1
+    assert_one_line_error(zoo("run", tmp_path, "--ids", "1", "--json"))
 
 
 @pytest.mark.slow
@@ -108,8 +96,8 @@ def test_decoder_embedder_export_and_run(tmp_path: Path) -> None:
     graph = read_manifest(folder)["graphs"]["onnx/model.onnx"]
     assert graph == {"inputs": ["input_ids", "attention_mask"],
                      "outputs": ["last_hidden_state", "sentence_embedding"]}
-    data = json.loads(zoo("run", str(folder), "--json",
-                          *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))]))
+    data = json.loads(zoo_ok("run", str(folder), "--json",
+                             *[arg for p in PROMPTS for arg in ("--ids", ",".join(map(str, p)))]))
     vectors, _ = reference("gpt-tiny", overrides, seed=2)
     np.testing.assert_allclose(data["embeddings"], vectors, atol=1e-5)
     assert "probabilities" not in data
@@ -133,6 +121,6 @@ def test_evaluate_scores_the_export_and_compares_with_pytorch(classifier_export:
             for prompt, label in zip(PROMPTS, labels, strict=True)]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    out = zoo("evaluate", str(folder), "--data", str(data))
+    out = zoo_ok("evaluate", str(folder), "--data", str(data))
     assert "3 rows: accuracy 0.667" in out
     assert "the same prediction as PyTorch on 3 of 3" in out

@@ -35,6 +35,7 @@ from tests.conftest import (
     on_shared,
 )
 from tests.contract_doc import documented_contract
+from tests.helpers import assert_error_after_progress
 from zoo.assemble import build_model
 from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
@@ -359,11 +360,7 @@ def test_bad_input_gives_one_line_and_exit_2(args: list[str], message: str, tmp_
                                             exported: Lazy) -> None:
     args = [a.format(tmp=tmp_path, gpt=exported["gpt-tiny"]) for a in args]
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0]
-    assert result.stderr.strip().splitlines()[-1] == errors[0]  # progress lines come before
-    assert "Traceback" not in result.output
+    assert_error_after_progress(result, message)
     assert not (tmp_path / "x").exists()
 
 

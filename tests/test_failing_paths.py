@@ -16,15 +16,13 @@ from torch import nn
 import export.onnx.variants
 from cli import main
 from tests.conftest import SharedExport, on_shared, traces_reused
+from tests.helpers import assert_error_after_progress
 from zoo.blocks.norms import LayerNorm
 
 
 def assert_refused_and_nothing_written(args: list[str], out: Path, message: str) -> None:
     result = CliRunner().invoke(main, [*args, "-o", str(out)])
-    assert result.exit_code == 2, result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and message in errors[0], result.stderr
-    assert "Traceback" not in result.output
+    assert_error_after_progress(result, message)
     assert not out.exists()
     assert list(out.parent.iterdir()) == []  # no staging folder left either
 

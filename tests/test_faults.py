@@ -15,27 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 
-import cli
+from tests.helpers import assert_error_after_progress, zoo
 from tests.test_hostile_folders import fake_export
 from zoo.files.lock import lock_path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def zoo(*args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args))
-
-
-def assert_fault(result: Result, *parts: str) -> None:
-    assert result.exit_code == 1, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()  # progress lines may come before it
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert errors == lines[-1:], result.stderr
-    for part in parts:
-        assert part in errors[0], (part, errors[0])
 
 
 def everything(folder: Path) -> dict[str, bytes]:
@@ -74,7 +59,7 @@ def test_a_read_only_output_location_is_one_line(tmp_path: Path, monkeypatch: py
     (tmp_path / "ro").mkdir()
     read_only_below(monkeypatch, tmp_path / "ro")
     args = [part.format(ro=tmp_path / "ro", export=export) for part in command]
-    assert_fault(zoo(*args), "Read-only file system")
+    assert_error_after_progress(zoo(*args), "Read-only file system", code=1)
     assert list((tmp_path / "ro").iterdir()) == []
 
 
@@ -84,7 +69,7 @@ def test_export_with_triton_into_a_read_only_repository_lands_nothing(
     read_only_below(monkeypatch, tmp_path / "ro")
     result = zoo("export", "gpt-tiny", "--onnx", "-o", str(tmp_path / "onnx"),
                  "--triton", str(tmp_path / "ro" / "repo"))
-    assert_fault(result, "Read-only file system")
+    assert_error_after_progress(result, "Read-only file system", code=1)
     assert not (tmp_path / "onnx").exists()  # refused before the export, not after it landed
 
 
@@ -99,7 +84,7 @@ def test_a_full_disk_during_export_force_keeps_the_old_export(
 
     monkeypatch.setattr("export.onnx.writer.weights_bytes", full)
     result = zoo("export", "gpt-tiny", "--onnx", "-o", str(old), "--force")
-    assert_fault(result, "No space left on device")
+    assert_error_after_progress(result, "No space left on device", code=1)
     assert everything(tmp_path) == {"onnx": b"<dir>", "onnx/model.onnx": b"the old export"}
 
 
@@ -119,7 +104,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one(
     out = tmp_path / "trained"
     result = zoo("train", "gpt-tiny", "--task", "lm", "--steps", "2", "--checkpoint-every", "1",
                  "--batch-size", "2", "--block-size", "16", "-o", str(out))
-    assert_fault(result, "No space left on device")
+    assert_error_after_progress(result, "No space left on device", code=1)
     checkpoints = out / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "step-00000001"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-00000001"]
@@ -146,7 +131,7 @@ def test_a_second_run_into_a_folder_being_written_stops_at_once(tmp_path: Path,
     handle = hold_lock(out)
     try:
         args = [part.format(out=out, export=export) for part in command]
-        assert_fault(zoo(*args), "another zoo run is writing it")
+        assert_error_after_progress(zoo(*args), "another zoo run is writing it", code=1)
     finally:
         handle.close()
     assert not out.exists()
@@ -161,8 +146,9 @@ def test_a_second_resume_of_one_training_run_stops_at_once(tmp_path: Path) -> No
     before = everything(out)
     handle = hold_lock(out)
     try:
-        assert_fault(zoo("train", str(out), "--task", "lm", "--steps", "4", "--resume",
-                         "-o", str(out)), "another zoo run is writing it")
+        assert_error_after_progress(zoo("train", str(out), "--task", "lm", "--steps", "4",
+                                        "--resume", "-o", str(out)),
+                                    "another zoo run is writing it", code=1)
     finally:
         handle.close()
     assert everything(out) == before

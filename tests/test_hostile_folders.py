@@ -12,29 +12,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner, Result
 from onnx import TensorProto, helper
 
-import cli
 from export.onnx.contract import FORMAT_VERSION, MANIFEST
 from registry.catalog import open_catalog
 from registry.errors import ZooError
+from tests.helpers import assert_one_line_error, zoo
 from zoo.files.atomic import sha256
 from zoo.files.tokenizer import tokenizer_files
-
-
-def zoo(*args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args))
-
-
-def assert_refused(result: Result, *parts: str) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for part in parts:
-        assert part in lines[0], (part, lines[0])
-    return lines[0]
 
 
 def files_under(folder: Path) -> set[str]:
@@ -78,7 +63,7 @@ def test_triton_refuses_external_data_outside_the_export(tmp_path: Path, locatio
     export = fake_export(tmp_path / "a" / "exp", location)
     before = files_under(tmp_path)
     result = zoo("triton", str(export), "-o", str(tmp_path / "repo"))
-    assert_refused(result, "onnx/model.onnx", "external data location", repr(location), says)
+    assert_one_line_error(result, "onnx/model.onnx", "external data location", repr(location), says)
     assert files_under(tmp_path) == before  # no repository, no file linked or made anywhere
 
 
@@ -87,7 +72,7 @@ def test_triton_refuses_external_data_symlinked_out_of_the_export(tmp_path: Path
     export = fake_export(tmp_path / "exp", "data.bin")
     (export / "onnx" / "data.bin").symlink_to(tmp_path / "secret.bin")
     result = zoo("triton", str(export), "-o", str(tmp_path / "repo"))
-    assert_refused(result, "'data.bin'", "is a symlink out of the folder")
+    assert_one_line_error(result, "'data.bin'", "is a symlink out of the folder")
     assert not (tmp_path / "repo").exists()
 
 
@@ -109,7 +94,8 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused_before_it_is_rea
     (export / MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "secret.bin").write_bytes(b"secret")
     for command in (["parity", str(export)], ["triton", str(export), "-o", str(tmp_path / "r")]):
-        assert_refused(zoo(*command), MANIFEST, field, "'../secret.bin'", "leaves the folder")
+        assert_one_line_error(zoo(*command), MANIFEST, field, "'../secret.bin'",
+                              "leaves the folder")
     assert not (tmp_path / "r").exists()
 
 
@@ -127,7 +113,7 @@ def test_a_manifest_layout_naming_a_file_outside_or_nothing_is_one_line(
     outside = layout == {"graphs": {"../secret.onnx": {}}}
     says = (["'../secret.onnx'", "leaves the folder"] if outside
             else ["field 'layout' should hold 'graphs'"])
-    assert_refused(zoo("parity", str(export)), MANIFEST, *says)
+    assert_one_line_error(zoo("parity", str(export)), MANIFEST, *says)
 
 
 @pytest.mark.parametrize("stored_as", [{"onnx/model.onnx": "../secret.onnx"},
@@ -140,8 +126,8 @@ def test_a_manifest_whose_stored_as_names_no_listed_graph_is_one_line(
     manifest = json.loads((export / MANIFEST).read_text())
     manifest["quantization"] = {"weights": "int4", "stored_as": stored_as}
     (export / MANIFEST).write_text(json.dumps(manifest))
-    assert_refused(zoo("run", str(export), "--ids", "1"), MANIFEST, "quantization.stored_as",
-                   "graphs listed in 'graphs'")
+    assert_one_line_error(zoo("run", str(export), "--ids", "1"), MANIFEST, "quantization.stored_as",
+                          "graphs listed in 'graphs'")
 
 
 # --- imports --------------------------------------------------------------------------------
@@ -166,7 +152,7 @@ def test_import_refuses_sentence_modules_outside_the_folder(
     (tmp_path / "bert" / "config.json").write_text("{}")
     source = sentence_folder(tmp_path / "st", transformer, pooling)
     result = zoo("import", str(source), "-o", str(tmp_path / "out"))
-    assert_refused(result, "modules.json", field, says)
+    assert_one_line_error(result, "modules.json", field, says)
     assert not (tmp_path / "out").exists()
 
 
@@ -174,8 +160,8 @@ def test_import_refuses_a_module_folder_symlinked_out(tmp_path: Path) -> None:
     (tmp_path / "bert").mkdir()
     source = sentence_folder(tmp_path / "st", "0_Transformer", "1_Pooling")
     (source / "0_Transformer").symlink_to(tmp_path / "bert", target_is_directory=True)
-    assert_refused(zoo("import", str(source), "-o", str(tmp_path / "out")),
-                   "modules[0].path", "is a symlink out of the folder")
+    assert_one_line_error(zoo("import", str(source), "-o", str(tmp_path / "out")),
+                          "modules[0].path", "is a symlink out of the folder")
 
 
 def marian_folder(folder: Path) -> Path:
@@ -202,16 +188,16 @@ def test_import_refuses_tokenizer_files_symlinked_to_system_files(tmp_path: Path
     source = marian_folder(tmp_path / "opus")
     (source / name).unlink(missing_ok=True)
     (source / name).symlink_to(target)
-    assert_refused(zoo("import", str(source), "-o", str(tmp_path / "out")),
-                   f"'{name}'", "is a symlink out of the folder")
+    assert_one_line_error(zoo("import", str(source), "-o", str(tmp_path / "out")),
+                          f"'{name}'", "is a symlink out of the folder")
     assert not (tmp_path / "out").exists()
 
 
 def test_import_opens_a_sentencepiece_model_before_copying_it(tmp_path: Path) -> None:
     pytest.importorskip("sentencepiece")
     source = marian_folder(tmp_path / "opus")
-    assert_refused(zoo("import", str(source), "-o", str(tmp_path / "out")),
-                   "source.spm", "not a sentencepiece model")
+    assert_one_line_error(zoo("import", str(source), "-o", str(tmp_path / "out")),
+                          "source.spm", "not a sentencepiece model")
     assert not (tmp_path / "out").exists()
 
 

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-import cli
 from export.runtime.prompts import check_ids
 from registry.errors import ZooError
 from registry.schema import MAX_LABELS
 from tests.conftest import SharedExport, card, on_shared
+from tests.helpers import assert_one_line_error, zoo
 from zoo.training.labelled import Example, Rows, classes, label_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,25 +34,6 @@ def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ZOO_PATH", raising=False)
 
 
-def one_line(code: int, stdout: str, stderr: str, *parts: str) -> str:
-    """The exit code, one `error:` line on stderr holding every part, no traceback, no stdout."""
-    assert code == 2, stderr
-    assert "Traceback" not in stdout + stderr
-    assert stdout == ""
-    lines = stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    for part in parts:
-        assert part in lines[0], f"{part!r} not in {lines[0]!r}"
-    return lines[0]
-
-
-def zoo(args: list[str], *parts: str) -> str:
-    """`zoo ARGS` in this process, refused in one line holding every part."""
-    result = CliRunner().invoke(cli.main, args)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    return one_line(result.exit_code, result.stdout, result.stderr, *parts)
-
-
 # --- 1. absurd sizes: the card schema, and config.json against its weights ----------------
 
 @pytest.mark.parametrize("field, value", [
@@ -62,8 +42,8 @@ def zoo(args: list[str], *parts: str) -> str:
 ])
 def test_a_card_with_an_absurd_size_is_refused_by_validation(field: str, value: int,
                                                              tmp_path: Path) -> None:
-    zoo(["build", "gpt-tiny", "--set", f"{field}={value}", "-o", str(tmp_path / "out")],
-        f"--set: {field}={value} should be <=")
+    assert_one_line_error(zoo("build", "gpt-tiny", "--set", f"{field}={value}",
+                              "-o", tmp_path / "out"), f"--set: {field}={value} should be <=")
     assert not (tmp_path / "out").exists()
 
 
@@ -92,8 +72,9 @@ def hf_folder(root: Path, kind: str, **config: int) -> Path:
 def test_import_refuses_a_config_its_weights_cannot_fill(kind: str, key: str, value: int,
                                                         tmp_path: Path) -> None:
     source = hf_folder(tmp_path, kind, **{key: value})
-    zoo(["import", str(source), "-o", str(tmp_path / "out")],
-        f"{kind}/config.json: {key}={value} disagrees with", "model.safetensors")
+    assert_one_line_error(zoo("import", source, "-o", tmp_path / "out"),
+                          f"{kind}/config.json: {key}={value} disagrees with",
+                          "model.safetensors")
     assert not (tmp_path / "out").exists()
 
 
@@ -128,9 +109,10 @@ def test_a_class_id_of_ten_to_the_fifteen_is_refused(tmp_path: Path) -> None:
     data = tmp_path / "labels.jsonl"
     data.write_text("".join(json.dumps({"text": text, "label": label}) + "\n" for text, label
                             in (("one", 0), ("two", 1), ("three", HUGE))))
-    zoo(["train", "gpt-tiny", "--task", "classify", "--data", str(data), "--steps", "1",
-         "-o", str(tmp_path / "out")],
-        f"labels.jsonl:3: label '{HUGE}' is too large for a class id", str(MAX_LABELS - 1))
+    assert_one_line_error(zoo("train", "gpt-tiny", "--task", "classify", "--data", data,
+                              "--steps", "1", "-o", tmp_path / "out"),
+                          f"labels.jsonl:3: label '{HUGE}' is too large for a class id",
+                          str(MAX_LABELS - 1))
     assert not (tmp_path / "out").exists()
 
 
@@ -139,9 +121,9 @@ def test_a_class_id_of_ten_to_the_fifteen_is_refused(tmp_path: Path) -> None:
 def test_run_refuses_text_that_is_not_utf8(tmp_path: Path) -> None:
     """Bytes on the command line arrive as surrogate escapes; encoding them was a traceback."""
     done = subprocess.run([sys.executable, "-m", "cli", "run", str(tmp_path).encode(),
-                           "--text", b"\xff\xfe"], cwd=ROOT, capture_output=True, timeout=120)
-    one_line(done.returncode, done.stdout.decode(), done.stderr.decode(),
-             "--text: not valid UTF-8", "byte 0xff")
+                           "--text", b"\xff\xfe"], cwd=ROOT, capture_output=True, timeout=120,
+                          encoding="utf-8")
+    assert_one_line_error(done, "--text: not valid UTF-8", "byte 0xff")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -157,7 +139,7 @@ def test_encoder_run_refuses_bad_ids(ids: str, parts: list[str],
                                      shared_export: SharedExport) -> None:
     folder, _ = shared_export("bert-tiny")
     before = sorted(path.name for path in folder.iterdir())
-    zoo(["run", str(folder), "--ids", ids], *parts)
+    assert_one_line_error(zoo("run", folder, "--ids", ids), *parts)
     assert sorted(path.name for path in folder.iterdir()) == before
 
 
@@ -175,6 +157,6 @@ def test_one_id_check_for_every_family(name: str) -> None:
 
 def test_attention_refuses_a_negative_id(tmp_path: Path) -> None:
     png = tmp_path / "map.png"
-    zoo(["attention", "bert-tiny", "--ids", "-1,2,3", "-o", str(png)],
-        "--ids: token id -1 is not in the vocabulary", "0..259")
+    assert_one_line_error(zoo("attention", "bert-tiny", "--ids", "-1,2,3", "-o", png),
+                          "--ids: token id -1 is not in the vocabulary", "0..259")
     assert not png.exists()

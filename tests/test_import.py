@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner, Result
 from safetensors.torch import load_file, save_file
 
-import cli
+from tests.helpers import assert_one_line_error, zoo
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
 
@@ -228,10 +227,6 @@ def test_tied_lm_head_is_dropped_when_equal(sources: dict, tmp_path: Path) -> No
 
 # --- refusals: exit 2, one line naming the file and the tensors, nothing written -----------
 
-def zoo(*args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args))
-
-
 def copy_source(sources: dict, name: str, tmp_path: Path) -> Path:
     return shutil.copytree(sources[name][0], tmp_path / "src")
 
@@ -302,7 +297,7 @@ def test_refusals(case: str, sources: dict, tmp_path: Path,
     breaker(folder)
     before = sorted(p.name for p in tmp_path.iterdir())
     result = zoo("import", "src", "-o", "out")
-    assert_one_error(result, *parts)
+    assert_one_line_error(result, *parts)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT, no staging left
 
 
@@ -312,7 +307,7 @@ def test_refuses_existing_out_without_force(sources: dict, tmp_path: Path,
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     folder = sources["bert-base"][0]
-    assert_one_error(zoo("import", str(folder), "-o", "out"), "out already exists", "--force")
+    assert_one_line_error(zoo("import", str(folder), "-o", "out"), "out already exists", "--force")
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
     result = zoo("import", str(folder), "-o", "out", "--force")
     assert result.exit_code == 0, result.output
@@ -324,7 +319,7 @@ def test_refuses_to_replace_the_source(sources: dict, tmp_path: Path) -> None:
     folder = copy_source(sources, "gpt2-old", tmp_path)
     before = sorted(p.name for p in folder.iterdir())
     result = zoo("import", str(folder), "-o", str(folder), "--force")
-    assert_one_error(result, "the output would replace the source folder")
+    assert_one_line_error(result, "the output would replace the source folder")
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
@@ -335,14 +330,5 @@ def test_refuses_a_tokenizer_larger_than_the_vocabulary(sources: dict, tmp_path:
     words = {f"w{i}": i for i in range(150)}
     Tokenizer(models.WordLevel(words, unk_token="w0")).save(str(folder / "tokenizer.json"))
     result = zoo("import", str(folder), "-o", str(tmp_path / "out"))
-    assert_one_error(result, "tokenizer.json", "150 tokens", "vocab_size is 100")
+    assert_one_line_error(result, "tokenizer.json", "150 tokens", "vocab_size is 100")
     assert not (tmp_path / "out").exists()
-
-
-def assert_one_error(result: Result, *parts: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for part in parts:
-        assert part in lines[0], f"{part!r} not in {lines[0]!r}"

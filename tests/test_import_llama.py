@@ -16,12 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner, Result
 
-import cli
 from export.opening import open_model
 from export.runtime.generate import generate, left_padded
-from tests.test_import import assert_one_error
+from tests.helpers import assert_one_line_error, zoo
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
 
@@ -64,10 +62,6 @@ def randomise(model: torch.nn.Module) -> torch.nn.Module:
             mean, std = (1.0, 0.3) if "norm" in name else (0.0, 0.3 if "bias" in name else 0.2)
             parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
     return model.eval()
-
-
-def zoo(*args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args))
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +198,7 @@ def test_refusals(case: str, sources: dict, tmp_path: Path,
     path = folder / "config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
     before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_error(zoo("import", "src", "-o", "out"), "error: src/config.json: ", *parts)
+    assert_one_line_error(zoo("import", "src", "-o", "out"), "error: src/config.json: ", *parts)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT, no staging left
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
 
-import cli
 from export.opening import open_export
+from tests.helpers import assert_one_line_error, zoo, zoo_ok
 from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
@@ -28,12 +27,6 @@ def tiny_config(**extra: object) -> object:
     return transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
                                    num_attention_heads=4, intermediate_size=37,
                                    max_position_embeddings=64, type_vocab_size=2, **extra)
-
-
-def zoo(*args: str) -> str:
-    result = CliRunner().invoke(cli.main, list(args))
-    assert result.exit_code == 0, result.output
-    return result.output
 
 
 def sentence_folder(folder: Path, pooling: str, normalize: bool) -> np.ndarray:
@@ -85,7 +78,7 @@ def through_torch(folder: Path) -> dict[str, np.ndarray]:
 def test_sentence_transformers_folder_through_pytorch(tmp_path: Path, pooling: str,
                                                       normalize: bool) -> None:
     expected = sentence_folder(tmp_path / "st", pooling, normalize)
-    zoo("import", str(tmp_path / "st"), "-o", str(tmp_path / "zoo"))
+    zoo_ok("import", str(tmp_path / "st"), "-o", str(tmp_path / "zoo"))
     config = (tmp_path / "zoo" / "config.yaml").read_text()
     assert f"pooling: {pooling}" in config and f"normalize: {str(normalize).lower()}" in config
     got = through_torch(tmp_path / "zoo")["sentence_embedding"]
@@ -94,8 +87,8 @@ def test_sentence_transformers_folder_through_pytorch(tmp_path: Path, pooling: s
 
 def test_sentence_transformers_folder_through_onnx_runtime(tmp_path: Path) -> None:
     expected = sentence_folder(tmp_path / "st", "mean", True)
-    zoo("import", str(tmp_path / "st"), "-o", str(tmp_path / "zoo"))
-    zoo("export", str(tmp_path / "zoo"), "--onnx", "-o", str(tmp_path / "onnx"))
+    zoo_ok("import", str(tmp_path / "st"), "-o", str(tmp_path / "zoo"))
+    zoo_ok("export", str(tmp_path / "zoo"), "--onnx", "-o", str(tmp_path / "onnx"))
     runtime = open_export(tmp_path / "onnx", "cpu")
     got = runtime.run("onnx/model.onnx", feeds())["sentence_embedding"]
     np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)
@@ -109,11 +102,8 @@ def test_unsupported_sentence_module_is_one_line(tmp_path: Path) -> None:
     modules.append({"idx": 2, "name": "2", "path": "2_Dense",
                     "type": "sentence_transformers.models.Dense"})
     (tmp_path / "st" / "modules.json").write_text(json.dumps(modules))
-    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "st"), "-o",
-                                           str(tmp_path / "zoo")])
-    assert result.exit_code == 2
-    assert "modules.json: module 'sentence_transformers.models.Dense'" in result.output
-    assert len(result.output.strip().splitlines()) == 1
+    assert_one_line_error(zoo("import", tmp_path / "st", "-o", tmp_path / "zoo"),
+                          "modules.json: module 'sentence_transformers.models.Dense'")
     assert not (tmp_path / "zoo").exists()
 
 
@@ -130,13 +120,13 @@ def classifier_folder(folder: Path) -> np.ndarray:
 
 def test_sequence_classification_folder_through_pytorch_and_onnx(tmp_path: Path) -> None:
     expected = classifier_folder(tmp_path / "hf")
-    output = zoo("import", str(tmp_path / "hf"), "-o", str(tmp_path / "zoo"))
+    output = zoo_ok("import", str(tmp_path / "hf"), "-o", str(tmp_path / "zoo"))
     assert "BertForSequenceClassification" in output
     _, imported = load_built(tmp_path / "zoo")
     assert imported["labels"] == ["neg", "pos", "mixed"]
     assert (imported["pooling"], imported["num_labels"]) == ("pooler", 3)
     np.testing.assert_allclose(through_torch(tmp_path / "zoo")["logits"], expected,
                                atol=TOLERANCE, rtol=0)
-    zoo("export", str(tmp_path / "zoo"), "--onnx", "-o", str(tmp_path / "onnx"))
+    zoo_ok("export", str(tmp_path / "zoo"), "--onnx", "-o", str(tmp_path / "onnx"))
     got = open_export(tmp_path / "onnx", "cpu").run("onnx/model.onnx", feeds())["logits"]
     np.testing.assert_allclose(got, expected, atol=TOLERANCE, rtol=0)

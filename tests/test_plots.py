@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner, Result
 from matplotlib.image import imread
 
-from cli import main
 from tests.conftest import card, modules_loaded
+from tests.helpers import assert_one_line_error, zoo
 from zoo.assemble import build_model
 from zoo.files.weights import load_built, save_built
 from zoo.plots.draw import CHART_SIZE, DPI, HEATMAP_SIZE, Panel, heatmap_grid
@@ -24,10 +23,6 @@ from zoo.training.metrics import METRICS
 from zoo.training.train import TrainOptions, train
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def zoo(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -232,10 +227,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(args: list[str], messag
     before = sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else None)
                     for p in tmp_path.rglob("*"))
     result = zoo("plot", *[a.format(tmp=tmp_path) for a in args])
-    assert result.exit_code == 2, result.output
-    assert result.stdout == ""
-    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: ")
-    assert message in result.stderr, result.stderr
+    assert_one_line_error(result, message)
     after = sorted((p.relative_to(tmp_path), p.read_bytes() if p.is_file() else None)
                    for p in tmp_path.rglob("*"))
     assert after == before  # nothing written, not even a temporary file

@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.helpers import assert_one_line_error
+
 ROOT = Path(__file__).resolve().parent.parent
 
 SCALENORM_REGISTER = """
@@ -87,17 +89,6 @@ def run(site: Path, cwd: Path, *args: str, script: str | None = None):
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def assert_user_error(done: subprocess.CompletedProcess, *parts: str) -> str:
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr + done.stdout
-    assert done.stdout == ""
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1, done.stderr
-    for part in parts:
-        assert part in lines[0], f"{part!r} not in {lines[0]!r}"
-    return lines[0]
-
-
 def test_plugin_card_listed_without_torch(tmp_path: Path) -> None:
     site = tmp_path / "site"
     scalenorm_plugin(site)
@@ -153,8 +144,8 @@ def test_plugin_register_raises(tmp_path: Path) -> None:
     """)
     for command in (["list"], ["show", "gpt-tiny"], ["build", "gpt-tiny", "-o", "out"]):
         done = run(site, tmp_path, *command)
-        assert_user_error(done, "plugin 'broken'", f"({dist})", "failed to load",
-                          "RuntimeError", "boom at register")
+        assert_one_line_error(done, "plugin 'broken'", f"({dist})", "failed to load",
+                              "RuntimeError", "boom at register")
     assert not (tmp_path / "out").exists()
 
 
@@ -167,8 +158,8 @@ def test_plugin_that_cannot_be_imported(tmp_path: Path) -> None:
         def register(api):
             pass
     """)
-    assert_user_error(run(site, tmp_path, "list"), "plugin 'unimportable'", "failed to load",
-                      "zoo_no_such_module_anywhere")
+    assert_one_line_error(run(site, tmp_path, "list"), "plugin 'unimportable'", "failed to load",
+                          "zoo_no_such_module_anywhere")
 
 
 def test_plugin_block_name_clashes_with_builtin(tmp_path: Path) -> None:
@@ -177,8 +168,8 @@ def test_plugin_block_name_clashes_with_builtin(tmp_path: Path) -> None:
         def register(api):
             api.add_block("norm", "layernorm", "{package}.blocks:Other")
     """)
-    line = assert_user_error(run(site, tmp_path, "list"), "plugin 'clash'", f"({dist})",
-                             "norm block 'layernorm'", "already registered", "built-in")
+    line = assert_one_line_error(run(site, tmp_path, "list"), "plugin 'clash'", f"({dist})",
+                                 "norm block 'layernorm'", "already registered", "built-in")
     assert line.index("plugin 'clash'") < line.index("built-in")
 
 
@@ -191,5 +182,5 @@ def test_two_plugins_register_one_block_name(tmp_path: Path) -> None:
     first = make_plugin(site, "zoo_first_plugin", "first", register)
     second = make_plugin(site, "zoo_second_plugin", "second", register)
     # Plugins load in entry-point name order: "first", then "second" clashes with it.
-    assert_user_error(run(site, tmp_path, "list"), "activation block 'squared_relu'",
-                      f"plugin 'second' ({second})", f"plugin 'first' ({first})")
+    assert_one_line_error(run(site, tmp_path, "list"), "activation block 'squared_relu'",
+                          f"plugin 'second' ({second})", f"plugin 'first' ({first})")

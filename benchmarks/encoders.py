@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -172,23 +173,19 @@ def one_batch_cosines(work: Path, st_folder: Path, zoo: dict[str, Path], texts: 
                  zoo["fp32"] / MODEL_GRAPH, work / "zoo-minilm-quantize-dynamic-alone.onnx")),
                  zoo_fp32),
              "optimum int8": (vectors(st_folder / "onnx" / quantized_file), st_fp32)}
-    return {name: {"min": float(cosine(int8, fp32).min()),
-                   "mean": float(cosine(int8, fp32).mean())}
-            for name, (int8, fp32) in found.items()}
+    return {name: cosine_range(int8, fp32) for name, (int8, fp32) in found.items()}
 
 
-def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
+def cosine_range(candidate: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    cosines = cosine(candidate, reference)
+    return {"min": float(cosines.min()), "mean": float(cosines.mean())}
+
+
+def st_models(st_folder: Path) -> tuple[Any, Any, Any, str]:
+    """sentence-transformers' PyTorch, ONNX and Optimum-int8 models of one folder (the ONNX
+    files written into it the first time), and the int8 file's name."""
     from sentence_transformers import SentenceTransformer, export_dynamic_quantized_onnx_model
 
-    from export.commands.corpus import CorpusRequest, embed_command
-
-    texts = [line for line in text.read_text(encoding="utf-8").splitlines()
-             if line.strip()][:lines]
-    data = work / f"lines-{lines}.txt"
-    data.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
-    st_folder = work / "st-minilm"  # a copy: sentence-transformers writes its ONNX files there
-    if not st_folder.exists():
-        shutil.copytree(minilm_folder(), st_folder)
     torch_model = SentenceTransformer(str(st_folder), device="cpu")
     onnx_model = SentenceTransformer(str(st_folder), device="cpu", backend="onnx")
     if not (st_folder / "onnx" / "model.onnx").exists():
@@ -199,6 +196,22 @@ def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
         export_dynamic_quantized_onnx_model(onnx_model, config, str(st_folder))
     int8_model = SentenceTransformer(str(st_folder), device="cpu", backend="onnx",
                                      model_kwargs={"file_name": f"onnx/{quantized_file}"})
+    return torch_model, onnx_model, int8_model, quantized_file
+
+
+def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
+    from sentence_transformers import SentenceTransformer
+
+    from export.commands.corpus import CorpusRequest, embed_command
+
+    texts = [line for line in text.read_text(encoding="utf-8").splitlines()
+             if line.strip()][:lines]
+    data = work / f"lines-{lines}.txt"
+    data.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
+    st_folder = work / "st-minilm"  # a copy: sentence-transformers writes its ONNX files there
+    if not st_folder.exists():
+        shutil.copytree(minilm_folder(), st_folder)
+    torch_model, onnx_model, int8_model, quantized_file = st_models(st_folder)
     zoo = minilm_exports(work)
     scratch = Path(tempfile.mkdtemp(prefix="embed-"))
     vectors: dict[str, np.ndarray] = {}
@@ -232,14 +245,10 @@ def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
         "zoo_fp32_cosine_to_st_pytorch_min": float(cosine(vectors["zoo fp32"],
                                                           vectors["st pytorch"]).min()),
         "int8_cosine_to_fp32_over_50_lines": {
-            "zoo int8-dynamic": {"min": float(cosine(vectors["zoo int8-dynamic"][few],
-                                                     vectors["zoo fp32"][few]).min()),
-                                 "mean": float(cosine(vectors["zoo int8-dynamic"][few],
-                                                      vectors["zoo fp32"][few]).mean())},
-            "optimum int8": {"min": float(cosine(vectors["st onnx int8"][few],
-                                                 vectors["st onnx fp32"][few]).min()),
-                             "mean": float(cosine(vectors["st onnx int8"][few],
-                                                  vectors["st onnx fp32"][few]).mean())}},
+            "zoo int8-dynamic": cosine_range(vectors["zoo int8-dynamic"][few],
+                                             vectors["zoo fp32"][few]),
+            "optimum int8": cosine_range(vectors["st onnx int8"][few],
+                                         vectors["st onnx fp32"][few])},
         "int8_cosine_to_fp32_50_lines_one_batch": one_batch_cosines(
             work, st_folder, zoo, texts[few], quantized_file),
     }]

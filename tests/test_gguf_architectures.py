@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import cli
 from tests.conftest import card
-from tests.test_import import assert_one_error
+from tests.helpers import assert_one_line_error
 from tests.test_import_gguf import llama_cpp_permute
 from zoo.files.weights import load_built
 
@@ -172,7 +172,7 @@ def test_an_architecture_no_map_names_is_refused_by_name(tmp_path: Path) -> None
     (tmp_path / "other.gguf").write_bytes(data.replace(b"qwen2", b"qwen9"))
     result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "other.gguf"), "-o",
                                            str(tmp_path / "out")])
-    assert_one_error(result, "other.gguf", "general.architecture='qwen9' is not imported "
+    assert_one_line_error(result, "other.gguf", "general.architecture='qwen9' is not imported "
                                            "(known: llama, qwen2, qwen3)")
     assert not (tmp_path / "out").exists()
 
@@ -182,7 +182,7 @@ def test_a_sliding_window_is_refused_under_the_files_architecture(tmp_path: Path
                {"qwen2.attention.sliding_window": 16.0})
     result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
                                            str(tmp_path / "out")])
-    assert_one_error(result, "tiny.gguf", "qwen2.attention.sliding_window is set")
+    assert_one_line_error(result, "tiny.gguf", "qwen2.attention.sliding_window is set")
 
 
 def test_a_tensor_the_cards_model_lacks_is_refused_by_its_gguf_name(tmp_path: Path) -> None:
@@ -190,7 +190,7 @@ def test_a_tensor_the_cards_model_lacks_is_refused_by_its_gguf_name(tmp_path: Pa
     write_gguf(hf_model("qwen2", True), tmp_path / "tiny.gguf", "llama")
     result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
                                            str(tmp_path / "out")])
-    assert_one_error(result, "tiny.gguf", "no place in the card's model: blk.0.attn_k.bias, "
+    assert_one_line_error(result, "tiny.gguf", "no place in the card's model: blk.0.attn_k.bias, "
                                           "blk.0.attn_q.bias, blk.0.attn_v.bias")
 
 

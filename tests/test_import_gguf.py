@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import cli
 from tests.conftest import packaged_smollm2
-from tests.test_import import assert_one_error
+from tests.helpers import assert_one_line_error
 from zoo.files.weights import load_built
 
 gguf = pytest.importorskip("gguf")
@@ -71,20 +71,7 @@ def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None,
     pieces, scores and types, no merges."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
-    if pieces is not None:
-        writer.add_tokenizer_model("llama")
-        ids = range(pieces.get_piece_size())
-        writer.add_token_list([pieces.id_to_piece(i) for i in ids])
-        writer.add_token_scores([pieces.get_score(i) for i in ids])
-        writer.add_token_types([spm_type(pieces, i) for i in ids])
-    if tokenizer is not None:
-        spec = json.loads(tokenizer.to_str())
-        vocab = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
-        special = {token["content"] for token in spec["added_tokens"]}
-        writer.add_tokenizer_model("gpt2")
-        writer.add_token_list([token for token, _ in vocab])
-        writer.add_token_merges([" ".join(merge) for merge in spec["model"]["merges"]])
-        writer.add_token_types([3 if token in special else 1 for token, _ in vocab])
+    add_tokenizer(writer, tokenizer, pieces)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
     writer.add_name("tiny llama")
@@ -123,6 +110,25 @@ def write_gguf(model: torch.nn.Module, path: Path, extra: dict | None = None,
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, tokenizer: Any, pieces: Any) -> None:
+    """A SentencePiece model's pieces, scores and types (llama.cpp's Llama 2 conversion), or a
+    byte-level BPE's tokens, merges and types (its GPT-2 conversion), or neither."""
+    if pieces is not None:
+        writer.add_tokenizer_model("llama")
+        ids = range(pieces.get_piece_size())
+        writer.add_token_list([pieces.id_to_piece(i) for i in ids])
+        writer.add_token_scores([pieces.get_score(i) for i in ids])
+        writer.add_token_types([spm_type(pieces, i) for i in ids])
+    if tokenizer is not None:
+        spec = json.loads(tokenizer.to_str())
+        vocab = sorted(spec["model"]["vocab"].items(), key=lambda item: item[1])
+        special = {token["content"] for token in spec["added_tokens"]}
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list([token for token, _ in vocab])
+        writer.add_token_merges([" ".join(merge) for merge in spec["model"]["merges"]])
+        writer.add_token_types([3 if token in special else 1 for token, _ in vocab])
 
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
@@ -441,7 +447,7 @@ def test_what_the_zoo_cannot_compute_is_refused(tmp_path: Path, extra: dict, mes
     write_gguf(hf_model(True), tmp_path / "tiny.gguf", extra)
     result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
                                            str(tmp_path / "out")])
-    assert_one_error(result, "tiny.gguf", message)
+    assert_one_line_error(result, "tiny.gguf", message)
     assert not (tmp_path / "out").exists()
 
 
@@ -449,7 +455,7 @@ def test_a_file_that_is_not_gguf_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file at all")
     result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "bad.gguf"), "-o",
                                            str(tmp_path / "out")])
-    assert_one_error(result, "bad.gguf", "not a readable GGUF file")
+    assert_one_line_error(result, "bad.gguf", "not a readable GGUF file")
 
 
 @pytest.mark.slow

@@ -81,19 +81,11 @@ def export_onnx(
     options = options or ExportOptions()
     model = model.eval()
     versions = package_versions()
-    metadata = {
-        "zoo.card": card_yaml(card),
-        "zoo.family": card.family,
-        "zoo.versions": json.dumps(versions, sort_keys=True),
-        "zoo.opset": str(options.opset),
-    }
+    metadata = _metadata(card, options.opset, versions)
     graphs = family.graphs(card)  # once per export: contract, wrappers and manifest share it
     contract = contract_of(graphs, card, options.attentions)
     with atomic_folder(Path(out), options.force) as staging:
-        (staging / WEIGHTS).write_bytes(weights_bytes(model, {"format": "pt"}))
-        (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
-        for extra in extra_files:  # e.g. the tokenizer, so the export is self-contained
-            shutil.copyfile(extra, staging / Path(extra).name)
+        _write_reference(model, card, staging, extra_files)
         protos = _traced(model, card, graphs, contract, options, metadata, staging, progress)
         entries = ({"attentions": attentions_entry(graphs, contract)}
                    if options.attentions else {})
@@ -126,6 +118,26 @@ def export_onnx(
         check = verify(staging, manifest) if verify is not None else None
         write_manifest(staging, manifest)
     return Written(manifest, variant.notes, check)
+
+
+def _metadata(card: Card, opset: int, versions: dict[str, str]) -> dict[str, str]:
+    """What every graph's metadata_props carry: the card, the package versions, the opset."""
+    return {
+        "zoo.card": card_yaml(card),
+        "zoo.family": card.family,
+        "zoo.versions": json.dumps(versions, sort_keys=True),
+        "zoo.opset": str(opset),
+    }
+
+
+def _write_reference(model: nn.Module, card: Card, staging: Path,
+                     extra_files: list[Path] | tuple[Path, ...]) -> None:
+    """The PyTorch weights and card the export was made from, and the files copied beside
+    them (e.g. the tokenizer, so the export is self-contained)."""
+    (staging / WEIGHTS).write_bytes(weights_bytes(model, {"format": "pt"}))
+    (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
+    for extra in extra_files:
+        shutil.copyfile(extra, staging / Path(extra).name)
 
 
 def _traced(model: nn.Module, card: Card, graphs: dict[str, GraphIO],

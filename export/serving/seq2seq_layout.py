@@ -208,11 +208,26 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                 helper.make_tensor("layout/axis", TensorProto.INT64, [1], [2])]
     switch = helper.make_node("If", [USE_CACHE_BRANCH], order,
                               name=USE_CACHE_BRANCH, then_branch=with_past, else_branch=first)
+    inputs, outputs = _merged_signature(card, self_in, cross_in, order, set(projected))
+    graph = helper.make_graph([switch], "decoder_model_merged", inputs, outputs, weights)
+    model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder))
+    model.ir_version = max(encoder.ir_version, decoder.ir_version)
+    model.functions.extend(_functions(encoder, decoder))
+    model.metadata_props.extend(copy.deepcopy(decoder.metadata_props))
+    return model
+
+
+def _merged_signature(card: Card, self_in: list[str], cross_in: list[str], order: list[str],
+                      projected: set[str]
+                      ) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """The merged decoder's inputs (Optimum's order: per layer the self cache, then the cross
+    cache; the branch flag last) and outputs (`order`), with their symbolic axes."""
+    sizes = attention_sizes(card)
     kv, dh = sizes.kv_heads, sizes.head_dim
     inputs = [_tensor("input_ids", TARGET, TensorProto.INT64),
               _tensor("encoder_attention_mask", SOURCE, TensorProto.INT64),
               _tensor(HIDDEN, (*SOURCE, card["d_model"]))]
-    for layer in range(n):
+    for layer in range(card["n_layers"]):
         inputs += [_tensor(name, ("batch_size", kv, SELF_PAST, dh))
                    for name in self_in[2 * layer: 2 * layer + 2]]
         inputs += [_tensor(name, ("batch_size", kv, CROSS_PAST, dh))
@@ -222,12 +237,7 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
     outputs = [_tensor("logits", (*TARGET, target_vocab_size(card)))]
     outputs += [_tensor(name, ("batch_size", kv, CROSS_PAST if name in projected else total, dh))
                 for name in order[1:]]
-    graph = helper.make_graph([switch], "decoder_model_merged", inputs, outputs, weights)
-    model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder))
-    model.ir_version = max(encoder.ir_version, decoder.ir_version)
-    model.functions.extend(_functions(encoder, decoder))
-    model.metadata_props.extend(copy.deepcopy(decoder.metadata_props))
-    return model
+    return inputs, outputs
 
 
 def _prefixed(tensor: onnx.TensorProto, prefix: str) -> onnx.TensorProto:

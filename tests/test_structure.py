@@ -167,3 +167,31 @@ def test_head_sizes_are_worked_out_in_one_place(tmp_path: Path) -> None:
         assert [line.rsplit(":", 1)[1] for line in head_arithmetic([planted])] == ["1", "2"]
     finally:
         planted.unlink()
+
+
+# A family's meaning is data (registry/families.py's FamilySpec): only the model's assembly, the
+# family table, the registry's parameter arithmetic and the card validation may switch on a
+# family's name (the pattern ../shared/tools/structure.py counts).
+FAMILY_SWITCH = re.compile(
+    r"""family\s*(==|!=|in\s*[\(\[\{])|==\s*["'](decoder|encoder|encoder-decoder)["']""")
+SWITCHING = {"zoo/assemble.py", "export/families/__init__.py", "registry/params.py",
+             "registry/schema.py"}
+
+
+def family_switches(files: list[Path]) -> list[str]:
+    return sorted(f"{path.relative_to(ROOT)}:{number}" for path in files
+                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                  if FAMILY_SWITCH.search(line))
+
+
+def test_only_four_files_switch_on_a_family_name(tmp_path: Path) -> None:
+    found = family_switches(list(project_modules().values()))
+    assert [hit for hit in found if hit.rsplit(":", 1)[0] not in SWITCHING] == []
+    planted = ROOT / "tests" / f"planted-{tmp_path.name}.py"  # the forms the code once had
+    planted.write_text('if card.family == "decoder":\n    pass\n'
+                       'noun = "source" if card["family"] == "encoder-decoder" else "prompt"\n'
+                       'if card.family in ("decoder", "encoder-decoder"):\n    pass\n')
+    try:
+        assert [line.rsplit(":", 1)[1] for line in family_switches([planted])] == ["1", "3", "4"]
+    finally:
+        planted.unlink()

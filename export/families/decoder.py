@@ -26,6 +26,7 @@ from export.runtime.decoding import DecoderSession
 from export.runtime.shared_cache import SharedCacheSession
 from export.serving.genai import GenAIFiles, decoder_genai
 from registry.catalog import Card
+from registry.families import DECODER
 from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
@@ -34,8 +35,7 @@ SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/fami
 
 
 class DecoderFamily(Family):
-    name = "decoder"
-    generates = True
+    spec = DECODER
     optimizer_model_type = "gpt2"
     attention_fusion_note = f"generation uses {KV_FILE} (GroupQueryAttention) instead"
     cost = staticmethod(decoder_cost)

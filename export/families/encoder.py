@@ -17,6 +17,7 @@ from export.inspect.maps import encoder_maps
 from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
+from registry.families import ENCODER
 from zoo.blocks.heads import encoder_heads
 from zoo.files.tokenizer import load_tokenizer
 
@@ -24,8 +25,7 @@ TOKENS = ("batch_size", "sequence_length")
 
 
 class EncoderFamily(Family):
-    name = "encoder"
-    generates = False
+    spec = ENCODER
     optimizer_model_type = "bert"
     cost = staticmethod(encoder_cost)
     bench = staticmethod(bench_encoder)

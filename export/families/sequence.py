@@ -14,11 +14,12 @@ from export.family import Case, GraphIO, Input
 from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import SequenceGraph
 from registry.catalog import Card
+from registry.families import SEQUENCE
 from zoo.blocks.heads import sequence_heads
 
 
 class SequenceDecoderFamily(EncoderFamily):
-    name = "decoder"
+    spec = SEQUENCE
     optimizer_model_type = "gpt2"
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:

@@ -16,12 +16,13 @@ import numpy as np
 import onnx
 from torch import nn
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
 from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.families import FamilySpec
 from registry.sizes import CACHE_AXES, CROSS_CACHE_AXES
+from runtime.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
+from runtime.generate import open_session
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,8 @@ class Family:
         raise NotImplementedError
 
     def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
-        raise ZooError(f"{engine.card.name}: an encoder does not generate; use `zoo run` on it "
-                       "for pooled vectors and masked-token predictions")
+        """The generation session its spec calls for (runtime/generate.py)."""
+        return open_session(engine, capacity, shared_cache)
 
     def generated_length(self, prompt_length: int, new_tokens: int) -> int:
         """Positions the generated sequence occupies (checked against max_positions)."""

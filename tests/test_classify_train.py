@@ -13,12 +13,12 @@ import torch
 from click.testing import CliRunner
 
 import cli
+from runtime.scores import majority_baseline, scores
 from tests.conftest import card
 from zoo.assemble import build_model
 from zoo.files.weights import load_built, save_built
 from zoo.training.checkpoints import latest_checkpoint
 from zoo.training.classify import prepare_classifier
-from zoo.training.scores import majority_baseline, scores
 from zoo.training.train import TrainOptions, train
 
 

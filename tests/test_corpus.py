@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 import export.commands.corpus
-import export.runtime.corpus
+import runtime.corpus
 from cli import main
 from export.api import load
-from export.runtime.corpus import length_batches
+from runtime.corpus import length_batches
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import ON_CLASSIFIER
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
 
@@ -132,7 +132,7 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
               "already exists", "--force")
     assert out.read_text() == "earlier\n"
     # With --force, a run that fails after its first batch leaves the old file whole.
-    real = export.runtime.corpus.run_sequences
+    real = runtime.corpus.run_sequences
     calls = []
 
     def fails_later(engine: object, prompts: list) -> object:
@@ -141,7 +141,7 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
             raise OSError(28, "No space left on device")
         return real(engine, prompts)
 
-    monkeypatch.setattr(export.runtime.corpus, "run_sequences", fails_later)
+    monkeypatch.setattr(runtime.corpus, "run_sequences", fails_later)
     monkeypatch.setattr(export.commands.corpus, "token_budget", lambda threads: 40)
     failed = zoo("classify", str(folder), "--data", str(data), "-o", str(out), "--force")
     assert failed.exit_code == 1 and "No space left on device" in failed.stderr
@@ -169,7 +169,7 @@ def test_a_whole_text_gets_the_tokenizer_json_special_tokens(tmp_path: Path) -> 
     [SEP]; a prompt to continue (`encode`) gets none; neither is padded nor cut."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from zoo.files.tokenizer import HuggingFaceTokenizer, sequence_ids
+    from runtime.files.tokenizer import HuggingFaceTokenizer, sequence_ids
 
     vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "to": 3, "be": 4}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

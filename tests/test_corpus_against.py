@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from cli import main
 from registry.paths import display_path
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, export_card
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 pytestmark = ON_CLASSIFIER
 

@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 import cli
-from export.onnx.manifest import read_manifest
+from runtime.manifest import read_manifest
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card, export_card
 from zoo.assemble import build_model
 
@@ -120,7 +120,7 @@ def test_evaluate_scores_the_export_and_compares_with_pytorch(classifier_export:
     """Rows labelled with the reference's answer twice and a wrong one once: accuracy 2/3."""
     import shutil
 
-    from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+    from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
     folder = tmp_path / "export"
     shutil.copytree(classifier_export, folder)

@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import cli
+from runtime.files.lock import lock_path
 from tests.test_hostile_folders import fake_export
-from zoo.files.lock import lock_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,11 +16,11 @@ from click.testing import CliRunner, Result
 from onnx import TensorProto, helper
 
 import cli
-from export.onnx.contract import FORMAT_VERSION, MANIFEST
 from registry.catalog import open_catalog
 from registry.errors import ZooError
-from zoo.files.atomic import sha256
-from zoo.files.tokenizer import tokenizer_files
+from runtime.contract import FORMAT_VERSION, MANIFEST
+from runtime.files.atomic import sha256
+from runtime.files.tokenizer import tokenizer_files
 
 
 def zoo(*args: str) -> Result:

@@ -16,11 +16,11 @@ import torch
 from click.testing import CliRunner
 
 import cli
-from export.runtime.prompts import check_ids
 from registry.errors import ZooError
 from registry.schema import MAX_LABELS
+from runtime.files.labelled import Example, Rows, classes, label_ids
+from runtime.prompts import check_ids
 from tests.conftest import SharedExport, card, on_shared
-from zoo.training.labelled import Example, Rows, classes, label_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 HUGE = 10**15

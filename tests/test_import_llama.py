@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 
 import cli
 from export.opening import open_model
-from export.runtime.generate import generate, left_padded
+from runtime.generate import generate, left_padded
 from tests.test_import import assert_one_error
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built

@@ -192,8 +192,8 @@ def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
 
     from export.onnx.shared_cache import KV_FILE
     from export.opening import open_export, open_model
-    from export.runtime.generate import generate
     from registry.sizes import attention_sizes
+    from runtime.generate import generate
     from zoo.files.weights import load_built
 
     folder, report = shared_export("llama-tiny", "optimize")
@@ -234,7 +234,7 @@ def test_a_yarn_scaled_card_exports_with_the_kernels_rotary(tmp_path: Path) -> N
     from export.opening import open_export
     from export.options import ExportOptions
     from export.pipeline import export_and_verify
-    from export.runtime.generate import open_session
+    from runtime.generate import open_session
 
     yarn = card("llama-tiny", rope_scaling=YARN)
     model = build_model(yarn, seed=3).eval()

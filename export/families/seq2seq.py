@@ -18,12 +18,12 @@ from export.checks.cases import encoder_cases, seq2seq_decoder_cases
 from export.checks.quality import Measure, agreement_measures
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import seq2seq_maps
-from export.onnx.contract import DECODER
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
-from export.runtime.decoding import Seq2SeqSession
 from export.serving.seq2seq_layout import layout_entry, layout_graphs
 from registry.catalog import Card
 from registry.families import ENCODER_DECODER
+from runtime.contract import DECODER
+from runtime.decoding import Seq2SeqSession
 from zoo.blocks.heads import LMHead
 
 SOURCE = ("batch_size", "encoder_sequence_length")
@@ -62,9 +62,6 @@ class Seq2SeqFamily(Family):
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return (encoder_cases(reference, rng, "encoder.onnx", with_token_types=False)
                 + seq2seq_decoder_cases(reference, rng))
-
-    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
-        return Seq2SeqSession(engine)
 
     def quality(self, reference: Any, candidate: Any, seed: int) -> list[Measure]:
         return agreement_measures(self.agreement(reference, candidate, STEPS, seed))

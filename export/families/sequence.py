@@ -11,10 +11,10 @@ import numpy as np
 from export.checks.cases import encoder_cases
 from export.families.encoder import TOKENS, EncoderFamily
 from export.family import Case, GraphIO, Input
-from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import SequenceGraph
 from registry.catalog import Card
 from registry.families import SEQUENCE
+from runtime.contract import MODEL_GRAPH
 from zoo.blocks.heads import sequence_heads
 
 

@@ -25,10 +25,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
 from registry.errors import ZooError
 from registry.schema import effective_bias
 from registry.sizes import attention_sizes
+from runtime.contract import CACHE_INPUT, CACHE_OUTPUT
 
 GENAI_CONFIG = "genai_config.json"
 GENAI_GRAPH = "onnx/model_genai.onnx"

@@ -14,7 +14,7 @@ ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
   sentence vector sentence-transformers computes: cls, mean or last pooling; quantized, its
   `model_kwargs.file_name` names the graph's file).
 
-The graph itself is `onnx/model.onnx` (export/onnx/contract.py), where transformers.js looks
+The graph itself is `onnx/model.onnx` (runtime/contract.py), where transformers.js looks
 (`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`; an encoder-decoder's are
 `onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx` (export/serving/seq2seq_layout.py).
 Quantized, each is stored under transformers.js's name for its dtype (contract.py's
@@ -27,10 +27,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from export.onnx.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
 from export.serving.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.families import spec_of
+from runtime.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 

@@ -24,9 +24,10 @@ from registry.catalog import open_catalog
 from registry.errors import ZooError, needs_package
 from registry.paths import display_path
 from registry.sizes import attention_sizes
+from runtime.files.atomic import atomic_folder, refuse_existing, sha256
+from runtime.files.chat import CHAT_TEMPLATE, check_chat_template
+from runtime.files.tokenizer import HF_TOKENIZER
 from zoo.assemble import build_model
-from zoo.files.atomic import atomic_folder, refuse_existing, sha256
-from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
 from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer
 from zoo.files.importers import (
     RECORD,
@@ -35,7 +36,6 @@ from zoo.files.importers import (
     make_card,
     source_file,
 )
-from zoo.files.tokenizer import HF_TOKENIZER
 from zoo.files.weights import save_built
 
 ARCHITECTURES = {"llama": "llama-tiny"}  # general.architecture -> the card it extends

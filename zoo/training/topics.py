@@ -10,8 +10,8 @@ import random
 from pathlib import Path
 
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_folder
-from zoo.training.labelled import Example, Rows, read_rows
+from runtime.files.atomic import atomic_folder
+from runtime.files.labelled import Example, Rows, read_rows
 
 TOPICS = Path(__file__).resolve().parent / "datasets" / "topics.jsonl"
 TRAIN, EVAL = "train.jsonl", "eval.jsonl"

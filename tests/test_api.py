@@ -1,7 +1,7 @@
-"""The public Python API (export/api.py, README "Python API"), used as a program would use it:
-nothing from export/ but `export.api`. Expected values come from PyTorch directly (a greedy
-loop over the full sequence, no cache) and from the sentence-vector formula written out in
-tests/test_embeddings.py."""
+"""The public Python API (`import zoo`, zoo/__init__.py; README "Python API"), used as a program
+would use it: nothing from export/ but what `zoo` names. Expected values come from PyTorch
+directly (a greedy loop over the full sequence, no cache) and from the sentence-vector formula
+written out in tests/test_embeddings.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from export.api import ExportOptions, GenerateOptions, ZooError, export_model, load
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, ON_TRAINED
 from tests.test_embeddings import PROMPTS, reference
+from zoo import ExportOptions, GenerateOptions, ZooError, export_model, load
 from zoo.files.weights import load_built
 
 NEW_TOKENS = 6

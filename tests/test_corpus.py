@@ -15,10 +15,10 @@ from click.testing import CliRunner
 import export.commands.corpus
 import runtime.corpus
 from cli import main
-from export.api import load
 from runtime.corpus import length_batches
 from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import ON_CLASSIFIER
+from zoo import load
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
 

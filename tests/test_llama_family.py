@@ -144,8 +144,8 @@ def test_genai_runs_a_grouped_query_export_under_its_llama_type(variant: str,
     """GenAI's native llama type reads the export's 2 key/value heads and gives the zoo's
     greedy tokens (the plain graph, and --optimize's shared-buffer GroupQueryAttention one)."""
     pytest.importorskip("onnxruntime_genai")
-    from export.api import GenerateOptions, load
     from tests.test_serving import genai_greedy
+    from zoo import GenerateOptions, load
 
     folder = shared_export("llama-tiny", variant)[0]
     config = json.loads((folder / "genai_config.json").read_text())["model"]

@@ -1,6 +1,7 @@
 """The project's imports: no cycle anywhere, and layers only point down (cli -> export -> zoo ->
 runtime -> registry, docs/architecture.md); the `zoo` package root is the public facade, which
-reaches up lazily (PEP 562); runtime/ imports only the libraries that run an export. Read from the source with ast, so nothing is imported.
+reaches up lazily (PEP 562); runtime/ imports only the libraries that run an export. Read from
+the source with ast, so nothing is imported.
 
 Importing `a.b.c` runs the package `a.b`'s __init__ first, so it counts as an import of `a.b`
 too: a table in a package's __init__ that imports a module which imports a sibling through

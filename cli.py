@@ -428,8 +428,8 @@ def run(folder: str, provider: str, id_lists: tuple[str, ...], texts: tuple[str,
     vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
     size and norm, and the texts' cosine similarities.
     """
-    from export.api import GenerateOptions
     from export.commands.run import RunRequest, run_export
+    from runtime.exported import GenerateOptions
 
     options = GenerateOptions(max_new_tokens, temperature, top_k, top_p, beams, seed)
     request = RunRequest(Path(folder), texts, tuple(parse_ids(i) for i in id_lists), chats,

@@ -41,8 +41,8 @@ from peers import interleaved, machine, plain_session, print_report  # noqa: E40
 from prepare import optimum_export, optimum_quantized, zoo_export  # noqa: E402
 
 from export.cpu import has_vnni  # noqa: E402
-from export.onnx.contract import MODEL_GRAPH, stored_files  # noqa: E402
-from export.onnx.manifest import read_manifest  # noqa: E402
+from runtime.contract import MODEL_GRAPH, stored_files  # noqa: E402
+from runtime.manifest import read_manifest  # noqa: E402
 
 SHIPPED = HERE.parent / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
 
@@ -149,8 +149,8 @@ def one_batch_cosines(work: Path, st_folder: Path, zoo: dict[str, Path], texts: 
     right-padded batch, plain sessions: the zoo's graphs output the vector, Optimum's the
     hidden states (mean-pooled over the mask and normalized here, as sentence-transformers
     does)."""
-    from export.runtime.classify import right_padded
-    from zoo.files.tokenizer import load_tokenizer, sequence_ids
+    from runtime.classify import right_padded
+    from runtime.files.tokenizer import load_tokenizer, sequence_ids
 
     tokenizer = load_tokenizer(zoo["fp32"])
     ids, mask = right_padded([sequence_ids(tokenizer, text) for text in texts], 0)

@@ -38,10 +38,10 @@ from prepare import hf_folder, optimum_export, zoo_export  # noqa: E402
 from export.bench.genai_vs_zoo import genai_runner, zoo_runner  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
 from export.cpu import cpu_flags  # noqa: E402
-from export.onnx.contract import MODEL_GRAPH  # noqa: E402
 from export.opening import open_export  # noqa: E402
-from export.runtime.generate import open_session  # noqa: E402
-from export.runtime.sessions import Runtime  # noqa: E402
+from runtime.contract import MODEL_GRAPH  # noqa: E402
+from runtime.generate import open_session  # noqa: E402
+from runtime.sessions import Runtime  # noqa: E402
 
 Run = Callable[[], object]
 FIRST_CALL = "zoo generate's first call (model_kv.onnx)"

@@ -33,13 +33,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from export.bench.machine import cpu_name  # noqa: E402
-from export.checks.perplexity import TextScore, score_text, top1_agreement  # noqa: E402
 from export.cpu import cpu_flags  # noqa: E402
 from export.opening import open_export, open_model  # noqa: E402
-from export.runtime.sampling import Sampling, decode  # noqa: E402
-from export.runtime.sessions import Runtime  # noqa: E402
-from zoo.files.atomic import atomic_write_bytes  # noqa: E402
-from zoo.files.tokenizer import ByteTokenizer  # noqa: E402
+from runtime.files.atomic import atomic_write_bytes  # noqa: E402
+from runtime.files.tokenizer import ByteTokenizer  # noqa: E402
+from runtime.perplexity import TextScore, score_text, top1_agreement  # noqa: E402
+from runtime.sampling import Sampling, decode  # noqa: E402
+from runtime.sessions import Runtime  # noqa: E402
 from zoo.files.weights import load_built  # noqa: E402
 from zoo.training.data import SHIPPED_TEXT  # noqa: E402
 

@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from export.api import load  # noqa: E402
-from zoo.training.labelled import label_ids, read_rows  # noqa: E402
-from zoo.training.scores import scores  # noqa: E402
+from runtime.files.labelled import label_ids, read_rows  # noqa: E402
+from runtime.scores import scores  # noqa: E402
+from zoo import load  # noqa: E402
 
 BATCH = 16
 

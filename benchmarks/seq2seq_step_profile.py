@@ -43,7 +43,7 @@ sys.path.insert(0, str(HERE))
 from export.bench.machine import cpu_name  # noqa: E402
 from export.bench.timing import measure_interleaved  # noqa: E402
 from export.cpu import cpu_flags  # noqa: E402
-from export.runtime.sessions import DISABLED_OPTIMIZERS, PROVIDERS, session_options  # noqa: E402
+from runtime.sessions import DISABLED_OPTIMIZERS, PROVIDERS, session_options  # noqa: E402
 
 CARD = "transformer-base"
 SOURCES = (16, 512)
@@ -104,7 +104,7 @@ def step_feeds(session: ort.InferenceSession, source: int) -> dict[str, np.ndarr
 
 def session(folder: Path, threads: int | None, profile: str | None = None
             ) -> ort.InferenceSession:
-    """The zoo's own session (export/runtime/sessions.py), optionally profiling."""
+    """The zoo's own session (runtime/sessions.py), optionally profiling."""
     return ort.InferenceSession(str(folder / "decoder.onnx"), session_options(threads, profile),
                                 providers=[PROVIDERS["cpu"]],
                                 disabled_optimizers=DISABLED_OPTIMIZERS)

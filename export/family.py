@@ -16,11 +16,13 @@ import numpy as np
 import onnx
 from torch import nn
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
 from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.families import FamilySpec
 from registry.sizes import CACHE_AXES, CROSS_CACHE_AXES
+from runtime.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
+from runtime.generate import open_session
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,9 @@ class Extras:
 
 
 class Family:
-    name: str = ""
-    generates: bool = False  # decoders and encoder-decoders generate; encoders encode
-    continues_prompt: bool = True  # generated text follows the prompt (not a translation)
+    """A family's spec (registry/families.py: what it is, as data) and what the exporter adds."""
+
+    spec: FamilySpec
     optimizer_model_type: str = "bert"  # onnxruntime.transformers' pattern set
     attention_fusion_note: str = ""  # why a missing attention fusion does not matter, if so
     # The family's own pieces, handed out as they are (staticmethod(...) in each family):
@@ -130,12 +132,27 @@ class Family:
     profile: Callable[[Any, Card, int | None, Any], dict[str, dict[str, float]]]
     # attention_maps(engine, prompt ids, generated ids) -> [inspect.maps.AttentionGroup]
     attention_maps: Callable[[Any, list[int], list[int]], list[Any]]
-    # how many tokens `zoo attention` generates when not told: the encoder-decoder needs a target
-    default_generate: int = 0
     # --quantize int8-dynamic quantizes these graphs (compute-bound forwards); a family with
     # none refuses it, saying what to use instead
     dynamic_files: tuple[str, ...] = ()
     dynamic_alternative: str = "--quantize int8 (weight-only MatMulNBits)"
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def generates(self) -> bool:
+        return self.spec.generates
+
+    @property
+    def continues_prompt(self) -> bool:
+        return self.spec.continues_prompt
+
+    @property
+    def default_generate(self) -> int:
+        """How many tokens `zoo attention` generates when not told (a target, if it needs one)."""
+        return self.spec.default_generate
 
     def variant(self, card: Any) -> Family:
         """The object for this card: a family whose cards differ in kind (a decoder with a
@@ -160,12 +177,12 @@ class Family:
         raise NotImplementedError
 
     def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
-        raise ZooError(f"{engine.card.name}: an encoder does not generate; use `zoo run` on it "
-                       "for pooled vectors and masked-token predictions")
+        """The generation session its spec calls for (runtime/generate.py)."""
+        return open_session(engine, capacity, shared_cache)
 
     def generated_length(self, prompt_length: int, new_tokens: int) -> int:
         """Positions the generated sequence occupies (checked against max_positions)."""
-        return prompt_length + new_tokens
+        return self.spec.generated_length(prompt_length, new_tokens)
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
         raise NotImplementedError

@@ -1,6 +1,7 @@
 """Where an export or a model is opened, and its family resolved, once: the family table
 (export/families) is looked up here, where a command starts (and in the command modules), and
-everything below takes the family from the engine it is handed (`engine.family`)."""
+everything below takes the family from the engine it is handed (`engine.family`). Running
+alone opens through runtime/opening.py, which needs no family object."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 from torch import nn
 
 from export.families import family_of
-from export.onnx.manifest import manifest_card, read_manifest
 from export.runtime.engines import TorchEngine
-from export.runtime.sessions import Runtime
 from registry.catalog import Card
+from runtime.manifest import manifest_card, read_manifest
+from runtime.sessions import Runtime
 
 
 def open_export(folder: Path, provider: str = "cpu", threads: int | None = None,
@@ -29,7 +30,7 @@ def open_staged(folder: Path, manifest: dict[str, Any], provider: str = "cpu",
     """Files with the manifest that is about to be written beside them (zoo export's check
     of its staged folder)."""
     card = manifest_card(folder, manifest)
-    return Runtime(folder, manifest, card, family_of(card), provider, threads)
+    return Runtime(folder, manifest, card, provider, threads, family_of(card))
 
 
 def open_model(model: nn.Module, card: Card, device: str = "cpu",

@@ -10,9 +10,9 @@ from pathlib import Path
 from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL
 from export.onnx.quantize import DYNAMIC, check_choice
 from export.onnx.trace import DEFAULT_OPSET, check_opset
-from export.runtime.sessions import require_provider
 from registry.errors import ZooError
-from zoo.files.texts import TextRow, read_texts
+from runtime.files.texts import TextRow, read_texts
+from runtime.sessions import require_provider
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from export.opening import open_staged
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.paths import display_path
-from zoo.files.tokenizer import load_tokenizer, tokenizer_files
+from runtime.files.tokenizer import load_tokenizer, tokenizer_files
 
 
 @dataclass

@@ -14,14 +14,11 @@ from typing import Any
 
 from registry.blocks import block_names
 from registry.errors import CardError
+from registry.families import POOLINGS, SPECS
 from registry.plugins import load_plugins
 from registry.sizes import attention_sizes
 
 FAMILIES = ("encoder", "decoder", "encoder-decoder")
-POOLINGS = ("cls", "mean", "last", "pooler")
-# What a sentence vector may be made of, per family: a causal decoder's first token has seen
-# nothing, and only the encoder has BERT's pooler.
-FAMILY_POOLINGS = {"encoder": POOLINGS, "decoder": ("mean", "last")}
 REQUIRED = object()
 # Upper bounds on the sizes, generous (several times the largest published models), so that a
 # typo or a hostile file (`vocab_size: 10**15`) is refused here, not by torch's allocator.
@@ -283,7 +280,8 @@ def _check_sequence_heads(card: dict[str, Any], where: str) -> None:
     """pooling, normalize, num_labels and labels: the sentence vector and the classifier."""
     pooling, labels = card["pooling"], card["labels"]
     if pooling is not None:
-        allowed = FAMILY_POOLINGS.get(card["family"], ())
+        # a causal decoder's first token has seen nothing; only the encoder has BERT's pooler
+        allowed = SPECS[card["family"]].poolings if card["family"] in SPECS else ()
         if pooling not in allowed:
             expected = f"one of {', '.join(allowed)}" if allowed else "absent (null)"
             raise CardError(f"{where}: pooling={pooling!r} for family {card['family']} should "
@@ -317,4 +315,5 @@ def default_pooling(card: dict[str, Any]) -> str:
     encoder and the last for a decoder (as GPT2ForSequenceClassification)."""
     if card["pooler"]:
         return "pooler"
-    return {"encoder": "cls", "decoder": "last"}.get(card["family"], "cls")
+    spec = SPECS.get(card["family"])
+    return spec.default_pooling if spec is not None else "cls"

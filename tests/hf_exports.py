@@ -15,7 +15,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from cli import main as zoo
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 # name: (card, --set overrides). The classifier reads a mean-pooled sentence vector (no
 # transformers class computes that: its config names no architecture); the pooler classifier is

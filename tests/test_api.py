@@ -1,7 +1,7 @@
-"""The public Python API (export/api.py, README "Python API"), used as a program would use it:
-nothing from export/ but `export.api`. Expected values come from PyTorch directly (a greedy
-loop over the full sequence, no cache) and from the sentence-vector formula written out in
-tests/test_embeddings.py."""
+"""The public Python API (`import zoo`, zoo/__init__.py; README "Python API"), used as a program
+would use it: nothing from export/ but what `zoo` names. Expected values come from PyTorch
+directly (a greedy loop over the full sequence, no cache) and from the sentence-vector formula
+written out in tests/test_embeddings.py."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from export.api import ExportOptions, GenerateOptions, ZooError, export_model, load
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, ON_TRAINED
 from tests.test_embeddings import PROMPTS, reference
+from zoo import ExportOptions, GenerateOptions, ZooError, export_model, load
 from zoo.files.weights import load_built
 
 NEW_TOKENS = 6
@@ -97,3 +97,39 @@ def test_embed_and_classify_are_the_formula_on_each_prompt_alone(classifier_expo
     assert len(one) == 1 and one[0] == pytest.approx(model.classify(PROMPTS)[1], abs=1e-6)
     with pytest.raises(ZooError, match="does not generate"):
         model.generate(PROMPTS[0])
+
+
+def test_build_makes_the_card_with_its_fields_set_and_its_seed() -> None:
+    """`zoo.build` is `zoo build`'s module: the card's fields with `sets` applied (validated
+    as --set is), initialised from the seed."""
+    import zoo
+    from registry import open_catalog, total_parameters
+
+    model = zoo.build("gpt-tiny", seed=3, sets={"n_layers": 1, "d_ff": 96})
+    changed = open_catalog().get("gpt-tiny", {"n_layers": 1, "d_ff": 96})
+    assert len(model.layers) == 1 and not model.training  # the registry's arithmetic:
+    assert sum(p.numel() for p in model.parameters()) == total_parameters(changed.fields)
+    same = zoo.build("gpt-tiny", seed=3, sets={"n_layers": 1, "d_ff": 96}).state_dict()
+    other = zoo.build("gpt-tiny", seed=4, sets={"n_layers": 1, "d_ff": 96}).state_dict()
+    weights = model.state_dict()
+    assert all(torch.equal(weights[name], same[name]) for name in weights)
+    assert not all(torch.equal(weights[name], other[name]) for name in weights)
+    with pytest.raises(ZooError, match="n_layers"):
+        zoo.build("gpt-tiny", sets={"n_layers": 0})
+    with pytest.raises(ZooError, match="sets= applies to a card name"):
+        zoo.build(open_catalog().get("gpt-tiny"), sets={"n_layers": 1})
+
+
+def test_the_old_path_and_the_version_are_zoos() -> None:
+    """`export.api` names the same objects for one release; `zoo.__version__` is the
+    installed distribution's."""
+    from importlib.metadata import version
+
+    import export.api
+    import zoo
+
+    assert all(getattr(export.api, name) is getattr(zoo, name) for name in
+               ("load", "export_model", "ExportOptions", "GenerateOptions", "ZooError"))
+    assert zoo.__version__ == version("zoo")
+    with pytest.raises(AttributeError, match="no attribute 'lod'"):
+        zoo.lod  # noqa: B018

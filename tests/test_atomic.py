@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_folder, atomic_write_bytes
+from runtime.files.atomic import atomic_folder, atomic_write_bytes
 
 
 def race(target: Path) -> tuple[list[str], list[str]]:

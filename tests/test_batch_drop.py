@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from export.opening import open_export
-from export.runtime.generate import generate, open_session
-from export.runtime.sampling import Sampling, decode
-from export.runtime.sessions import Runtime
-from export.runtime.shared_cache import SharedCacheSession
+from runtime.generate import generate, open_session
+from runtime.sampling import Sampling, decode
+from runtime.sessions import Runtime
+from runtime.shared_cache import SharedCacheSession
 from tests.conftest import SharedExport, card, on_shared
 
 pytestmark = on_shared("gpt-tiny")
@@ -29,6 +29,7 @@ class CountingEngine:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime, self.card, self.family, self.rows = runtime, runtime.card, runtime.family, []
+        self.spec = runtime.spec
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.rows.append(len(feeds["input_ids"]))

@@ -19,14 +19,14 @@ from onnx import numpy_helper
 from cli import main
 from export.checks.parity import check_parity
 from export.checks.verify import check_agreement
-from export.onnx.contract import MANIFEST
 from export.onnx.quantize import QuantizeError, check_choice
 from export.onnx.shared_cache import KV_FILE
 from export.opening import open_export, open_model
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
-from export.runtime.generate import generate
-from export.runtime.sampling import Sampling
+from runtime.contract import MANIFEST
+from runtime.generate import generate
+from runtime.sampling import Sampling
 from tests.conftest import (
     TINY_CARDS,
     SharedExport,

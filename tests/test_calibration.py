@@ -16,12 +16,12 @@ import export.onnx.dynamic
 import export.onnx.writer
 from cli import main
 from export.checks.quality import CALIBRATION_LONGEST, CALIBRATION_ROWS, calibration_batch
-from export.onnx.contract import MANIFEST
 from registry.paths import display_path
+from runtime.contract import MANIFEST
+from runtime.files.texts import TextRow
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import card, traces_reused
 from tests.test_failing_paths import assert_refused_and_nothing_written
-from zoo.files.texts import TextRow
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 ROWS = 80  # more than calibration takes, so that which rows it picks is seen
 

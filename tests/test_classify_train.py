@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.scores import majority_baseline, scores
 from tests.conftest import card
 from tests.helpers import assert_error_after_progress, assert_one_line_error, zoo, zoo_ok
 from zoo.assemble import build_model
 from zoo.files.weights import load_built, save_built
 from zoo.training.checkpoints import latest_checkpoint
 from zoo.training.classify import prepare_classifier
-from zoo.training.scores import majority_baseline, scores
 from zoo.training.train import TrainOptions, train
 
 

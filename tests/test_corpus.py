@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import export.commands.corpus
-import export.runtime.corpus
-from export.api import load
-from export.runtime.corpus import length_batches
+import runtime.corpus
+from runtime.corpus import length_batches
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import ON_CLASSIFIER
 from tests.helpers import assert_error_after_progress, assert_one_line_error, zoo
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from zoo import load
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
 
@@ -120,7 +120,7 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
                           "already exists", "--force")
     assert out.read_text() == "earlier\n"
     # With --force, a run that fails after its first batch leaves the old file whole.
-    real = export.runtime.corpus.run_sequences
+    real = runtime.corpus.run_sequences
     calls = []
 
     def fails_later(engine: object, prompts: list) -> object:
@@ -129,7 +129,7 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
             raise OSError(28, "No space left on device")
         return real(engine, prompts)
 
-    monkeypatch.setattr(export.runtime.corpus, "run_sequences", fails_later)
+    monkeypatch.setattr(runtime.corpus, "run_sequences", fails_later)
     monkeypatch.setattr(export.commands.corpus, "token_budget", lambda threads: 40)
     failed = zoo("classify", str(folder), "--data", str(data), "-o", str(out), "--force")
     assert_error_after_progress(failed, "No space left on device", code=1)
@@ -157,7 +157,7 @@ def test_a_whole_text_gets_the_tokenizer_json_special_tokens(tmp_path: Path) -> 
     [SEP]; a prompt to continue (`encode`) gets none; neither is padded nor cut."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from zoo.files.tokenizer import HuggingFaceTokenizer, sequence_ids
+    from runtime.files.tokenizer import HuggingFaceTokenizer, sequence_ids
 
     vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "to": 3, "be": 4}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from registry.paths import display_path
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, export_card
 from tests.helpers import assert_one_line_error, zoo
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 pytestmark = ON_CLASSIFIER
 

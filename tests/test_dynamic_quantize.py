@@ -21,7 +21,7 @@ from onnx import numpy_helper
 import export.onnx.dynamic
 import export.onnx.variants
 from cli import main
-from export.onnx.contract import MANIFEST, MODEL_GRAPH
+from runtime.contract import MANIFEST, MODEL_GRAPH
 from tests.conftest import BERT_CLASSIFIER, SharedExport, on_shared, traces_reused
 from tests.test_failing_paths import assert_refused_and_nothing_written
 
@@ -242,8 +242,8 @@ def test_the_gate_reads_the_shipped_text_with_the_exports_tokenizer() -> None:
     """Real text where the export has a tokenizer (random ids were harsher on a real model
     than its use is), mixed lengths up to 64 tokens, right-padded with the mask."""
     from export.checks.quality import ROWS, mixed_batch
+    from runtime.files.tokenizer import ByteTokenizer
     from tests.conftest import card
-    from zoo.files.tokenizer import ByteTokenizer
     from zoo.training.data import SHIPPED_TEXT
 
     feeds = mixed_batch(card("bert-tiny"), 0, ByteTokenizer())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.onnx.manifest import read_manifest
+from runtime.manifest import read_manifest
 from tests.conftest import BERT_CLASSIFIER, CLASSIFIER_SEED, ON_CLASSIFIER, card, export_card
 from tests.helpers import assert_one_line_error, zoo, zoo_ok
 from zoo.assemble import build_model
@@ -108,7 +108,7 @@ def test_evaluate_scores_the_export_and_compares_with_pytorch(classifier_export:
     """Rows labelled with the reference's answer twice and a wrong one once: accuracy 2/3."""
     import shutil
 
-    from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+    from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
     folder = tmp_path / "export"
     shutil.copytree(classifier_export, folder)

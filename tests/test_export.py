@@ -17,15 +17,16 @@ from onnx import numpy_helper
 from cli import main
 from export.checks.parity import check_parity
 from export.families import family_of
-from export.onnx.contract import MANIFEST
-from export.onnx.manifest import ManifestError, read_manifest
 from export.onnx.trace import TRACE_SIZES
 from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
 from export.runtime.engines import TorchEngine
-from export.runtime.generate import generate, open_session
-from export.runtime.sampling import Sampling
-from export.runtime.sessions import OrtError, Runtime, cuda_active
+from runtime.contract import MANIFEST
+from runtime.files.atomic import sha256
+from runtime.generate import generate, open_session
+from runtime.manifest import ManifestError, read_manifest
+from runtime.sampling import Sampling
+from runtime.sessions import OrtError, Runtime, cuda_active
 from tests.conftest import (
     TINY_CARDS,
     Lazy,
@@ -37,7 +38,6 @@ from tests.conftest import (
 from tests.contract_doc import documented_contract
 from tests.helpers import assert_error_after_progress
 from zoo.assemble import build_model
-from zoo.files.atomic import sha256
 from zoo.files.weights import WEIGHTS, load_built
 
 # The tests that read the session's shared exports run in their card's pytest-xdist group, so

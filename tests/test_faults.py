@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from runtime.files.lock import lock_path
 from tests.helpers import assert_error_after_progress, zoo
 from tests.test_hostile_folders import fake_export
-from zoo.files.lock import lock_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main as zoo
-from export.onnx.contract import MANIFEST
 from export.serving.huggingface import transformers_js_dtype
 from registry.sizes import attention_sizes
+from runtime.contract import MANIFEST
 from tests.conftest import ON_HF_CLIENTS, Lazy, card
 from tests.contract_doc import documented_axes
 from tests.hf_exports import MODELS

@@ -14,12 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from export.onnx.contract import FORMAT_VERSION, MANIFEST
 from registry.catalog import open_catalog
 from registry.errors import ZooError
+from runtime.contract import FORMAT_VERSION, MANIFEST
+from runtime.files.atomic import sha256
+from runtime.files.tokenizer import tokenizer_files
 from tests.helpers import assert_one_line_error, zoo
-from zoo.files.atomic import sha256
-from zoo.files.tokenizer import tokenizer_files
 
 
 def files_under(folder: Path) -> set[str]:

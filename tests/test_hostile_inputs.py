@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from export.runtime.prompts import check_ids
 from registry.errors import ZooError
 from registry.schema import MAX_LABELS
+from runtime.files.labelled import Example, Rows, classes, label_ids
+from runtime.prompts import check_ids
 from tests.conftest import SharedExport, card, on_shared
 from tests.helpers import assert_one_line_error, zoo
-from zoo.training.labelled import Example, Rows, classes, label_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 HUGE = 10**15

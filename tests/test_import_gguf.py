@@ -150,7 +150,7 @@ def test_a_gguf_file_imports_with_transformers_logits_and_greedy_tokens(tmp_path
     assert expected.abs().max() > 1.0  # large enough for the tolerance to mean something
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
     from export.opening import open_model
-    from export.runtime.generate import generate
+    from runtime.generate import generate
 
     tokens = generate(open_model(ours, card), ids.numpy(), None, 6, eos=None)
     assert tokens.tolist() == greedy[:, ids.shape[1]:].tolist()
@@ -193,7 +193,7 @@ def test_the_files_byte_level_bpe_becomes_transformers_tokenizer(tmp_path: Path)
     assert ours.token_to_id("<|end|>") == bpe.token_to_id("<|end|>")
     # Attention maps label each token with its text (" capital", not "Ġcapital"), as
     # transformers reads one token back; a piece of a character keeps its stored form.
-    from zoo.files.tokenizer import load_tokenizer
+    from runtime.files.tokenizer import load_tokenizer
 
     labels = load_tokenizer(tmp_path / "out")
     for token in ours.encode(texts[0] + " café").ids:
@@ -396,8 +396,8 @@ TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}
 def test_the_files_chat_template_renders_as_transformers_renders_it(tmp_path: Path) -> None:
     """`zoo run --chat` puts a message in the template the GGUF carries (imported as
     chat_template.jinja): the ids transformers' apply_chat_template gives."""
-    from zoo.files.chat import CHAT_TEMPLATE, render_chat
-    from zoo.files.tokenizer import HuggingFaceTokenizer
+    from runtime.files.chat import CHAT_TEMPLATE, render_chat
+    from runtime.files.tokenizer import HuggingFaceTokenizer
 
     bpe = byte_level_bpe(300)
     write_gguf(hf_model(True, bpe.get_vocab_size()), tmp_path / "tiny.gguf", tokenizer=bpe,
@@ -418,7 +418,7 @@ def test_the_files_chat_template_renders_as_transformers_renders_it(tmp_path: Pa
 
 def test_a_hostile_chat_template_is_refused_in_the_sandbox(tmp_path: Path) -> None:
     from registry.errors import ZooError
-    from zoo.files.chat import render_chat
+    from runtime.files.chat import render_chat
 
     (tmp_path / "chat_template.jinja").write_text("{{ ''.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ZooError, match="the chat template failed"):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from export.opening import open_model
-from export.runtime.generate import generate, left_padded
+from runtime.generate import generate, left_padded
 from tests.helpers import assert_one_line_error, zoo
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
@@ -152,7 +152,7 @@ def test_the_lm_head_is_tied_or_carried_as_config_json_says(imported: dict) -> N
 
 def test_an_imported_qwen3_exports_and_generates_transformers_tokens(
         sources: dict, imported: dict, tmp_path: Path) -> None:
-    from export.api import ExportOptions, GenerateOptions, export_model, load
+    from zoo import ExportOptions, GenerateOptions, export_model, load
 
     export_model(imported["qwen3"], tmp_path / "onnx", ExportOptions())  # parity-checked
     generated = load(tmp_path / "onnx").generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))

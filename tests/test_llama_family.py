@@ -144,8 +144,8 @@ def test_genai_runs_a_grouped_query_export_under_its_llama_type(variant: str,
     """GenAI's native llama type reads the export's 2 key/value heads and gives the zoo's
     greedy tokens (the plain graph, and --optimize's shared-buffer GroupQueryAttention one)."""
     pytest.importorskip("onnxruntime_genai")
-    from export.api import GenerateOptions, load
     from tests.test_serving import genai_greedy
+    from zoo import GenerateOptions, load
 
     folder = shared_export("llama-tiny", variant)[0]
     config = json.loads((folder / "genai_config.json").read_text())["model"]
@@ -192,8 +192,8 @@ def test_the_shared_cache_graph_rotates_in_the_kernel_and_norms_fuse(
 
     from export.onnx.shared_cache import KV_FILE
     from export.opening import open_export, open_model
-    from export.runtime.generate import generate
     from registry.sizes import attention_sizes
+    from runtime.generate import generate
     from zoo.files.weights import load_built
 
     folder, report = shared_export("llama-tiny", "optimize")
@@ -234,7 +234,7 @@ def test_a_yarn_scaled_card_exports_with_the_kernels_rotary(tmp_path: Path) -> N
     from export.opening import open_export
     from export.options import ExportOptions
     from export.pipeline import export_and_verify
-    from export.runtime.generate import open_session
+    from runtime.generate import open_session
 
     yarn = card("llama-tiny", rope_scaling=YARN)
     model = build_model(yarn, seed=3).eval()

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from cli import main
 from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
-from export.runtime.generate import generate
-from export.runtime.sampling import Sampling
+from runtime.generate import generate
+from runtime.sampling import Sampling
 from tests.marian_folder import SHIPPED, marian_folder, marian_vocabulary, train_spm
 from zoo.files.weights import load_built
 
@@ -103,7 +103,7 @@ def test_tokens_equal_marian_generate(marian: dict, beams: int) -> None:
 
 
 def test_tokenizer_equals_marian_tokenizer(marian: dict) -> None:
-    from zoo.files.tokenizer import load_tokenizer
+    from runtime.files.tokenizer import load_tokenizer
 
     ours = load_tokenizer(marian["exported"])
     for text in TEXTS + ["Zounds! an unknown word: qzx"]:
@@ -194,7 +194,7 @@ def test_separate_vocabularies_import_as_target_vocab_size(tmp_path: Path) -> No
         hf = model.generate(input_ids=ids, do_sample=False, max_new_tokens=STEPS)
     got = generate(open_model(zoo_model, card), ids.numpy(), None, STEPS, eos=0)
     assert [until_eos(r, 0) for r in got.tolist()] == [until_eos(r[1:], 0) for r in hf.tolist()]
-    from zoo.files.tokenizer import load_tokenizer
+    from runtime.files.tokenizer import load_tokenizer
 
     theirs = transformers.MarianTokenizer(*(str(source / name) for name in (
         "source.spm", "target.spm", "vocab.json")), target_vocab_file=str(

@@ -14,10 +14,10 @@ from click.testing import CliRunner
 
 import cli
 from export.pipeline import export_and_verify
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.conftest import ON_CLASSIFIER, card
 from tests.test_node_web import NODE_DIR, node_problem, require, run_node
 from zoo.assemble import build_model
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 ROWS = ["72,101,108,108,111", "5,6,7", "72,101,108,108,111,33,33,33,33"]
 TEXTS = ["Either you must", "Confess yourselves wondrous malicious,", "Or be accusé 東 🙂"]

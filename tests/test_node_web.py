@@ -30,15 +30,15 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main as zoo
-from export.onnx.contract import MANIFEST
 from export.opening import open_export, open_model
-from export.runtime.encode import encode
 from export.runtime.engines import TorchEngine
-from export.runtime.generate import generate
-from export.runtime.sessions import Runtime
+from runtime.contract import MANIFEST
+from runtime.encode import encode
+from runtime.files.atomic import sha256
+from runtime.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, ByteTokenizer
+from runtime.generate import generate
+from runtime.sessions import Runtime
 from tests.conftest import Lazy, SharedExport, card, on_shared, prompt_feeds
-from zoo.files.atomic import sha256
-from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, ByteTokenizer
 from zoo.files.weights import load_built
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from export.api import GenerateOptions, load
-from export.onnx.contract import MODEL_GRAPH
 from export.opening import open_export
-from export.runtime.encode import encoder_feeds
+from runtime.contract import MODEL_GRAPH
+from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
+from zoo import GenerateOptions, load
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "examples" / "optimum" / "run.py"

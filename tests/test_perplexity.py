@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 from cli import main
-from export.checks.perplexity import TextScore, score_text, text_windows, top1_agreement
 from export.opening import open_export
 from registry.errors import ZooError
+from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from runtime.perplexity import TextScore, score_text, text_windows, top1_agreement
 from tests.conftest import card, on_shared, random_ids
 from zoo.assemble import build_model
-from zoo.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 
 # Reads the session's shared gpt-tiny export, in the worker that holds it.
 pytestmark = on_shared("gpt-tiny")

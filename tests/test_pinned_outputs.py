@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from export.checks.agreement import THRESHOLDS, Agreement, AgreementError, AgreementReport
 from export.opening import open_model
-from export.runtime.classify import run_sequences
-from export.runtime.sampling import Sampling, decode
+from runtime.classify import run_sequences
+from runtime.sampling import Sampling, decode
 from tests.conftest import card, random_ids
 from tests.test_sampling import EOS, VOCAB, PrefixSession, sequence_score, table_logits
 from zoo.assemble import build_model

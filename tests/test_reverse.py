@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from cli import main
-from export.checks.exact_match import exact_match
+from runtime.exact_match import exact_match
 from tests.conftest import card
 from zoo.training import reverse
 
@@ -67,7 +67,7 @@ def test_exact_match_counts_whole_outputs(monkeypatch) -> None:
         rows = [out + [eos] * (new_tokens - len(out)) for out in outputs]
         return np.array(rows)
 
-    monkeypatch.setattr("export.checks.exact_match.generate", fake_generate)
+    monkeypatch.setattr("runtime.exact_match.generate", fake_generate)
     result = exact_match(CardOnly(), pairs)
     assert (result.correct, result.total) == (5, 6)
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from export.runtime.sampling import Sampling, decode
+from runtime.sampling import Sampling, decode
 
 VOCAB = 6
 EOS = 5

@@ -20,7 +20,7 @@ from torch import nn
 from export.families import family_of
 from export.opening import open_export
 from export.pipeline import export_and_verify
-from export.runtime.encode import encoder_feeds
+from runtime.encode import encoder_feeds
 from tests.conftest import card, random_ids
 from zoo.assemble import build_model
 from zoo.blocks.attention import DOT_PRODUCT, Attention, attention_core

@@ -15,12 +15,12 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from export.onnx.contract import LAYOUT_DECODER, LAYOUT_ENCODER
 from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
-from export.runtime.decoding import LayoutSeq2SeqSession, empty_past
-from export.runtime.generate import generate
-from export.runtime.sampling import Sampling, decode
+from runtime.contract import LAYOUT_DECODER, LAYOUT_ENCODER
+from runtime.decoding import LayoutSeq2SeqSession, empty_past
+from runtime.generate import generate
+from runtime.sampling import Sampling, decode
 from tests.conftest import card
 from zoo.assemble import build_model
 

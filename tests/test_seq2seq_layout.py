@@ -17,9 +17,11 @@ from onnx import numpy_helper
 
 from cli import main as zoo
 from export.checks.layout import check_layout
-from export.onnx.contract import LAYOUT, LAYOUT_DECODER, LAYOUT_ENCODER, MANIFEST
 from export.opening import open_export
 from export.serving.seq2seq_layout import layout_graphs
+from runtime.contract import LAYOUT, LAYOUT_DECODER, LAYOUT_ENCODER, MANIFEST
+from runtime.files.spm_tokenizer import SentencePieceTokenizer
+from runtime.files.tokenizer import load_tokenizer
 from tests.conftest import (
     ON_HF_CLIENTS,
     Lazy,
@@ -30,8 +32,6 @@ from tests.conftest import (
 )
 from tests.contract_doc import documented_layout, documented_stored_name
 from tests.hf_exports import TRANSLATOR
-from zoo.files.spm_tokenizer import SentencePieceTokenizer
-from zoo.files.tokenizer import load_tokenizer
 
 NAME = "transformer-tiny"
 

@@ -28,15 +28,15 @@ from export.families import family_of
 from export.onnx.writer import export_onnx
 from export.opening import open_export
 from export.options import ExportOptions
-from export.runtime.generate import generate, left_padded
 from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
 from export.serving.tokenizer_files import byte_level_json
 from export.serving.triton import TritonOptions, write_repository
 from registry.errors import ZooError
+from runtime.files.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_files
+from runtime.generate import generate, left_padded
 from tests.conftest import ON_TRAINED, Lazy, SharedExport, on_shared, traces_reused
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
-from zoo.files.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_files
 from zoo.training.data import SHIPPED_TEXT
 
 og = pytest.importorskip("onnxruntime_genai")

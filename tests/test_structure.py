@@ -1,5 +1,7 @@
 """The project's imports: no cycle anywhere, and layers only point down (cli -> export -> zoo ->
-registry, docs/architecture.md). Read from the source with ast, so nothing is imported.
+runtime -> registry, docs/architecture.md); the `zoo` package root is the public facade, which
+reaches up lazily (PEP 562); runtime/ imports only the libraries that run an export. Read from
+the source with ast, so nothing is imported.
 
 Importing `a.b.c` runs the package `a.b`'s __init__ first, so it counts as an import of `a.b`
 too: a table in a package's __init__ that imports a module which imports a sibling through
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = {"cli": 3, "export": 2, "zoo": 1, "registry": 0}
+LAYERS = {"cli": 4, "commands": 4, "export": 3, "zoo": 2, "runtime": 1, "registry": 0}
+FACADES = {"zoo"}  # `import zoo`: the public API, its names imported on first use
 
 
 def module_name(path: Path) -> str:
@@ -22,7 +26,7 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    files = [ROOT / "cli.py", *(p for top in ("export", "zoo", "registry")
+    files = [ROOT / "cli.py", *(p for top in LAYERS if (ROOT / top).is_dir()
                                 for p in (ROOT / top).rglob("*.py"))]
     return {module_name(path): path for path in files}
 
@@ -79,7 +83,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     layer = lambda module: LAYERS[module.split(".")[0]]  # noqa: E731
     return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets
-                  if layer(b) > layer(a))
+                  if layer(b) > layer(a) and a not in FACADES)
 
 
 def test_the_project_has_no_import_cycle() -> None:
@@ -96,10 +100,12 @@ def test_the_checks_find_what_they_are_for() -> None:
     graph = {"export.families": {"export.families.decoder"},
              "export.families.decoder": {"export.checks.cases"},
              "export.checks.cases": {"export.families"},
-             "zoo.assemble": {"export.families"}}
+             "zoo.assemble": {"export.families"}, "runtime.sessions": {"zoo.files.weights"},
+             "zoo": {"export.api"}}
     assert find_cycle(graph) == ["export.checks.cases", "export.families",
                                  "export.families.decoder", "export.checks.cases"]
-    assert upward_imports(graph) == ["zoo.assemble -> export.families"]
+    assert upward_imports(graph) == ["runtime.sessions -> zoo.files.weights",
+                                     "zoo.assemble -> export.families"]
 
 
 def test_importing_a_submodule_counts_as_importing_its_package(tmp_path: Path) -> None:
@@ -167,3 +173,54 @@ def test_head_sizes_are_worked_out_in_one_place(tmp_path: Path) -> None:
         assert [line.rsplit(":", 1)[1] for line in head_arithmetic([planted])] == ["1", "2"]
     finally:
         planted.unlink()
+
+
+# A family's meaning is data (registry/families.py's FamilySpec): only the model's assembly, the
+# family table, the registry's parameter arithmetic and the card validation may switch on a
+# family's name (the pattern ../shared/tools/structure.py counts).
+FAMILY_SWITCH = re.compile(
+    r"""family\s*(==|!=|in\s*[\(\[\{])|==\s*["'](decoder|encoder|encoder-decoder)["']""")
+SWITCHING = {"zoo/assemble.py", "export/families/__init__.py", "registry/params.py",
+             "registry/schema.py"}
+
+
+def family_switches(files: list[Path]) -> list[str]:
+    return sorted(f"{path.relative_to(ROOT)}:{number}" for path in files
+                  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                  if FAMILY_SWITCH.search(line))
+
+
+def test_only_four_files_switch_on_a_family_name(tmp_path: Path) -> None:
+    found = family_switches(list(project_modules().values()))
+    assert [hit for hit in found if hit.rsplit(":", 1)[0] not in SWITCHING] == []
+    planted = ROOT / "tests" / f"planted-{tmp_path.name}.py"  # the forms the code once had
+    planted.write_text('if card.family == "decoder":\n    pass\n'
+                       'noun = "source" if card["family"] == "encoder-decoder" else "prompt"\n'
+                       'if card.family in ("decoder", "encoder-decoder"):\n    pass\n')
+    try:
+        assert [line.rsplit(":", 1)[1] for line in family_switches([planted])] == ["1", "3", "4"]
+    finally:
+        planted.unlink()
+
+
+# Running an export needs neither torch nor the exporter: runtime/ imports the standard library,
+# the libraries that run a graph and read its files, and registry/ (jinja2 and sentencepiece
+# only inside the functions that read a chat template or MarianMT's files).
+RUNTIME_LIBRARIES = {"numpy", "onnxruntime", "tokenizers", "yaml", "jinja2", "sentencepiece",
+                     "registry", "runtime"}
+
+
+def foreign_imports(modules: dict[str, Path]) -> list[str]:
+    allowed = RUNTIME_LIBRARIES | set(sys.stdlib_module_names)
+    return sorted(f"{name} -> {imported}" for name, path in modules.items()
+                  if name.split(".")[0] == "runtime"
+                  for imported in imported_names(ast.parse(path.read_text(encoding="utf-8")))
+                  if imported.split(".")[0] not in allowed)
+
+
+def test_the_runtime_imports_only_what_runs_an_export(tmp_path: Path) -> None:
+    assert foreign_imports(project_modules()) == []
+    planted = tmp_path / "sessions.py"
+    planted.write_text("import numpy\n\ndef f():\n    import torch\n    from onnx import helper\n")
+    assert foreign_imports({"runtime.sessions": planted}) == [
+        "runtime.sessions -> onnx", "runtime.sessions -> onnx.helper", "runtime.sessions -> torch"]

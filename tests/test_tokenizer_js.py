@@ -29,6 +29,13 @@ from tokenizers import (
     trainers,
 )
 
+from runtime.files.tokenizer import (
+    BYTE_TOKENIZER,
+    HF_TOKENIZER,
+    ByteTokenizer,
+    load_tokenizer,
+    sequence_ids,
+)
 from tests.test_node_web import (
     NODE_DIR,
     WEB_DIR,
@@ -37,13 +44,6 @@ from tests.test_node_web import (
     require,
     run_node,
     serving,
-)
-from zoo.files.tokenizer import (
-    BYTE_TOKENIZER,
-    HF_TOKENIZER,
-    ByteTokenizer,
-    load_tokenizer,
-    sequence_ids,
 )
 from zoo.training.data import SHIPPED_TEXT
 

@@ -20,10 +20,10 @@ from click.testing import CliRunner
 from cli import main
 from export.opening import open_model
 from export.pipeline import export_and_verify
-from export.runtime.generate import generate
+from runtime.files.tokenizer import ByteTokenizer, load_tokenizer
+from runtime.generate import generate
 from tests.conftest import ON_TRAINED, card, traces_reused
 from zoo.assemble import build_model
-from zoo.files.tokenizer import ByteTokenizer, load_tokenizer
 from zoo.files.weights import load_built
 from zoo.training import checkpoints
 from zoo.training.checkpoints import latest_checkpoint

@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from export.api import GenerateOptions, load
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
+from zoo import GenerateOptions, load
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "transformers-js" / "run.mjs"

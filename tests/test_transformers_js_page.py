@@ -17,7 +17,6 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
-from export.api import GenerateOptions, load
 from export.opening import open_export
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.hf_exports import TEXTS, TRANSLATIONS, alone
@@ -32,6 +31,7 @@ from tests.test_node_web import (
     serving,
 )
 from tests.test_transformers_js import until_eos
+from zoo import GenerateOptions, load
 
 pytestmark = ON_HF_CLIENTS  # the exports of tests/hf_exports.py, made once in that group
 STEPS = 16

@@ -28,7 +28,7 @@ sys.path.insert(0, str(WEB.parents[1]))  # the zoo, when run from a checkout
 
 from export.bench.machine import cpu_name  # noqa: E402
 from export.opening import open_export  # noqa: E402
-from export.runtime.generate import generate  # noqa: E402
+from runtime.generate import generate  # noqa: E402
 
 PROMPT = [72, 101, 108, 108, 111, 44, 32, 119]
 

@@ -1,5 +1,5 @@
 // Text <-> ids for a zoo export, the same ids and text as the zoo's Python tokenizer
-// (zoo/files/tokenizer.py; docs/onnx-contract.md, section 6): byte-tokenizer.json,
+// (runtime/files/tokenizer.py; docs/onnx-contract.md, section 6): byte-tokenizer.json,
 // tokenizer.json and the reversal demo's word-tokenizer.json (a MarianMT export's
 // sentencepiece files are not read here: its tokenizer.json is their translation, which adds
 // the source's </s> as a special token, so a source is encoded with `sequence`). One file for

@@ -22,9 +22,9 @@ from torch import nn
 
 from export.bench.machine import read_bandwidth
 from export.bench.timing import Timing, measure
-from export.runtime.sessions import Runtime
 from registry.catalog import Card
 from registry.sizes import cache_shape
+from runtime.sessions import Runtime
 
 Figure = dict[str, float]
 

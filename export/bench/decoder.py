@@ -14,13 +14,13 @@ from torch import nn
 from export.bench.context import Context, Figure, figure, median, random_cache, tensor
 from export.bench.cost import decoder_cost, onnx_matmul_weight_bytes
 from export.bench.profile import op_times, profiled_graph
-from export.onnx.contract import CACHE_INPUT, MODEL_GRAPH, past_names
-from export.runtime.decoding import DecoderSession
-from export.runtime.sampling import Sampling, decode
-from export.runtime.sessions import Runtime
-from export.runtime.shared_cache import SharedCacheSession
 from registry.catalog import Card
 from registry.sizes import cache_shape
+from runtime.contract import CACHE_INPUT, MODEL_GRAPH, past_names
+from runtime.decoding import DecoderSession
+from runtime.sampling import Sampling, decode
+from runtime.sessions import Runtime
+from runtime.shared_cache import SharedCacheSession
 
 GREEDY = Sampling()
 

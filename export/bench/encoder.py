@@ -10,10 +10,10 @@ import torch
 from export.bench.context import Context, Figure, figure, median, tensor
 from export.bench.cost import encoder_cost
 from export.bench.profile import op_times, profiled_graph
-from export.onnx.contract import MODEL_GRAPH
-from export.runtime.encode import encoder_feeds
-from export.runtime.sessions import Runtime
 from registry.catalog import Card
+from runtime.contract import MODEL_GRAPH
+from runtime.encode import encoder_feeds
+from runtime.sessions import Runtime
 
 
 def _encoder_feeds(card: Card, batch: int, length: int) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from export.cpu import cpu_flags
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
-from export.runtime.generate import generate
+from runtime.generate import generate
 from zoo.files.sources import load_source
 
 

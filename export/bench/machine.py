@@ -11,14 +11,32 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 
 from export.bench.timing import measure
-from export.runtime.sessions import PROVIDERS, one_node_model, session_options
+from runtime.sessions import PROVIDERS, session_options
 
 MATMUL_SIZE = 2048  # 2 * 2048^3 = 17 GFLOP: ~0.1 s on two cores, far beyond cache sizes
 READ_BYTES = 1 << 30
+
+
+def one_node_model(op: str, inputs: dict[str, list[int]], outputs: dict[str, list[int]]
+                   ) -> onnx.ModelProto:
+    """A graph of one fp32 operator, for probes of the provider and of the machine."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node(op, list(inputs), list(outputs))], op.lower(),
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+         for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+         for name, shape in outputs.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10  # what ONNX Runtime 1.2x reads; onnx may default to a newer IR
+    return model
 
 
 def _matmul_session(rows: int, inner: int, columns: int, provider: str, threads: int | None

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from export.runtime.sessions import Graph, session_options
+from runtime.sessions import Graph, session_options
 
 
 def profiled_graph(path: Path, provider: str, threads: int | None, folder: Path) -> Graph:

@@ -11,12 +11,12 @@ import onnx
 from torch import nn
 
 from export.family import GraphIO, Input
-from export.onnx.contract import DECODER
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.trace import DEFAULT_OPSET, export_graph, trace_inputs
 from export.onnx.wrappers import Outputs, Wrapper, flatten, pair_up
-from export.runtime.sessions import Graph
 from registry.catalog import Card
+from runtime.contract import DECODER
+from runtime.sessions import Graph
 from zoo.blocks.heads import LMHead
 
 SOURCE = ("batch_size", "encoder_sequence_length")

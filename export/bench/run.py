@@ -23,14 +23,14 @@ from export.bench.context import Context
 from export.bench.machine import cpu_name, load_average, matmul_flops, read_bandwidth
 from export.bench.profile import temporary_folder
 from export.family import Family
-from export.onnx.contract import MANIFEST
 from export.onnx.manifest import package_versions
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
-from export.runtime.sessions import Runtime
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_write_bytes, refuse_existing
+from runtime.contract import MANIFEST
+from runtime.files.atomic import atomic_write_bytes, refuse_existing
+from runtime.sessions import Runtime
 from zoo.files.sources import load_source
 from zoo.files.weights import WEIGHTS, load_built
 

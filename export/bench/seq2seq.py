@@ -16,8 +16,8 @@ from export.bench.cost import Cost, seq2seq_cost
 from export.bench.profile import temporary_folder
 from export.bench.recompute import recomputing_graph
 from export.bench.timing import measure_interleaved
-from export.onnx.contract import CACHE_INPUT, DECODER, ENCODER, past_names
-from export.runtime.sessions import Graph
+from runtime.contract import CACHE_INPUT, DECODER, ENCODER, past_names
+from runtime.sessions import Graph
 
 SOURCES = (16, 128, 512)
 # (PyTorch's run, ONNX Runtime's run, bytes one step reads)

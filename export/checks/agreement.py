@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from export.onnx.contract import MODEL_GRAPH
-from export.runtime.encode import encoder_feeds
-from export.runtime.engine import Engine
 from registry.catalog import Card
 from registry.errors import ZooError
+from runtime.contract import MODEL_GRAPH
+from runtime.encode import encoder_feeds
+from runtime.engine import Engine
 
 STEPS = 64
 THRESHOLDS = {"int8": (0.90, 0.98), "int4": (0.50, 0.90)}  # (top-1, top-5 containment)

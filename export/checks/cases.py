@@ -12,7 +12,10 @@ import math
 import numpy as np
 
 from export.family import Case
-from export.onnx.contract import (
+from registry.catalog import Card
+from registry.params import total_parameters
+from registry.schema import target_vocab_size
+from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
     DECODER,
@@ -20,12 +23,9 @@ from export.onnx.contract import (
     MODEL_GRAPH,
     past_names,
 )
-from export.runtime.decoding import empty_past
-from export.runtime.encode import encoder_feeds
-from export.runtime.engine import Engine
-from registry.catalog import Card
-from registry.params import total_parameters
-from registry.schema import target_vocab_size
+from runtime.decoding import empty_past
+from runtime.encode import encoder_feeds
+from runtime.engine import Engine
 
 LONGEST = 1024  # the grid's longest sequence: eager attention over 8k-32k positions (Llama,
 # Qwen) would need tens of GB for one (B, H, T, T) score tensor; 1024 is GPT-2's whole context

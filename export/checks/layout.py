@@ -15,7 +15,8 @@ import numpy as np
 
 from export.checks.cases import left_padding, random_ids, right_padding
 from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL, GENERATION_STEPS, Report, Row, compare
-from export.onnx.contract import (
+from registry.schema import target_vocab_size
+from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
     DECODER,
@@ -25,10 +26,9 @@ from export.onnx.contract import (
     USE_CACHE_BRANCH,
     past_names,
 )
-from export.runtime.decoding import LayoutSeq2SeqSession, Seq2SeqSession, empty_past
-from export.runtime.sampling import Sampling, decode
-from export.runtime.sessions import Runtime
-from registry.schema import target_vocab_size
+from runtime.decoding import LayoutSeq2SeqSession, Seq2SeqSession, empty_past
+from runtime.sampling import Sampling, decode
+from runtime.sessions import Runtime
 
 PER_LAYER = re.compile(r"\.\d+\.(decoder|encoder)\.(key|value)$")  # present.{i}.decoder.key
 

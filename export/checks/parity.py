@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from export.checks.cases import left_padding, random_ids
-from export.onnx.contract import MODEL_GRAPH
-from export.runtime.engine import Engine
-from export.runtime.generate import generate
 from registry.errors import ZooError
+from runtime.contract import MODEL_GRAPH
+from runtime.engine import Engine
+from runtime.generate import generate
 
 DEFAULT_ATOL, DEFAULT_RTOL = 1e-4, 1e-3
 # One row for all layers' cache, and one per group for all layers' attention maps.

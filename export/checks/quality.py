@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from export.checks.agreement import THRESHOLDS, Agreement
-from export.runtime.classify import right_padded, softmax
-from export.runtime.encode import encoder_feeds
-from export.runtime.engine import Engine
 from registry.errors import ZooError
-from zoo.files.texts import TextRow
-from zoo.files.tokenizer import Tokenizer, sequence_ids
+from runtime.classify import cosines, right_padded, softmax
+from runtime.encode import encoder_feeds
+from runtime.engine import Engine
+from runtime.files.texts import TextRow
+from runtime.files.tokenizer import Tokenizer, sequence_ids
 from zoo.training.data import SHIPPED_TEXT
 
 ROWS = 16
@@ -158,13 +158,6 @@ def calibration_batch(card: Any, tokenizer: Tokenizer | None,
     pad = card["pad_token_id"] if card["pad_token_id"] is not None else 0
     ids, mask = right_padded(prompts, pad)
     return encoder_feeds(card, ids, mask)
-
-
-def cosines(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    """Row-wise cosine over the last axis, in float64."""
-    e, a = expected.astype(np.float64), actual.astype(np.float64)
-    norms = np.linalg.norm(e, axis=-1) * np.linalg.norm(a, axis=-1)
-    return (e * a).sum(-1) / np.maximum(norms, 1e-30)
 
 
 def encoder_quality(reference: Engine, candidate: Engine, file: str, seed: int,

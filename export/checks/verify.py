@@ -23,14 +23,14 @@ from export.checks.parity import (
     compare,
 )
 from export.checks.quality import GateError, GateReport
-from export.onnx.contract import LAYOUT
 from export.onnx.quantize import DYNAMIC
 from export.onnx.shared_cache import KV_FILE
-from export.runtime.engine import Engine
 from export.runtime.engines import TorchEngine
-from export.runtime.generate import open_session
-from export.runtime.sessions import Runtime
 from registry.catalog import Card
+from runtime.contract import LAYOUT
+from runtime.engine import Engine
+from runtime.generate import open_session
+from runtime.sessions import Runtime
 
 
 def check_agreement(reference: Engine, candidate: Engine, quantization: str,

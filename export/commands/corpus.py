@@ -19,17 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from export.api import Exported, load
-from export.checks.quality import cosines
-from export.runtime.classify import label_names
-from export.runtime.corpus import CorpusOutputs, run_corpus, token_budget
-from export.runtime.prompts import check_ids
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.atomic import atomic_write_bytes, check_writable, refuse_existing
-from zoo.files.texts import TextRow, read_labels, read_texts
-from zoo.files.tokenizer import sequence_ids
-from zoo.training.labelled import Example, Rows, label_ids
+from runtime.classify import cosines, label_names
+from runtime.corpus import CorpusOutputs, run_corpus, token_budget
+from runtime.exported import Exported, load
+from runtime.files.atomic import atomic_write_bytes, check_writable, refuse_existing
+from runtime.files.labelled import Example, Rows, label_ids
+from runtime.files.texts import TextRow, read_labels, read_texts
+from runtime.files.tokenizer import sequence_ids
+from runtime.prompts import check_ids
 
 # (rows done, rows in all, rows per second so far)
 RowsProgress = Callable[[int, int, float], None]

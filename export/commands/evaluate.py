@@ -1,23 +1,24 @@
 """`zoo evaluate OUT`: a classifier on labelled rows (beside PyTorch's predictions), an
-encoder-decoder's exact match on held-out inputs, a decoder's perplexity on a text."""
+encoder-decoder's exact match on held-out inputs, a decoder's perplexity on a text.
+
+A decoder's perplexity runs on ONNX Runtime alone; the classifier's comparison with PyTorch
+and the reversal task's held-out pairs load torch, so they import it where they need it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from export.checks.exact_match import exact_match
-from export.checks.perplexity import score_text
-from export.opening import open_export, open_model
-from export.runtime.classify import predictions
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.tokenizer import Tokenizer, load_tokenizer, sequence_ids
-from zoo.files.weights import load_built
-from zoo.training import reverse
-from zoo.training.data import read_text_tokens
-from zoo.training.labelled import label_ids, read_rows
-from zoo.training.scores import scores
+from runtime.classify import predictions
+from runtime.exact_match import exact_match
+from runtime.files.labelled import label_ids, read_rows
+from runtime.files.texts import read_token_ids
+from runtime.files.tokenizer import Tokenizer, load_tokenizer, sequence_ids
+from runtime.opening import open_export
+from runtime.perplexity import score_text
+from runtime.scores import scores
 
 Progress = Callable[[str], None]
 
@@ -33,11 +34,11 @@ def _tokenizer(folder: Path, what: str) -> Tokenizer:
 def evaluate_text(folder: Path, text_file: Path, window: int | None, provider: str = "cpu",
                   progress: Progress = lambda message: None) -> list[str]:
     runtime = open_export(folder, provider)
-    family = runtime.family
-    if not (family.generates and family.continues_prompt):
+    spec = runtime.spec
+    if not (spec.generates and spec.continues_prompt):
         raise ZooError(f"{folder}: a {runtime.card.family} export; --text scores a decoder's "
                        "next-token predictions")
-    ids = read_text_tokens(text_file, _tokenizer(folder, "the text"), 1).tolist()
+    ids = read_token_ids(text_file, _tokenizer(folder, "the text"), 1)
     shown = [-1]
 
     def windows_done(done: int, total: int) -> None:  # about ten lines, whatever the length
@@ -61,6 +62,9 @@ def evaluate_classifier(folder: Path, data: Path, provider: str = "cpu") -> list
     limit = card["max_positions"]
     prompts = [sequence_ids(tokenizer, example.text)[:limit] for example in rows.examples]
     onnx_says = predictions(runtime, prompts)
+    from export.opening import open_model  # PyTorch, beside
+    from zoo.files.weights import load_built
+
     torch_says = predictions(open_model(*load_built(folder)), prompts)
     names = card["labels"] or [str(i) for i in range(card["num_labels"])]
     result = scores(truth, onnx_says, names)
@@ -75,10 +79,12 @@ def evaluate_task(folder: Path, task: str, count: int, beams: int, provider: str
     if count < 1:
         raise ZooError(f"--count {count}: should be >= 1")
     runtime = open_export(folder, provider)
-    family = runtime.family
-    if not family.generates or family.continues_prompt:  # it needs source -> new target
+    spec = runtime.spec
+    if not spec.generates or spec.continues_prompt:  # it needs source -> new target
         raise ZooError(f"{folder}: a {runtime.card.family} export; --task {task} evaluates "
                        "an encoder-decoder")
+    from zoo.training import reverse  # the task's vocabulary (torch)
+
     try:
         pairs = reverse.held_out(runtime.card["vocab_size"], count)
     except ValueError as exc:

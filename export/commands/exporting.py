@@ -13,7 +13,7 @@ from export.commands import wrote
 from export.opening import open_export
 from export.options import ExportOptions
 from export.serving.triton import TritonOptions, write_repository
-from zoo.files.atomic import check_writable, refuse_existing
+from runtime.files.atomic import check_writable, refuse_existing
 from zoo.files.weights import load_built
 
 Progress = Callable[[str], None]

@@ -10,8 +10,8 @@ from typing import Any
 
 from export.commands import wrote
 from registry.catalog import open_catalog
+from runtime.files.atomic import refuse_existing
 from zoo.assemble import build_model
-from zoo.files.atomic import refuse_existing
 from zoo.files.gguf_import import import_gguf
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source

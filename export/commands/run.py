@@ -9,11 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.api import Exported, GenerateOptions, Prompt, load
-from export.runtime.classify import SequenceOutputs
-from export.runtime.prompts import check_text
-from export.runtime.sampling import check_new_tokens
 from registry.errors import ZooError
+from runtime.classify import SequenceOutputs
+from runtime.exported import Exported, GenerateOptions, Prompt, load
+from runtime.prompts import check_text
+from runtime.sampling import check_new_tokens
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: 
         return _sequence_lines(result, shown, request.as_json)
     if request.as_json:
         raise ZooError("--json is for classifiers and embedding models (cards with pooling)")
-    if not exported.runtime.family.generates:
+    if not exported.runtime.spec.generates:
         return _encoder_lines(exported, prompts, what)
     return _generated_lines(exported, prompts, what, request.options, progress)
 
@@ -65,7 +65,7 @@ def _generated_lines(exported: Exported, prompts: list[Prompt], what: str,
                  f"{seconds:.2f} s, {made / seconds:.1f} tokens/s aggregate")
     if not isinstance(prompts[0], str):
         return [",".join(str(token) for token in row.ids) for row in generated]
-    continues = exported.runtime.family.continues_prompt  # a translation does not
+    continues = exported.runtime.spec.continues_prompt  # a translation does not
     return [(str(prompt) if continues else "") + (row.text or "")
             for prompt, row in zip(prompts, generated, strict=True)]
 

@@ -10,6 +10,7 @@ from export.families.encoder import EncoderFamily
 from export.families.seq2seq import Seq2SeqFamily
 from export.family import Family
 from registry.errors import ZooError
+from registry.families import register_spec
 
 FAMILIES: dict[str, Family] = {
     family.name: family for family in (DecoderFamily(), EncoderFamily(), Seq2SeqFamily())
@@ -25,4 +26,5 @@ def register_family(family: Family) -> None:
     """Add a family (a plugin's, or a test's); one name twice is an error."""
     if family.name in FAMILIES:
         raise ZooError(f"family '{family.name}' is already registered")
+    register_spec(family.spec)
     FAMILIES[family.name] = family

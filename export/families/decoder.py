@@ -17,15 +17,14 @@ from export.checks.cases import decoder_cases
 from export.families.sequence import SequenceDecoderFamily
 from export.family import Case, Extras, Family, GraphIO, Input
 from export.inspect.maps import decoder_maps
-from export.onnx.contract import MODEL_GRAPH
 from export.onnx.files import set_metadata, strip_debug
 from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
 from export.onnx.trace import export_graph
 from export.onnx.wrappers import DecoderGraph
-from export.runtime.decoding import DecoderSession
-from export.runtime.shared_cache import SharedCacheSession
 from export.serving.genai import GenAIFiles, decoder_genai
 from registry.catalog import Card
+from registry.families import DECODER
+from runtime.contract import MODEL_GRAPH
 from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
@@ -34,8 +33,7 @@ SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/fami
 
 
 class DecoderFamily(Family):
-    name = "decoder"
-    generates = True
+    spec = DECODER
     optimizer_model_type = "gpt2"
     attention_fusion_note = f"generation uses {KV_FILE} (GroupQueryAttention) instead"
     cost = staticmethod(decoder_cost)
@@ -56,12 +54,6 @@ class DecoderFamily(Family):
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return decoder_cases(reference, rng)
-
-    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
-        kv_graph = getattr(engine, "kv_graph", None) if shared_cache else None
-        if kv_graph is not None:
-            return SharedCacheSession(kv_graph, engine.card, capacity)
-        return DecoderSession(engine)
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         steps = min(steps, reference.card["max_positions"] - AGREEMENT_PROMPT)

@@ -14,18 +14,18 @@ from export.checks.cases import encoder_cases
 from export.checks.quality import Measure, encoder_quality
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import encoder_maps
-from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
+from registry.families import ENCODER
+from runtime.contract import MODEL_GRAPH
+from runtime.files.tokenizer import load_tokenizer
 from zoo.blocks.heads import encoder_heads
-from zoo.files.tokenizer import load_tokenizer
 
 TOKENS = ("batch_size", "sequence_length")
 
 
 class EncoderFamily(Family):
-    name = "encoder"
-    generates = False
+    spec = ENCODER
     optimizer_model_type = "bert"
     cost = staticmethod(encoder_cost)
     bench = staticmethod(bench_encoder)

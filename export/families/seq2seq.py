@@ -18,11 +18,12 @@ from export.checks.cases import encoder_cases, seq2seq_decoder_cases
 from export.checks.quality import Measure, agreement_measures
 from export.family import Case, Family, GraphIO, Input
 from export.inspect.maps import seq2seq_maps
-from export.onnx.contract import DECODER
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
-from export.runtime.decoding import Seq2SeqSession
 from export.serving.seq2seq_layout import layout_entry, layout_graphs
 from registry.catalog import Card
+from registry.families import ENCODER_DECODER
+from runtime.contract import DECODER
+from runtime.decoding import Seq2SeqSession
 from zoo.blocks.heads import LMHead
 
 SOURCE = ("batch_size", "encoder_sequence_length")
@@ -30,16 +31,13 @@ AGREEMENT_PROMPT = 12
 
 
 class Seq2SeqFamily(Family):
-    name = "encoder-decoder"
-    generates = True
-    continues_prompt = False  # the target is new text: `zoo run --text` prints it alone
+    spec = ENCODER_DECODER  # the target is new text: `zoo run --text` prints it alone
     optimizer_model_type = "bert"
     cost = staticmethod(seq2seq_cost)
     bench = staticmethod(bench_seq2seq)
     bench_summary = staticmethod(seq2seq_summary)
     profile = staticmethod(partial(forward_profile, file="encoder.onnx"))
     attention_maps = staticmethod(seq2seq_maps)
-    default_generate = 16
     dynamic_files = ("encoder.onnx",)  # once per source; the decoder's steps stay fp32
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
@@ -64,12 +62,6 @@ class Seq2SeqFamily(Family):
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         return (encoder_cases(reference, rng, "encoder.onnx", with_token_types=False)
                 + seq2seq_decoder_cases(reference, rng))
-
-    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
-        return Seq2SeqSession(engine)
-
-    def generated_length(self, prompt_length: int, new_tokens: int) -> int:
-        return new_tokens + 1  # the target side: the start token, then the new tokens
 
     def quality(self, reference: Any, candidate: Any, seed: int) -> list[Measure]:
         return agreement_measures(self.agreement(reference, candidate, STEPS, seed))

@@ -11,14 +11,15 @@ import numpy as np
 from export.checks.cases import encoder_cases
 from export.families.encoder import TOKENS, EncoderFamily
 from export.family import Case, GraphIO, Input
-from export.onnx.contract import MODEL_GRAPH
 from export.onnx.wrappers import SequenceGraph
 from registry.catalog import Card
+from registry.families import SEQUENCE
+from runtime.contract import MODEL_GRAPH
 from zoo.blocks.heads import sequence_heads
 
 
 class SequenceDecoderFamily(EncoderFamily):
-    name = "decoder"
+    spec = SEQUENCE
     optimizer_model_type = "gpt2"
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:

@@ -18,17 +18,17 @@ from typing import Any
 import numpy as np
 
 from export.inspect.maps import AttentionGroup
-from export.onnx.contract import MANIFEST
 from export.opening import open_export, open_model
-from export.runtime.generate import generate
-from export.runtime.prompts import check_ids, check_text
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.sizes import attention_sizes
-from zoo.files.atomic import atomic_write_bytes, refuse_existing
+from runtime.contract import MANIFEST
+from runtime.files.atomic import atomic_write_bytes, refuse_existing
+from runtime.files.tokenizer import load_tokenizer, sequence_ids
+from runtime.generate import generate
+from runtime.prompts import check_ids, check_text
 from zoo.files.sources import load_source
-from zoo.files.tokenizer import load_tokenizer, sequence_ids
 from zoo.files.weights import load_built
 from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from export.family import attention_names
-from export.onnx.contract import (
+from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
     DECODER,
@@ -22,9 +22,9 @@ from export.onnx.contract import (
     MODEL_GRAPH,
     past_names,
 )
-from export.runtime.decoding import empty_past
-from export.runtime.encode import encoder_feeds
-from export.runtime.engine import Engine
+from runtime.decoding import empty_past
+from runtime.encode import encoder_feeds
+from runtime.engine import Engine
 
 
 @dataclass

@@ -7,7 +7,7 @@ above all). That is reported, not hidden. EmbedLayerNormalization is switched of
 it numbers positions 0..S-1 itself, while our position ids count real tokens only, so padded
 rows would change. Gelu is kept exact (no tanh approximation of an erf GELU).
 SkipLayerNormalization is switched off too, measured: its CPU kernel was eight times slower
-than the LayerNormalization + Add it replaces (see export/runtime/sessions.py).
+than the LayerNormalization + Add it replaces (see runtime/sessions.py).
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
 from export.onnx.wrappers import flatten, pair_up
 from registry.catalog import Card
 from registry.sizes import cache_shape
+from runtime.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
 from zoo.blocks.attention import Attention, KeyValue, attention_core
 from zoo.blocks.heads import LMHead
 from zoo.blocks.positions import Rotary, apply_rotary

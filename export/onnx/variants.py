@@ -9,7 +9,7 @@ encoder-decoder's encoder.onnx) get int8 weights and run-time int8 activations (
 The contract graphs keep their input and output names either way, so the parity grid (or,
 quantized, the agreement check or the quality gate) runs on them unchanged. A quantized client
 graph (under onnx/) is stored under the name transformers.js opens for its dtype
-(`onnx/model_q4.onnx`; export/onnx/contract.py's quantized_name), recorded in the manifest's
+(`onnx/model_q4.onnx`; runtime/contract.py's quantized_name), recorded in the manifest's
 `quantization.stored_as`; nothing is left under the fp32 name. So is each graph of an
 encoder-decoder's seq2seq layout that holds quantized operators (`layout_under_dtype_names`).
 """
@@ -26,14 +26,14 @@ from torch import nn
 
 from export.checks.quality import calibration_batch
 from export.family import Family
-from export.onnx.contract import CLIENT_FOLDER, DTYPES, quantized_name
 from export.onnx.dynamic import QUANTIZED_OPS, DynamicSettings, quantize_dynamic_graph
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.paths import display_path
-from zoo.files.tokenizer import Tokenizer, load_tokenizer
+from runtime.contract import CLIENT_FOLDER, DTYPES, quantized_name
+from runtime.files.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass

@@ -17,7 +17,6 @@ import onnx
 from torch import nn
 
 from export.family import Family, GraphIO, contract_of, wrappers_of
-from export.onnx.contract import LAYOUT
 from export.onnx.files import save_models, save_standalone, set_metadata, strip_debug
 from export.onnx.manifest import build_manifest, package_versions, write_manifest
 from export.onnx.trace import ExportError, export_graph, trace_inputs
@@ -26,7 +25,8 @@ from export.options import ExportOptions
 from export.serving.huggingface import write_hf_files
 from registry.catalog import Card
 from registry.errors import first_line
-from zoo.files.atomic import atomic_folder
+from runtime.contract import LAYOUT
+from runtime.files.atomic import atomic_folder
 from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, weights_bytes
 
 Progress = Callable[[str], None]

@@ -1,1 +1,1 @@
-"""Running exports: ONNX Runtime sessions, the PyTorch engine, generation and encoding."""
+"""The PyTorch engine (engines.py): a model behind the interface runtime/engine.py declares."""

@@ -19,6 +19,7 @@ class TorchEngine:
         self.device = torch.device(device)
         model = model.eval().to(self.device)
         self.family = family
+        self.spec = family.spec
         self.graphs = self.family.wrappers(model, card, attentions)
         self.contract = self.family.contract(card, attentions)
 

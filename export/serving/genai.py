@@ -27,10 +27,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT
 from registry.errors import ZooError
 from registry.layouts import known_maps
 from registry.sizes import attention_sizes
+from runtime.contract import CACHE_INPUT, CACHE_OUTPUT
 from zoo.files.hf_config import hf_config
 
 GENAI_CONFIG = "genai_config.json"

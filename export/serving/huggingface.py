@@ -14,7 +14,7 @@ ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
   sentence vector sentence-transformers computes: cls, mean or last pooling; quantized, its
   `model_kwargs.file_name` names the graph's file).
 
-The graph itself is `onnx/model.onnx` (export/onnx/contract.py), where transformers.js looks
+The graph itself is `onnx/model.onnx` (runtime/contract.py), where transformers.js looks
 (`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`; an encoder-decoder's are
 `onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx` (export/serving/seq2seq_layout.py).
 Quantized, each is stored under transformers.js's name for its dtype (contract.py's
@@ -27,9 +27,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from export.onnx.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
 from export.serving.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
+from registry.families import spec_of
+from runtime.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
@@ -42,20 +43,14 @@ def _write_json(path: Path, content: Any) -> None:
     path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
 
 
-# An encoder-decoder's config.json: transformers.js reads `is_encoder_decoder` from the file
-# alone (it knows no MarianConfig defaults), and MarianConfig's default forced_eos_token_id (0)
-# would force an end token at max_length where `zoo run` forces none.
-SEQ2SEQ = {"is_encoder_decoder": True, "forced_eos_token_id": None}
-
-
 def generation_config(card: Card) -> dict[str, Any]:
     config = {"bos_token_id": card["bos_token_id"], "eos_token_id": card["eos_token_id"],
               "pad_token_id": card["pad_token_id"], "do_sample": False,
               "max_length": card["max_positions"]}
-    if card.family == "encoder-decoder":  # the target starts at the card's bos
-        config.update(decoder_start_token_id=card["bos_token_id"], num_beams=1,
-                      forced_eos_token_id=None)
-    return config
+    spec = spec_of(card)
+    if spec.cross_attention:  # the target starts at the card's bos
+        config["decoder_start_token_id"] = card["bos_token_id"]
+    return {**config, **spec.generation_extras}
 
 
 def transformers_js_dtype(graphs: list[str], stored_as: dict[str, str]) -> str | dict[str, str]:
@@ -80,11 +75,12 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
         notes.append(found.note)
     if found.config is None:
         return notes
-    config = {**found.config, **(SEQ2SEQ if card.family == "encoder-decoder" else {}),
+    spec = spec_of(card)
+    config = {**found.config, **spec.hf_config_extras,
               "torch_dtype": "float32",
               "transformers.js_config": {"dtype": transformers_js_dtype(graphs, stored_as)}}
     _write_json(folder / CONFIG_JSON, config)
-    if card.family in ("decoder", "encoder-decoder"):
+    if spec.generates:
         _write_json(folder / GENERATION_CONFIG, generation_config(card))
     for name, content in (modules_files(card) or {}).items():
         if name == SENTENCE_CONFIG and MODEL_GRAPH in stored_as:

@@ -23,7 +23,7 @@ from typing import Any
 
 from registry.errors import ZooError, needs_package
 from registry.paths import display_path
-from zoo.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
+from runtime.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
 
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 UNIGRAM, NORMAL = 1, 1  # sentencepiece's TrainerSpec.UNIGRAM and SentencePiece.NORMAL

@@ -27,7 +27,11 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
-from export.onnx.contract import (
+from export.onnx.trace import ExportError
+from registry.catalog import Card
+from registry.schema import target_vocab_size
+from registry.sizes import attention_sizes
+from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
     DECODER,
@@ -37,10 +41,6 @@ from export.onnx.contract import (
     USE_CACHE_BRANCH,
     past_names,
 )
-from export.onnx.trace import ExportError
-from registry.catalog import Card
-from registry.schema import target_vocab_size
-from registry.sizes import attention_sizes
 
 MEMORY = "last_hidden_state"
 HIDDEN = "encoder_hidden_states"

@@ -20,8 +20,8 @@ from export.serving.marian_tokenizer import (
     marian_tokenizer_config,
     marian_tokenizer_json,
 )
-from zoo.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
-from zoo.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
+from runtime.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
+from runtime.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import onnx
 
-from export.onnx.contract import CACHE_INPUT
 from export.onnx.files import external_data_files
-from export.onnx.manifest import manifest_card, read_manifest
 from registry.catalog import Card
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_folder
+from runtime.contract import CACHE_INPUT
+from runtime.files.atomic import atomic_folder
+from runtime.manifest import manifest_card, read_manifest
 
 CONFIG = "config.pbtxt"
 MODEL_FILE = "model.onnx"  # the ONNX Runtime backend's default_model_filename

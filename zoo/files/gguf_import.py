@@ -27,9 +27,10 @@ from registry.errors import ZooError, needs_package
 from registry.layouts import LayoutMap, gguf_maps
 from registry.paths import display_path
 from registry.sizes import attention_sizes
+from runtime.files.atomic import atomic_folder, refuse_existing, sha256
+from runtime.files.chat import CHAT_TEMPLATE, check_chat_template
+from runtime.files.tokenizer import HF_TOKENIZER
 from zoo.assemble import build_model
-from zoo.files.atomic import atomic_folder, refuse_existing, sha256
-from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
 from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer
 from zoo.files.importers import (
     RECORD,
@@ -38,7 +39,6 @@ from zoo.files.importers import (
     make_card,
     source_file,
 )
-from zoo.files.tokenizer import HF_TOKENIZER
 from zoo.files.weights import save_built
 
 TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",  # the same for every architecture

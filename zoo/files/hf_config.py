@@ -16,6 +16,7 @@ from typing import Any
 
 from registry.catalog import Card, open_catalog, read_yaml
 from registry.errors import ZooError
+from registry.families import spec_of
 from registry.layouts import LayoutMap, known_maps
 from registry.schema import FIELDS, effective_bias
 from registry.sizes import attention_sizes
@@ -119,7 +120,7 @@ def _reproduces(layout: LayoutMap, card: Card, config: dict[str, Any]) -> bool:
     if _classifier_claimed(layout, card):
         names.append(f"{layout['classifier']['prefix']}weight")
     parent = open_catalog().get(layout.data["extends"])
-    if parent.family != card.family:
+    if spec_of(parent).name != spec_of(card).name:
         return False
     try:
         resolved = layout.for_config(config)
@@ -136,10 +137,9 @@ def _reproduces(layout: LayoutMap, card: Card, config: dict[str, Any]) -> bool:
 def _class_name(layout: LayoutMap, card: Card) -> tuple[str | None, str | None]:
     """(the transformers class this card is, or None; a note where there is none)."""
     names = layout.architectures()
-    if card.family == "decoder":
-        wanted = [n for n in names if n.endswith(("ForCausalLM", "LMHeadModel"))]
-    elif card.family == "encoder-decoder":
-        wanted = names
+    endings = spec_of(card).hf_architectures
+    if endings is not None:  # a generator: the class that generates
+        wanted = [n for n in names if n.endswith(endings)]
     elif card["num_labels"]:
         if not _classifier_claimed(layout, card):
             return None, (f"architectures left out: a {card['pooling']}-pooled classifier is no "
@@ -154,8 +154,9 @@ def _class_name(layout: LayoutMap, card: Card) -> tuple[str | None, str | None]:
 
 def hf_config(card: Card) -> HFConfig:
     """config.json for `card`, from the first layout map that reproduces it; else none."""
-    if card.family == "decoder" and card["pooling"]:
-        return HFConfig(None, "no config.json: a pooled decoder is no transformers class")
+    why = spec_of(card).no_hf_class
+    if why is not None:
+        return HFConfig(None, f"no config.json: {why} is no transformers class")
     for layout in _ordered_maps():
         config = _written(layout, card)
         if not _reproduces(layout, card, config):

@@ -24,11 +24,11 @@ from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
+from runtime.files.atomic import atomic_folder, refuse_existing, sha256
+from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.assemble import build_model
-from zoo.files.atomic import atomic_folder, refuse_existing, sha256
 from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules
-from zoo.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.files.weights import read_tensors, save_built
 
 SOURCE_CONFIG = "config.json"

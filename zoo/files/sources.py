@@ -26,3 +26,14 @@ def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed:
         return load_built(folder)
     card = open_catalog(registries).get(source, overrides)
     return build_model(card, seed=seed), card
+
+
+def build(card: str | Card, seed: int = 0, sets: dict[str, Any] | None = None,
+          registries: tuple[str, ...] | list[str] = ()) -> nn.Module:
+    """`zoo.build`: the module of a card (by name, with `sets` overriding its fields as
+    `--set` does, or a Card), initialised from `seed`, in eval mode."""
+    if isinstance(card, str):
+        card = open_catalog(registries).get(card, sets)
+    elif sets:
+        raise ZooError(f"{card.name}: sets= applies to a card name; a Card is built as it is")
+    return build_model(card, seed=seed)

@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save
 from registry.catalog import Card, card_from_file
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.files.atomic import atomic_folder
 from zoo.assemble import build_model
-from zoo.files.atomic import atomic_folder
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"

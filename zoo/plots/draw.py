@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from registry.errors import ZooError  # noqa: E402
 from registry.paths import display_path  # noqa: E402
-from zoo.files.atomic import atomic_write_bytes, refuse_existing  # noqa: E402
+from runtime.files.atomic import atomic_write_bytes, refuse_existing  # noqa: E402
 
 DPI = 100
 HEATMAP_SIZE = (4.0, 3.5)  # inches per heatmap panel (with its colour bar)

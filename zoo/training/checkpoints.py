@@ -25,7 +25,7 @@ from safetensors.torch import save
 
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.atomic import atomic_folder, atomic_write_bytes
+from runtime.files.atomic import atomic_folder, atomic_write_bytes
 from zoo.files.weights import WEIGHTS, load_weights, read_tensors, weights_bytes
 
 CHECKPOINTS = "checkpoints"

@@ -19,10 +19,10 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.schema import default_pooling, validate
+from runtime.files.labelled import Rows, classes, label_ids, read_rows, split
+from runtime.files.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, sequence_ids
+from runtime.scores import majority_baseline, scores
 from zoo.assemble import build_model
-from zoo.files.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, sequence_ids
-from zoo.training.labelled import Rows, classes, label_ids, read_rows, split
-from zoo.training.scores import majority_baseline, scores
 
 EVAL_BATCH = 64
 INIT_RECORD = "init.json"

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import torch
 
-from registry.errors import ZooError
-from registry.paths import display_path
-from zoo.files.tokenizer import ByteTokenizer
+from runtime.files.texts import read_token_ids
+from runtime.files.tokenizer import ByteTokenizer
 from zoo.training.datasets import SHIPPED_TEXT as SHIPPED_TEXT  # re-exported: the lm default
 
 IGNORE = -100  # label for positions that carry no loss
@@ -32,21 +31,7 @@ def batch_generator(seed: int, step: int, rank: int) -> torch.Generator:
 
 def read_text_tokens(path: Path, tokenizer: ByteTokenizer, min_tokens: int) -> torch.Tensor:
     """The whole file as token ids, refusing files that cannot make one batch."""
-    where = display_path(path)
-    if not path.is_file():
-        raise ZooError(f"{where}: no such data file")
-    raw = path.read_bytes()
-    if not raw.strip():
-        raise ZooError(f"{where}: data file is empty")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ZooError(f"{where}: not UTF-8 text (byte {exc.start})") from exc
-    ids = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    if len(ids) < min_tokens:
-        raise ZooError(f"{where}: {len(ids)} tokens is shorter than one batch "
-                       f"({min_tokens} tokens); use a longer text or a smaller --batch-size")
-    return ids
+    return torch.tensor(read_token_ids(path, tokenizer, min_tokens), dtype=torch.long)
 
 
 def windows(ids: torch.Tensor, batch_size: int, length: int, generator: torch.Generator

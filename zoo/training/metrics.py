@@ -14,7 +14,7 @@ from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.atomic import atomic_write_bytes
+from runtime.files.atomic import atomic_write_bytes
 
 METRICS = "metrics.jsonl"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from zoo.files.tokenizer import WordTokenizer
+from runtime.files.tokenizer import WordTokenizer
 from zoo.training.datasets import SHIPPED_TEXT
 
 SPECIALS = 3  # pad 0, bos 1, eos 2

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_folder
+from runtime.files.atomic import atomic_folder
 from zoo.training.data import SHIPPED_TEXT
 
 TRAIN, EVAL, PRETRAIN = "train.jsonl", "eval.jsonl", "pretrain.txt"

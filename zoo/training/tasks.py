@@ -15,7 +15,7 @@ from torch import nn
 
 from registry.catalog import Card
 from registry.errors import ZooError
-from zoo.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
+from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.training import classify, data, reverse
 
 

@@ -10,9 +10,9 @@ import random
 from pathlib import Path
 
 from registry.errors import ZooError
-from zoo.files.atomic import atomic_folder
+from runtime.files.atomic import atomic_folder
+from runtime.files.labelled import Example, Rows, read_rows
 from zoo.training.datasets import TOPICS
-from zoo.training.labelled import Example, Rows, read_rows
 
 TRAIN, EVAL = "train.jsonl", "eval.jsonl"
 

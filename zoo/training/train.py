@@ -26,8 +26,8 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
-from zoo.files.lock import output_lock
+from runtime.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
+from runtime.files.lock import output_lock
 from zoo.files.weights import CONFIG, card_yaml
 from zoo.training import classify, data
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint

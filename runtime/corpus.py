@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.runtime.classify import run_sequences
-from export.runtime.engine import Engine
+from runtime.classify import run_sequences
+from runtime.engine import Engine
 
 TOKENS_PER_CORE = 1024  # padded tokens a batch holds per core: larger batches bought little
 BUDGET_LIMITS = (2048, 16384)

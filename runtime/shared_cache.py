@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from export.onnx.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
-from export.runtime.sessions import Graph
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.sizes import cache_shape
+from runtime.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
+from runtime.sessions import Graph
 
 
 class SharedCacheSession:

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.onnx.contract import MODEL_GRAPH
-from export.runtime.engine import Engine
-from export.runtime.prompts import check_ids
 from registry.catalog import Card
+from runtime.contract import MODEL_GRAPH
+from runtime.engine import Engine
+from runtime.prompts import check_ids
 
 
 @dataclass

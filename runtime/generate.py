@@ -1,5 +1,5 @@
 """Generation with an explicit key/value cache over any engine (PyTorch or ONNX Runtime): the
-family opens the session (export/families/), runtime/sampling.py picks the tokens."""
+family's spec picks the session (registry/families.py), runtime/sampling.py the tokens."""
 
 from __future__ import annotations
 
@@ -7,23 +7,35 @@ from typing import Any
 
 import numpy as np
 
-from export.runtime.engine import Engine
-from export.runtime.prompts import check_ids
-from export.runtime.sampling import Sampling, check_new_tokens, decode
 from registry.errors import ZooError
+from runtime.decoding import DecoderSession, Seq2SeqSession
+from runtime.engine import Engine
+from runtime.prompts import check_ids
+from runtime.sampling import Sampling, check_new_tokens, decode
+from runtime.shared_cache import SharedCacheSession
 
 
 def open_session(engine: Engine, capacity: int | None = None, shared_cache: bool = True) -> Any:
-    """The family's session: for an `--optimize` decoder export on CPU the loop over its
-    shared-cache graph (same tokens, no per-step copies); `capacity`: prompt + new tokens."""
-    return engine.family.open_session(engine, capacity, shared_cache)
+    """The session the family's spec calls for: the encoder-decoder's over its two graphs; a
+    decoder's plain loop, or for an `--optimize` export on CPU the loop over its shared-cache
+    graph (same tokens, no per-step copies); `capacity`: prompt + new tokens."""
+    spec = engine.spec
+    if not spec.generates:
+        raise ZooError(f"{engine.card.name}: an encoder does not generate; use `zoo run` on it "
+                       "for pooled vectors and masked-token predictions")
+    if spec.cross_attention:
+        return Seq2SeqSession(engine)
+    kv_graph = getattr(engine, "kv_graph", None) if shared_cache else None
+    if kv_graph is not None:
+        return SharedCacheSession(kv_graph, engine.card, capacity)
+    return DecoderSession(engine)
 
 
 def _check_length(engine: Engine, prompt_length: int, new_tokens: int) -> None:
     limit = engine.card["max_positions"]
-    family = engine.family
-    total = family.generated_length(prompt_length, new_tokens)
-    if prompt_length > limit and not family.continues_prompt:
+    spec = engine.spec
+    total = spec.generated_length(prompt_length, new_tokens)
+    if prompt_length > limit and not spec.continues_prompt:
         raise ZooError(f"{engine.card.name}: source of {prompt_length} tokens exceeds "
                        f"max_positions={limit}")
     if prompt_length > limit or total > limit:

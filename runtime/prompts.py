@@ -2,7 +2,7 @@
 the vocabulary (ONNX Runtime's Gather fails on one past it and silently wraps a negative one)
 and each prompt within max_positions; and a prompt's text valid Unicode.
 
-Only the card is read here: `export.families` imports the runtime, so this module cannot."""
+Only the card and its family's spec (registry/families.py) are read here."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.families import spec_of
 
 
 def check_text(text: str, what: str = "--text") -> str:
@@ -38,5 +39,5 @@ def check_ids(card: Card, prompts: Sequence[Sequence[int]], what: str | None = N
                            f"be in 0..{vocab - 1})")
     longest = max((len(prompt) for prompt in prompts), default=0)
     if longest > limit:
-        noun = "source" if card["family"] == "encoder-decoder" else "a prompt"
+        noun = spec_of(card).prompt_noun
         raise ZooError(f"{where}: {noun} of {longest} tokens exceeds max_positions={limit}")

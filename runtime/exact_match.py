@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.runtime.engine import Engine
-from export.runtime.generate import generate
-from export.runtime.sampling import Sampling
+from runtime.engine import Engine
+from runtime.generate import generate
+from runtime.sampling import Sampling
 
 
 @dataclass

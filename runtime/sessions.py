@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
-from export.family import Family
-from export.onnx.contract import LAYOUT, MANIFEST, stored_files
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
+from registry.families import spec_of
 from registry.paths import display_path
+from runtime.contract import LAYOUT, MANIFEST, stored_files
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ORT's SkipLayerNormalization CPU kernel took 0.2 ms per 128 x 768 call here, eight times
@@ -35,32 +34,22 @@ class OrtError(ZooError):
     """ONNX Runtime could not load or run a graph, or a feed does not fit it."""
 
 
-def one_node_model(op: str, inputs: dict[str, list[int]], outputs: dict[str, list[int]]
-                   ) -> onnx.ModelProto:
-    """A graph of one fp32 operator, for probes of the provider and of the machine."""
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node(op, list(inputs), list(outputs))], op.lower(),
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-         for name, shape in inputs.items()],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-         for name, shape in outputs.items()],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 10  # what ONNX Runtime 1.2x reads; onnx may default to a newer IR
-    return model
+# A graph of one fp32 Identity ([1] -> [1], opset 18, IR 10), serialized: the probe of whether
+# CUDA really runs, without onnx to build it (export/bench/machine.py's one_node_model makes
+# the same bytes; tests/test_torch_free.py checks it).
+IDENTITY_PROBE = (b'\x08\n:>\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x08identityZ\x0f\n\x01x\x12\n'
+                  b'\n\x08\x08\x01\x12\x04\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01'
+                  b'B\x04\n\x00\x10\x12')
 
 
 def cuda_active() -> bool:
     """True only where a CUDA session really runs on CUDA (not merely listed)."""
     if PROVIDERS["cuda"] not in ort.get_available_providers():
         return False
-    model = one_node_model("Identity", {"x": [1]}, {"y": [1]})
     options = ort.SessionOptions()
     options.log_severity_level = 4
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
+        session = ort.InferenceSession(IDENTITY_PROBE, options,
                                        providers=[PROVIDERS["cuda"]])
     except Exception:  # noqa: BLE001 - any failure means "not active"
         return False
@@ -167,14 +156,16 @@ class Graph:
 class Runtime:
     """An exported folder opened with ONNX Runtime: one Graph per ONNX file, looked up by its
     contract name (`run("onnx/model.onnx", ...)` runs a quantized export's
-    onnx/model_q4.onnx). Opened through export/opening.py's open_export, which reads the
-    manifest and resolves the family once."""
+    onnx/model_q4.onnx). Opened through runtime/opening.py's open_export, which reads the
+    manifest; the family's spec is resolved here, once. `family`: export's Family, where
+    export/opening.py opened it for the exporter's checks and benchmarks."""
 
-    def __init__(self, folder: Path, manifest: dict[str, Any], card: Card, family: Family,
-                 provider: str = "cpu", threads: int | None = None) -> None:
+    def __init__(self, folder: Path, manifest: dict[str, Any], card: Card,
+                 provider: str = "cpu", threads: int | None = None, family: Any = None) -> None:
         self.folder = Path(folder)
         self.manifest = manifest
         self.card = card
+        self.spec = spec_of(card)
         self.family = family
         self.provider = provider
         graphs = self.manifest.get("graphs", {})

@@ -1,6 +1,6 @@
 """Text in and out: a byte-level tokenizer for models trained here (no files needed), a
 Hugging Face `tokenizer.json` (through the `tokenizers` library) for imported checkpoints, and
-MarianMT's sentencepiece files (zoo/files/spm_tokenizer.py).
+MarianMT's sentencepiece files (runtime/files/spm_tokenizer.py).
 
 A model folder (built, trained, imported or exported) holds at most one of:
 - `byte-tokenizer.json`: {"kind": "bytes", "pad": 256, "bos": 257, "eos": 258, "mask": 259}
@@ -18,8 +18,8 @@ from typing import Protocol
 
 from registry.errors import ZooError
 from registry.paths import display_path, inside
-from zoo.files.chat import CHAT_TEMPLATE, check_chat_template
-from zoo.files.spm_tokenizer import (
+from runtime.files.chat import CHAT_TEMPLATE, check_chat_template
+from runtime.files.spm_tokenizer import (
     SOURCE_SPM,
     SPM_FILES,
     TARGET_SPM,

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from export.onnx.contract import MODEL_GRAPH
-from export.runtime.encode import encoder_feeds
-from export.runtime.engine import Engine
-from export.runtime.prompts import check_ids
 from registry.errors import ZooError
+from runtime.contract import MODEL_GRAPH
+from runtime.encode import encoder_feeds
+from runtime.engine import Engine
+from runtime.prompts import check_ids
 
 
 @dataclass
@@ -52,6 +52,13 @@ def label_names(card: Any) -> list[str]:
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits.astype(np.float64) - logits.max(axis=-1, keepdims=True))
     return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def cosines(expected: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Row-wise cosine over the last axis, in float64."""
+    e, a = expected.astype(np.float64), actual.astype(np.float64)
+    norms = np.linalg.norm(e, axis=-1) * np.linalg.norm(a, axis=-1)
+    return (e * a).sum(-1) / np.maximum(norms, 1e-30)
 
 
 def right_padded(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from export.onnx.contract import CACHE_INPUT, MODEL_GRAPH, past_names
-from export.runtime.decoding import empty_past
-from export.runtime.engine import Engine
 from registry.errors import ZooError
+from runtime.contract import CACHE_INPUT, MODEL_GRAPH, past_names
+from runtime.decoding import empty_past
+from runtime.engine import Engine
 
 BATCH = 8  # windows per run: full windows share one length, so they stack
 

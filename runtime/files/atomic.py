@@ -13,7 +13,7 @@ from pathlib import Path
 
 from registry.errors import ZooError
 from registry.paths import display_path
-from zoo.files.lock import output_lock
+from runtime.files.lock import output_lock
 
 
 def already_exists(path: Path) -> ZooError:

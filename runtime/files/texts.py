@@ -15,6 +15,7 @@ from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.files.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -126,3 +127,22 @@ def read_labels(path: Path, column: str) -> list[TextRow]:
                        "field beside the text); this is one text a line")
     lines = text_lines(path, f"JSONL or CSV with a '{column}' field")
     return (_jsonl if suffix == ".jsonl" else _csv)(where, lines, column, _label)
+
+
+def read_token_ids(path: Path, tokenizer: Tokenizer, min_tokens: int) -> list[int]:
+    """The whole file as token ids, refusing files that cannot make one batch."""
+    where = display_path(path)
+    if not path.is_file():
+        raise ZooError(f"{where}: no such data file")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise ZooError(f"{where}: data file is empty")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ZooError(f"{where}: not UTF-8 text (byte {exc.start})") from exc
+    ids = tokenizer.encode(text)
+    if len(ids) < min_tokens:
+        raise ZooError(f"{where}: {len(ids)} tokens is shorter than one batch "
+                       f"({min_tokens} tokens); use a longer text or a smaller --batch-size")
+    return ids

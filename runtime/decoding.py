@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from export.onnx.contract import (
+from registry.sizes import cache_shape
+from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
     DECODER,
@@ -24,8 +25,7 @@ from export.onnx.contract import (
     USE_CACHE_BRANCH,
     past_names,
 )
-from export.runtime.engine import Engine
-from registry.sizes import cache_shape
+from runtime.engine import Engine
 
 
 def empty_past(engine: Engine, batch: int) -> list[np.ndarray]:

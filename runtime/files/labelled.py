@@ -15,7 +15,7 @@ from typing import Any
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.schema import MAX_LABELS
-from zoo.files.texts import json_objects, text_lines
+from runtime.files.texts import json_objects, text_lines
 
 
 @dataclass(frozen=True)

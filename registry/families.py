@@ -1,0 +1,83 @@
+"""What a family is, as data: its stacks, whether it generates, the poolings a sentence vector
+may use, its Hugging Face naming, its prompt's noun. Torch-free, so the runtime, the importers
+and the Hugging Face files read these fields instead of switching on the family's name;
+export/family.py's Family wraps a spec with what the exporter adds (graphs, checks, bench).
+
+`spec_of(card)` is the one lookup: a decoder card with a pooling is the `sequence` variant (a
+classifier or embedder, as GPT2ForSequenceClassification), which encodes and does not generate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from registry.errors import ZooError
+
+POOLINGS = ("cls", "mean", "last", "pooler")
+
+
+def _frozen(mapping: dict[str, Any] | None = None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True, eq=False)
+class FamilySpec:
+    name: str  # the card's `family`
+    kind: str  # the spec's own name: the family's, or a variant's (`sequence`)
+    stacks: tuple[str, ...]  # the layer stacks, in the order a forward runs them
+    cross_attention: bool = False  # the decoder attends to an encoded source
+    generates: bool = False  # decoders and encoder-decoders generate; encoders encode
+    continues_prompt: bool = True  # generated text follows the prompt (not a translation)
+    poolings: tuple[str, ...] = ()  # what a sentence vector may be made of (none: no pooling)
+    default_pooling: str = "cls"  # what a classifier reads when its card names no pooling
+    prompt_noun: str = "a prompt"  # what the ids it is given are called in errors
+    # the endings of the transformers class names it is (config.json's `architectures`);
+    # None: named by its heads (an encoder: Model, ForMaskedLM, ForSequenceClassification)
+    hf_architectures: tuple[str, ...] | None = None
+    no_hf_class: str | None = None  # why its cards have no config.json, if they have none
+    hf_config_extras: Mapping[str, Any] = field(default_factory=_frozen)  # config.json adds
+    generation_extras: Mapping[str, Any] = field(default_factory=_frozen)  # generation_config
+    default_generate: int = 0  # tokens `zoo attention` generates when not told
+    pooled_variant: FamilySpec | None = None  # the spec of its cards that set a pooling
+
+    def generated_length(self, prompt_length: int, new_tokens: int) -> int:
+        """Positions the generated sequence occupies (checked against max_positions): the
+        encoder-decoder's target is the start token, then the new tokens."""
+        return new_tokens + 1 if self.cross_attention else prompt_length + new_tokens
+
+
+ENCODER = FamilySpec("encoder", "encoder", ("encoder",), poolings=POOLINGS)
+SEQUENCE = FamilySpec("decoder", "sequence", ("decoder",), poolings=("mean", "last"),
+                      default_pooling="last", no_hf_class="a pooled decoder")
+DECODER = FamilySpec("decoder", "decoder", ("decoder",), generates=True,
+                     poolings=SEQUENCE.poolings, default_pooling="last",
+                     hf_architectures=("ForCausalLM", "LMHeadModel"), pooled_variant=SEQUENCE)
+# transformers.js reads `is_encoder_decoder` from config.json alone (it knows no MarianConfig
+# defaults), and MarianConfig's default forced_eos_token_id (0) would force an end token at
+# max_length where `zoo run` forces none.
+ENCODER_DECODER = FamilySpec(
+    "encoder-decoder", "encoder-decoder", ("encoder", "decoder"), cross_attention=True,
+    generates=True, continues_prompt=False, prompt_noun="source", hf_architectures=("",),
+    hf_config_extras=_frozen({"is_encoder_decoder": True, "forced_eos_token_id": None}),
+    generation_extras=_frozen({"num_beams": 1, "forced_eos_token_id": None}),
+    default_generate=16)
+
+SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (ENCODER, DECODER, ENCODER_DECODER)}
+
+
+def spec_of(card: Any) -> FamilySpec:
+    """The spec for a card (or anything with the card's `family` and `pooling` fields)."""
+    spec = SPECS[card["family"]]
+    if spec.pooled_variant is not None and card["pooling"] is not None:
+        return spec.pooled_variant
+    return spec
+
+
+def register_spec(spec: FamilySpec) -> None:
+    """Add a family's spec (a plugin's, or a test's); one name twice is an error."""
+    if spec.name in SPECS:
+        raise ZooError(f"family '{spec.name}' is already registered")
+    SPECS[spec.name] = spec

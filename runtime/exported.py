@@ -1,0 +1,168 @@
+"""An export opened to run it: `zoo.load(OUT)`'s object, with generate / chat / embed / classify
+/ masked_predictions, and the options of `zoo run`. ONNX Runtime, numpy and tokenizers only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.paths import display_path
+from runtime.classify import SequenceOutputs, run_sequences
+from runtime.encode import MaskedPrediction, encode
+from runtime.files.chat import CHAT_TEMPLATE, render_chat
+from runtime.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
+from runtime.generate import generate, left_padded
+from runtime.opening import open_export
+from runtime.prompts import check_ids, check_text
+from runtime.sampling import Sampling, check_new_tokens
+from runtime.sessions import Runtime
+
+Prompt = str | Sequence[int]  # a text (the export's tokenizer reads it) or token ids
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """`zoo run`'s generation options: greedy unless a temperature is set."""
+
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    beams: int = 1  # beam search width
+    seed: int = 0  # of the sampling
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_k, self.top_p, self.seed, self.beams)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One prompt's new tokens: `ids` has max_new_tokens entries, padded with eos after the
+    first one; `text` is their text (special tokens dropped), where the export has a tokenizer."""
+
+    prompt: list[int]
+    ids: list[int]
+    text: str | None
+
+
+class Exported:
+    """An export folder opened with ONNX Runtime (every file's sha256 checked first)."""
+
+    def __init__(self, folder: str | Path, provider: str = "cpu",
+                 threads: int | None = None) -> None:
+        self.folder = Path(folder)
+        self.runtime: Runtime = open_export(self.folder, provider, threads)
+        self.tokenizer: Tokenizer | None = load_tokenizer(self.folder)
+
+    @property
+    def card(self) -> Card:
+        return self.runtime.card
+
+    def tokens(self, prompts: Prompt | Sequence[Prompt], what: str = "prompt",
+               whole: bool = False) -> list[list[int]]:
+        """Token ids of one prompt or a batch, checked against the vocabulary and
+        max_positions; `what` names them in errors (`zoo run` says --text or --ids). `whole`:
+        each text is a whole sequence (a sentence vector's, a prompt, a source), with its
+        tokenizer's special tokens."""
+        batch = [prompts] if _is_one(prompts) else list(prompts)  # type: ignore[list-item]
+        if not batch:
+            raise ZooError(f"{what}: no prompt given")
+        ids = [self._ids(prompt, whole) for prompt in batch]
+        if any(not prompt for prompt in ids):
+            raise ZooError(f"an empty prompt: every {what} needs at least one token")
+        check_ids(self.card, ids, what)
+        return ids
+
+    def _ids(self, prompt: Prompt, whole: bool = False) -> list[int]:
+        if not isinstance(prompt, str):
+            return [int(token) for token in prompt]
+        if self.tokenizer is None:
+            raise ZooError(f"{display_path(self.folder)}: this export has no tokenizer; pass "
+                           "token ids instead of text (--ids)")
+        text = check_text(prompt)
+        return sequence_ids(self.tokenizer, text) if whole else self.tokenizer.encode(text)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 options: GenerateOptions | None = None, what: str = "prompt"
+                 ) -> list[Generated]:
+        """Continue (a decoder) or translate (an encoder-decoder) each prompt; a batch is
+        left-padded and every row gets what it would alone."""
+        options = options or GenerateOptions()
+        check_new_tokens(options.max_new_tokens)
+        if not self.runtime.spec.generates:
+            raise ZooError(f"{display_path(self.folder)}: a {self.card.family} export does not "
+                           "generate; use embed, classify or masked_predictions")
+        # a text with its tokenizer's special tokens (Llama 2's BOS, a source's </s>), as
+        # transformers' pipelines and llama.cpp encode one; a chat prompt comes as ids (BOS in
+        # its template)
+        batch = self.tokens(prompts, what, whole=True)
+        ids, mask = left_padded(batch, self.card["pad_token_id"])
+        rows = generate(self.runtime, ids, mask, options.max_new_tokens, options.sampling(),
+                        self.card["eos_token_id"])
+        return [Generated(prompt, row, self._text(row)) for prompt, row in
+                zip(batch, rows.tolist(), strict=True)]
+
+    def chat(self, messages: str | list[dict[str, str]],
+             options: GenerateOptions | None = None) -> Generated:
+        """The assistant's reply: `messages` (a user's text, or {role, content} dicts) put in
+        the export's chat template (chat_template.jinja), then generated to eos."""
+        return self.generate([self.chat_prompt(messages)], options, "--chat")[0]
+
+    def chat_prompt(self, messages: str | list[dict[str, str]]) -> list[int]:
+        template = self.folder / CHAT_TEMPLATE
+        if not template.is_file() or not isinstance(self.tokenizer, HuggingFaceTokenizer):
+            raise ZooError(f"{display_path(self.folder)}: no chat template (chat_template.jinja "
+                           "and tokenizer.json); give the prompt as text")
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": check_text(messages)}]
+        specials = {name: self.tokenizer.label(self.card[f"{name}_token_id"])
+                    if self.card[f"{name}_token_id"] is not None else "" for name in ("bos", "eos")}
+        text = render_chat(template, messages, specials["bos"], specials["eos"])
+        return self.tokenizer.encode(text)
+
+    def _text(self, ids: list[int]) -> str | None:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else None
+
+    def sequences(self, prompts: Prompt | Sequence[Prompt], what: str = "prompt"
+                  ) -> SequenceOutputs:
+        """A model with a sentence vector (a card with pooling): every prompt's vector and, for
+        a classifier, its label probabilities."""
+        if self.card["pooling"] is None:
+            raise ZooError(f"{display_path(self.folder)}: this export has no sentence vector "
+                           "(its card sets no pooling)")
+        return run_sequences(self.runtime, self.tokens(prompts, what, whole=True))
+
+    def embed(self, prompts: Prompt | Sequence[Prompt]) -> np.ndarray:
+        """(batch, d) sentence vectors, normalised where the card says so."""
+        return self.sequences(prompts).embeddings
+
+    def classify(self, prompts: Prompt | Sequence[Prompt]) -> list[dict[str, float]]:
+        """Per prompt, {label: probability}, the most likely first."""
+        result = self.sequences(prompts)
+        if result.probabilities is None:
+            raise ZooError(f"{display_path(self.folder)}: not a classifier (num_labels is 0)")
+        return [dict(result.top(row, len(result.labels)))
+                for row in range(len(result.embeddings))]
+
+    def masked_predictions(self, ids: Sequence[int]
+                           ) -> tuple[np.ndarray | None, list[MaskedPrediction]]:
+        """An encoder: the pooled vector of one sequence and the top tokens at each mask."""
+        return encode(self.runtime, np.array(self.tokens(ids)[0]))
+
+
+def load(folder: str | Path, provider: str = "cpu", threads: int | None = None) -> Exported:
+    """Open an export folder (`zoo export`'s OUT) with ONNX Runtime on `provider`."""
+    return Exported(folder, provider, threads)
+
+
+def _is_one(prompts: Prompt | Sequence[Prompt]) -> bool:
+    """A single prompt (a text, or ids) rather than a batch of them."""
+    if isinstance(prompts, str):
+        return True
+    items = list(prompts)
+    return bool(items) and all(isinstance(item, int | np.integer) for item in items)

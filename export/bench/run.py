@@ -25,11 +25,13 @@ from export.bench.profile import temporary_folder
 from export.family import Family
 from export.onnx.contract import MANIFEST
 from export.onnx.manifest import package_versions
+from export.onnx.quantize import CHOICES
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
-from export.runtime.sessions import Runtime
+from export.runtime.sessions import PROVIDERS, Runtime
 from registry.errors import ZooError
+from registry.options import option
 from zoo.files.atomic import atomic_write_bytes, refuse_existing
 from zoo.files.sources import load_source
 from zoo.files.weights import WEIGHTS, load_built
@@ -44,13 +46,16 @@ class BenchError(ZooError):
 
 @dataclass
 class BenchOptions:
-    provider: str = "cpu"
-    threads: int | None = None
-    repeats: int = 10
-    optimize: bool = True
-    quantize: str | None = None
-    profile: bool = False
-    seed: int = 0  # when building a card
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+    threads: int | None = option(None, "Threads for ONNX Runtime and torch [all cores].")
+    repeats: int = option(10, "Timed runs per figure (slow figures a third), after three "
+                          "warm-up runs.")
+    optimize: bool = option(True, "When exporting NAME or a built folder: --optimize it.",
+                            flags=("--optimize/--no-optimize",))
+    quantize: str | None = option(None, "When exporting NAME or a built folder: --quantize it.",
+                                  choices=CHOICES)
+    profile: bool = option(False, "Add ONNX Runtime's per-operator times.")
+    seed: int = option(0, "Seed when building a card.")
 
 
 def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, work: Path,

@@ -24,7 +24,9 @@ from export.checks.quality import cosines
 from export.runtime.classify import label_names
 from export.runtime.corpus import CorpusOutputs, run_corpus, token_budget
 from export.runtime.prompts import check_ids
+from export.runtime.sessions import PROVIDERS
 from registry.errors import ZooError
+from registry.options import option
 from registry.paths import display_path
 from zoo.files.atomic import atomic_write_bytes, check_writable, refuse_existing
 from zoo.files.texts import TextRow, read_labels, read_texts
@@ -38,15 +40,21 @@ RowsProgress = Callable[[int, int, float], None]
 @dataclass(frozen=True)
 class CorpusRequest:
     folder: Path
-    data: Path
-    out: Path
-    column: str = "text"
-    truncate: bool = False  # cut rows past max_positions instead of refusing them
-    force: bool = False
-    provider: str = "cpu"
-    threads: int | None = None
-    against: Path | None = None  # a reference export run over the same rows, side by side
-    label_column: str | None = None  # classify: the rows' true labels, to score accuracy
+    data: Path = option(help="One text a line, or .jsonl / .csv with a text column.",
+                        path="file")
+    out: Path = option(help="The file to write (embed: .npy; classify: JSONL).",
+                       flags=("-o", "--out"), path="file")
+    column: str = option("text", "The JSONL field or CSV column holding the text.")
+    truncate: bool = option(False, "Cut rows past max_positions instead of refusing them.")
+    force: bool = option(False, "Overwrite an existing output file.")
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+    threads: int | None = option(None, "ONNX Runtime CPU threads [all cores].")
+    against: Path | None = option(  # a reference export run over the same rows, side by side
+        None, "Run this export over the rows too (first), and print the two side by side: "
+        "rows/s, cosine, labels.", metavar="REFERENCE")
+    label_column: str | None = option(  # classify: the rows' true labels, to score accuracy
+        None, "The JSONL field or CSV column holding each row's true label: print the "
+        "accuracy (of --against's export too).", metavar="COLUMN")
 
 
 @dataclass

@@ -4,13 +4,16 @@ encoder-decoder's exact match on held-out inputs, a decoder's perplexity on a te
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from export.checks.exact_match import exact_match
 from export.checks.perplexity import score_text
 from export.opening import open_export, open_model
 from export.runtime.classify import predictions
+from export.runtime.sessions import PROVIDERS
 from registry.errors import ZooError
+from registry.options import option
 from registry.paths import display_path
 from zoo.files.tokenizer import Tokenizer, load_tokenizer, sequence_ids
 from zoo.files.weights import load_built
@@ -20,6 +23,29 @@ from zoo.training.labelled import label_ids, read_rows
 from zoo.training.scores import scores
 
 Progress = Callable[[str], None]
+TASKS = ("reverse",)  # --task: the held-out inputs an encoder-decoder is scored on
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """What `zoo evaluate` scores: one of data (a classifier), task (an encoder-decoder) and
+    text (a decoder)."""
+
+    data: Path | None = option(None, "A classifier: labelled rows, JSONL or CSV of text, label "
+                               "(as for zoo train --task classify).", path="file")
+    task: str | None = option(None, "An encoder-decoder: reverse = held-out runs of the shipped "
+                              "text's words.", choices=TASKS)
+    text: Path | None = option(None, "A decoder: perplexity on this UTF-8 text (use text it did "
+                               "not train on).", path="file")
+    window: int | None = option(None, "--text: tokens per window [max_positions].")
+    count: int = option(200, "--task: held-out inputs.")
+    beams: int = option(1, "--task: beam search width.")
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+
+    def check(self) -> None:
+        if sum(given is not None for given in (self.data, self.task, self.text)) != 1:
+            raise ZooError("give one of --data FILE (a classifier), --task reverse (an "
+                           "encoder-decoder) or --text FILE (a decoder)")
 
 
 def _tokenizer(folder: Path, what: str) -> Tokenizer:

@@ -1,70 +1,23 @@
 """The `zoo` command line: each command parses its options, calls one library function
 (export/commands/, registry/listing.py, the plots), prints the lines it returns, and leaves
-errors to ZooGroup: a ZooError is one line and exit 2, a fault of the machine one line and
-exit 1. torch is imported only by the commands that need it, so `zoo list` and `zoo show`
+errors to ZooGroup (export/commands/shell.py): a ZooError is one line and exit 2, a fault of
+the machine one line and exit 1. Most options are declared on the options classes they fill
+(`@fields`); torch is imported only by the commands that need it, so `zoo list` and `zoo show`
 answer at once.
 """
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
-from export.commands.options import OptionsCommand, fields
-from registry.errors import ZooError, first_line
-from registry.paths import display_path
-
-EXIT_USER_ERROR = 2
-EXIT_FAULT = 1
-
-
-class ZooGroup(click.Group):
-    """Turns a ZooError anywhere below into one line on stderr and exit code 2 (1 for a
-    FaultError, and for an OSError: a full disk, a read-only location), after the report of a
-    failed check; SIGTERM stops a command as Ctrl-C does, so its staged output is cleaned up
-    on the way out. Its commands may take options from dataclasses (`@fields`)."""
-
-    command_class = OptionsCommand
-
-    def invoke(self, ctx: click.Context) -> Any:
-        previous = _on_sigterm(_interrupt)
-        try:
-            return super().invoke(ctx)
-        except ZooError as exc:
-            report = getattr(exc, "report", None)  # a failed parity or agreement check
-            if report is not None:
-                click.echo(report.table())
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
-        except OSError as exc:
-            click.echo(f"error: {os_problem(exc)}", err=True)
-            ctx.exit(EXIT_FAULT)
-        finally:
-            _on_sigterm(previous)
-
-
-def _on_sigterm(handler: Any) -> Any:
-    """Install `handler` for SIGTERM, returning the one before; only the main thread may."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # unwinds through every atomic write's clean-up
-
-
-def os_problem(exc: OSError) -> str:
-    """One line for a failed read or write: the file where the OS names one, and why."""
-    where = display_path(exc.filename) if exc.filename is not None else "writing the output"
-    return f"{where}: {exc.strerror or first_line(exc)}"
+from export.commands.shell import OptionsCommand, Parsed, ZooGroup, fields
+from registry.errors import ZooError
+from registry.options import card_override, whole_number
 
 
 def echo(lines: Iterable[str]) -> None:
@@ -101,7 +54,7 @@ registry_option = click.option(
     "--registry", "registries", multiple=True, type=click.Path(file_okay=False),
     help="Extra folder of cards (repeatable); also ZOO_PATH.")
 sets_option = click.option("--set", "sets", multiple=True, metavar="FIELD=VALUE",
-                           help="Override a card field (repeatable).")
+                           type=Parsed(card_override), help="Override a card field (repeatable).")
 png_out = click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
                        help="The PNG file to write.")
 
@@ -112,30 +65,6 @@ def force_option(what: str = "an existing output folder") -> Any:
 
 def seed_option(what: str) -> Any:
     return click.option("--seed", default=0, show_default=True, help=what)
-
-
-def parse_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
-    for pair in pairs:
-        field, sep, raw = pair.partition("=")
-        if not sep or not field:
-            raise ZooError(f"--set {pair!r}: expected field=value")
-        try:
-            overrides[field.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or first_line(exc)
-            raise ZooError(f"--set {pair!r}: value is not valid YAML: {problem}") from exc
-    return overrides
-
-
-def parse_count(option: str, text: str | None) -> int | None:
-    """A whole number from the command line; parsed here so a bad one is one line, exit 2."""
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ZooError(f"{option} {text!r}: expected a whole number") from None
 
 
 @click.group(cls=ZooGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,7 +94,7 @@ def show(name: str, sets: tuple[str, ...], registries: tuple[str, ...]) -> None:
     from registry.catalog import open_catalog
     from registry.listing import card_report
 
-    echo(card_report(open_catalog(registries).get(name, parse_overrides(sets) or None)))
+    echo(card_report(open_catalog(registries).get(name, dict(sets) or None)))
 
 
 @main.command()
@@ -180,7 +109,7 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
     """Build card NAME with fresh weights: writes OUT/model.safetensors and OUT/config.yaml."""
     from export.commands.models import build_command
 
-    echo(build_command(name, Path(out or name), seed, parse_overrides(sets), registries, force,
+    echo(build_command(name, Path(out or name), seed, dict(sets), registries, force,
                        progress))
 
 
@@ -298,7 +227,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, seed: int, sets:
     from export.options import ExportOptions
 
     echo(run_export(source, Path(out or f"{Path(source).name}-onnx"), ExportOptions(**options),
-                    seed, parse_overrides(sets) or None, registries,
+                    seed, dict(sets) or None, registries,
                     Path(triton_repo) if triton_repo else None, progress))
 
 
@@ -395,17 +324,9 @@ def evaluate_command(folder: str, options: dict[str, Any]) -> None:
     """Score an export OUT with ONNX Runtime: a classifier on labelled rows (--data), with the
     rows where its prediction equals PyTorch's; an encoder-decoder's exact-match accuracy on
     held-out inputs (--task reverse); or a decoder's perplexity on a text (--text)."""
-    from export.commands import evaluate
+    from export.commands.evaluate import EvaluateOptions, evaluate
 
-    chosen = evaluate.EvaluateOptions(**options)
-    chosen.check()
-    out, provider = Path(folder), chosen.provider
-    if chosen.data is not None:
-        echo(evaluate.evaluate_classifier(out, chosen.data, provider))
-    elif chosen.text is not None:
-        echo(evaluate.evaluate_text(out, chosen.text, chosen.window, provider, progress))
-    else:
-        echo(evaluate.evaluate_task(out, str(chosen.task), chosen.count, chosen.beams, provider))
+    echo(evaluate(Path(folder), EvaluateOptions(**options), progress))
 
 
 BENCH = "export.bench.run:BenchOptions"
@@ -462,46 +383,43 @@ def plot() -> None:
 @plot.command("positions")
 @click.argument("source", metavar="NAME|DIR")
 @png_out
-@click.option("--positions", help="Draw the first N positions [all: max_positions].")
+@click.option("--positions", type=Parsed(whole_number),
+              help="Draw the first N positions [all: max_positions].")
 @force_option("an existing PNG")
 @registry_option
-def plot_positions_command(source: str, out: str, positions: str | None, force: bool,
+def plot_positions_command(source: str, out: str, positions: int | None, force: bool,
                            registries: tuple[str, ...]) -> None:
     """The position table as a heatmap, position x dimension: sinusoids, a learned table, or
     rotary angles. NAME is built with seed 0; DIR is a built or trained model folder."""
     from zoo.plots.positions import plot_positions
 
-    drawn = plot_positions(source, Path(out), force, registries,
-                           parse_count("--positions", positions))
+    drawn = plot_positions(source, Path(out), force, registries, positions)
     click.echo(f"wrote {drawn.path}")
 
 
-@plot.command("schedule")
+@plot.command("schedule", cls=OptionsCommand)
 @click.argument("name")
 @png_out
-@click.option("--warmup", "warmups", multiple=True,
+@click.option("--warmup", "warmups", multiple=True, type=Parsed(whole_number),
               help="Warm-up steps, one curve each (repeatable) [zoo train's default].")
-@click.option("--d-model", "d_models", multiple=True,
+@click.option("--d-model", "d_models", multiple=True, type=Parsed(whole_number),
               help="noam only: d_model, one curve each (repeatable) [the card's].")
-@click.option("--steps", help="Steps drawn (cosine: the run's length) [5 x the largest warm-up].")
-@click.option("--schedule", type=click.Choice(["noam", "cosine"]),
-              help="[as zoo train: noam for encoder-decoder, cosine otherwise]")
-@click.option("--lr", type=float, help="cosine: peak rate [1e-3]; noam: factor [1.0].")
+@click.option("--steps", type=Parsed(whole_number),
+              help="Steps drawn (cosine: the run's length) [5 x the largest warm-up].")
+@fields("options", "zoo.training.tasks:TrainOptions", "schedule lr",
+        schedule="[as zoo train: noam for encoder-decoder, cosine otherwise]")
 @force_option("an existing PNG")
 @registry_option
-def plot_schedule_command(name: str, out: str, warmups: tuple[str, ...],
-                          d_models: tuple[str, ...], steps: str | None, schedule: str | None,
-                          lr: float | None, force: bool, registries: tuple[str, ...]) -> None:
+def plot_schedule_command(name: str, out: str, warmups: tuple[int, ...],
+                          d_models: tuple[int, ...], steps: int | None, force: bool,
+                          registries: tuple[str, ...], options: dict[str, Any]) -> None:
     """The learning rate against the step for card NAME, one curve per --warmup/--d-model."""
     from registry.catalog import open_catalog
-
-    card = open_catalog(registries).get(name)
     from zoo.plots.schedule import plot_schedule
 
-    drawn = plot_schedule(card, Path(out), force, schedule,
-                          [parse_count("--warmup", w) for w in warmups],
-                          [parse_count("--d-model", d) for d in d_models],
-                          parse_count("--steps", steps), lr)
+    drawn = plot_schedule(open_catalog(registries).get(name), Path(out), force,
+                          options["schedule"], list(warmups), list(d_models), steps,
+                          options["lr"])
     click.echo(f"wrote {drawn.path}")
 
 

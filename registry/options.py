@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import MISSING, Field, field
 from typing import Any
 
-from registry.errors import ZooError
+import yaml
+
+from registry.errors import first_line
 
 KEY = "zoo.option"  # the metadata key a field's command-line spec sits under
 
@@ -23,7 +25,8 @@ def option(default: Any = MISSING, help: str = "", *, flags: tuple[str, ...] = (
 
     flags: its names [--the-field-name]; choices: the allowed values, or a function returning
     them (a table defined further down the module); path: "file" or "dir" (a click.Path that
-    refuses the other); parse: turns the text into the field's value (a ZooError if it cannot);
+    refuses the other); parse: turns the text into the field's value (a ValueError if it
+    cannot: see below);
     required: [when the field has no default]."""
     spec = {"help": help, "flags": flags, "choices": choices, "path": path, "parse": parse,
             "metavar": metavar, "required": required}
@@ -35,9 +38,31 @@ def cli_fields(cls: type) -> dict[str, Field[Any]]:
     return {f.name: f for f in cls.__dataclass_fields__.values() if KEY in f.metadata}
 
 
+# Parsers of an option's text (`parse=`): a ValueError's reason becomes the one-line error
+# "--flag 'text': reason".
+
 def parse_ids(text: str) -> list[int]:
     """--ids 1,2,3: token ids."""
     try:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError as exc:
-        raise ZooError(f"--ids {text!r}: expected comma-separated integers like 1,2,3") from exc
+    except ValueError:
+        raise ValueError("expected comma-separated integers like 1,2,3") from None
+
+
+def whole_number(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+
+
+def card_override(pair: str) -> tuple[str, Any]:
+    """--set FIELD=VALUE: a card field and its value, read as YAML."""
+    name, sep, raw = pair.partition("=")
+    if not sep or not name:
+        raise ValueError("expected field=value")
+    try:
+        return name.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or first_line(exc)
+        raise ValueError(f"value is not valid YAML: {problem}") from exc

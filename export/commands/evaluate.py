@@ -48,6 +48,18 @@ class EvaluateOptions:
                            "encoder-decoder) or --text FILE (a decoder)")
 
 
+def evaluate(folder: Path, options: EvaluateOptions, progress: Progress = lambda m: None
+             ) -> list[str]:
+    """`zoo evaluate`: the score options.check() allows, of the one kind asked for."""
+    options.check()
+    if options.data is not None:
+        return evaluate_classifier(folder, options.data, options.provider)
+    if options.text is not None:
+        return evaluate_text(folder, options.text, options.window, options.provider, progress)
+    return evaluate_task(folder, str(options.task), options.count, options.beams,
+                         options.provider)
+
+
 def _tokenizer(folder: Path, what: str) -> Tokenizer:
     tokenizer = load_tokenizer(folder)
     if tokenizer is None:

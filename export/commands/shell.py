@@ -1,6 +1,8 @@
-"""Click options made from the fields of an options dataclass (registry/options.py declares
-them): `@fields("options", "export.options:ExportOptions")` gives a command one option per
-field and hands it their values as one dict, `options`, to build the object by keyword.
+"""The click classes cli.py is made of: ZooGroup, which turns errors into one line and an exit
+code, and OptionsCommand, whose options are made from the fields of an options dataclass
+(registry/options.py declares them): `@fields("options", "export.options:ExportOptions")` gives
+a command one option per field and hands it their values as one dict, `options`, to build the
+object by keyword.
 
 The dataclass's module is imported only when that command parses its arguments or shows its
 help, so `zoo list` loads none of them (nor torch)."""
@@ -8,17 +10,19 @@ help, so `zoo list` loads none of them (nor torch)."""
 from __future__ import annotations
 
 import importlib
+import signal
+import threading
 from dataclasses import MISSING, Field
 from pathlib import Path
 from typing import Any
 
 import click
 
+from registry.errors import ZooError, first_line
 from registry.options import KEY, cli_fields
+from registry.paths import display_path
 
 TYPES = {"int": int, "float": float, "str": str, "bool": bool, "Path": Path}
-
-
 class Fields:
     """Stands among a command's parameters where `names` of dataclass `target` ("module:Class")
     go, until the command first needs its parameters."""
@@ -82,7 +86,9 @@ def click_option(spec_field: Field[Any], help: str | None = None) -> click.Optio
     default = None if spec_field.default is MISSING else spec_field.default
     flags = spec["flags"] or (f"--{spec_field.name.replace('_', '-')}",)
     settings: dict[str, Any] = {"help": help or spec["help"] or None, "metavar": spec["metavar"],
-                                "multiple": multiple, "default": default}
+                                "multiple": multiple}
+    if default is not None:  # click tells a missing value from one given as None
+        settings["default"] = default
     settings["required"] = (spec["required"] if spec["required"] is not None
                             else spec_field.default is MISSING)
     if default is not None and default is not False and default != ():
@@ -103,7 +109,8 @@ def click_option(spec_field: Field[Any], help: str | None = None) -> click.Optio
 
 
 class Parsed(click.ParamType):
-    """A value that a function makes from the text; its ZooError is the command's one line."""
+    """A value that a function makes from the text; its ValueError becomes the command's one
+    line: "--flag 'text': reason", exit 2."""
 
     name = "text"
 
@@ -112,4 +119,56 @@ class Parsed(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
                 ) -> Any:
-        return self.parse(value) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        try:
+            return self.parse(value)
+        except ValueError as exc:
+            flag = max(param.opts, key=len) if param is not None else "value"
+            raise ZooError(f"{flag} {value!r}: {exc}") from None
+
+
+EXIT_USER_ERROR = 2
+EXIT_FAULT = 1
+
+
+class ZooGroup(click.Group):
+    """Turns a ZooError anywhere below into one line on stderr and exit code 2 (1 for a
+    FaultError, and for an OSError: a full disk, a read-only location), after the report of a
+    failed check; SIGTERM stops a command as Ctrl-C does, so its staged output is cleaned up
+    on the way out. Its commands may take options from dataclasses (`@fields`)."""
+
+    command_class = OptionsCommand
+
+    def invoke(self, ctx: click.Context) -> Any:
+        previous = _on_sigterm(_interrupt)
+        try:
+            return super().invoke(ctx)
+        except ZooError as exc:
+            report = getattr(exc, "report", None)  # a failed parity or agreement check
+            if report is not None:
+                click.echo(report.table())
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
+        except OSError as exc:
+            click.echo(f"error: {os_problem(exc)}", err=True)
+            ctx.exit(EXIT_FAULT)
+        finally:
+            _on_sigterm(previous)
+
+
+def _on_sigterm(handler: Any) -> Any:
+    """Install `handler` for SIGTERM, returning the one before; only the main thread may."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through every atomic write's clean-up
+
+
+def os_problem(exc: OSError) -> str:
+    """One line for a failed read or write: the file where the OS names one, and why."""
+    where = display_path(exc.filename) if exc.filename is not None else "writing the output"
+    return f"{where}: {exc.strerror or first_line(exc)}"

@@ -163,36 +163,25 @@ def dataset() -> None:
     """Write demo datasets made from what ships."""
 
 
-@dataset.command("speakers")
-@click.option("-o", "--out", required=True, type=click.Path(file_okay=False),
-              help="Folder for train.jsonl, eval.jsonl and pretrain.txt.")
-@click.option("--top", default=4, show_default=True, help="The most frequent speakers kept.")
-@click.option("--eval-fraction", default=0.2, show_default=True,
-              help="Share of the speeches held out.")
-@seed_option("Seed of the split.")
-@force_option("an existing folder")
-def dataset_speakers(out: str, top: int, eval_fraction: float, seed: int, force: bool) -> None:
+@dataset.command("speakers", cls=OptionsCommand)
+@fields("options", "zoo.training.speakers:SpeakerSetOptions")
+def dataset_speakers(options: dict[str, Any]) -> None:
     """Speaker identification on the shipped Shakespeare: each speech labelled with its
     speaker, split by speech (none in both parts); pretrain.txt is the text without the
     held-out speeches."""
-    from zoo.training.speakers import speaker_set_lines
+    from zoo.training.speakers import SpeakerSetOptions, speaker_set_lines
 
-    echo(speaker_set_lines(Path(out), top, eval_fraction, seed, force))
+    echo(speaker_set_lines(SpeakerSetOptions(**options)))
 
 
-@dataset.command("topics")
-@click.option("-o", "--out", required=True, type=click.Path(file_okay=False),
-              help="Folder for train.jsonl and eval.jsonl.")
-@click.option("--eval-fraction", default=0.25, show_default=True,
-              help="Share of each topic's sentences held out.")
-@seed_option("Seed of the split.")
-@force_option("an existing folder")
-def dataset_topics(out: str, eval_fraction: float, seed: int, force: bool) -> None:
+@dataset.command("topics", cls=OptionsCommand)
+@fields("options", "zoo.training.topics:TopicSetOptions")
+def dataset_topics(options: dict[str, Any]) -> None:
     """Topic classification: 400 short sentences shipped with the zoo, 100 on each of cooking,
     sport, weather and computing, split within each topic."""
-    from zoo.training.topics import topic_set_lines
+    from zoo.training.topics import TopicSetOptions, topic_set_lines
 
-    echo(topic_set_lines(Path(out), eval_fraction, seed, force))
+    echo(topic_set_lines(TopicSetOptions(**options)))
 
 
 # --- exports --------------------------------------------------------------------------------

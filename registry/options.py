@@ -1,6 +1,6 @@
 """Command-line options declared once, on the fields of the options dataclasses they fill:
 `opset: int = option(18, "ONNX opset (18 to 25).")` is both the field and `zoo export --opset`
-(its help, choices, default and flags); export/commands/options.py makes the click options.
+(its help, choices, default and flags); export/commands/shell.py makes the click options.
 
 Neither torch nor click is imported here, so any layer's options class may use it."""
 
@@ -26,8 +26,7 @@ def option(default: Any = MISSING, help: str = "", *, flags: tuple[str, ...] = (
     flags: its names [--the-field-name]; choices: the allowed values, or a function returning
     them (a table defined further down the module); path: "file" or "dir" (a click.Path that
     refuses the other); parse: turns the text into the field's value (a ValueError if it
-    cannot: see below);
-    required: [when the field has no default]."""
+    cannot: see below); required: [when the field has no default]."""
     spec = {"help": help, "flags": flags, "choices": choices, "path": path, "parse": parse,
             "metavar": metavar, "required": required}
     return field(default=default, metadata={KEY: spec})

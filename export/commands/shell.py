@@ -93,8 +93,8 @@ def click_option(spec_field: Field[Any], help: str | None = None) -> click.Optio
                             else spec_field.default is MISSING)
     if default is not None and default is not False and default != ():
         settings["show_default"] = True
-    if kind is bool and not any("/" in flag for flag in flags):
-        settings["is_flag"] = True  # --flag/--no-flag: click sees it is one
+    if kind is bool and not any("/" in flag for flag in flags):  # click reads --x/--no-x
+        settings["is_flag"] = True
     if spec["choices"] is not None:
         choices = spec["choices"]() if callable(spec["choices"]) else spec["choices"]
         settings["type"] = click.Choice(list(choices))

@@ -8,24 +8,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL
-from export.onnx.quantize import DYNAMIC, check_choice
+from export.onnx.quantize import CHOICES, DYNAMIC, check_choice
 from export.onnx.trace import DEFAULT_OPSET, check_opset
 from registry.errors import ZooError
+from registry.options import option
 from runtime.files.texts import TextRow, read_texts
-from runtime.sessions import require_provider
+from runtime.sessions import PROVIDERS, require_provider
 
 
 @dataclass(frozen=True)
 class ExportOptions:
-    opset: int = DEFAULT_OPSET
-    provider: str = "cpu"  # where the parity check runs the export
-    atol: float = DEFAULT_ATOL
-    rtol: float = DEFAULT_RTOL
-    force: bool = False  # replace an existing OUT
-    optimize: bool = False  # ONNX Runtime's fusions (decoders: also model_kv.onnx)
-    quantize: str | None = None  # "int8" | "int4": weight-only MatMulNBits; "int8-dynamic"
-    attentions: bool = False  # the graphs also output every layer's attention maps
-    calibration: Path | None = None  # int8-dynamic's smoothing reads these texts (a data file)
+    opset: int = option(DEFAULT_OPSET, "ONNX opset (18 to 25).")
+    provider: str = option("cpu", "ONNX Runtime provider for the parity check.",
+                           choices=PROVIDERS)
+    atol: float = option(DEFAULT_ATOL, "Parity absolute tolerance.")
+    rtol: float = option(DEFAULT_RTOL, "Parity relative tolerance.")
+    force: bool = option(False, "Overwrite an existing output folder.")
+    optimize: bool = option(
+        False, "ONNX Runtime's transformer fusions; decoders also get model_kv.onnx, a "
+        "generation graph whose key/value cache is updated in place.")
+    quantize: str | None = option(
+        None, "int8/int4: weight-only MatMul quantization, checked by top-1 agreement with "
+        "fp32; int8-dynamic (encoders, embedders, classifiers): int8 weights and activations, "
+        "checked by a quality gate (sentence cosine, label agreement, MLM top-1) instead of "
+        "the parity grid.", choices=CHOICES)
+    attentions: bool = option(
+        False, "Also output every layer's attention maps (attentions.{i}, Hugging Face's "
+        "names); checked by the parity grid like every output.")
+    calibration: Path | None = option(
+        None, "int8-dynamic: measure the activations to smooth on these texts (one a line, or "
+        ".jsonl / .csv with a 'text' column; 64 rows spread over the file) instead of the "
+        "shipped English text: text like the model's own use.", path="file", metavar="FILE")
 
     @property
     def plain(self) -> bool:

@@ -11,6 +11,7 @@ import numpy as np
 
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.options import option
 from registry.paths import display_path
 from runtime.classify import SequenceOutputs, run_sequences
 from runtime.encode import MaskedPrediction, encode
@@ -29,12 +30,12 @@ Prompt = str | Sequence[int]  # a text (the export's tokenizer reads it) or toke
 class GenerateOptions:
     """`zoo run`'s generation options: greedy unless a temperature is set."""
 
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    top_k: int = 0  # 0: no limit
-    top_p: float = 1.0
-    beams: int = 1  # beam search width
-    seed: int = 0  # of the sampling
+    max_new_tokens: int = option(32)
+    temperature: float = option(0.0, "0 = greedy.")
+    top_k: int = option(0, "0 = no limit.")
+    top_p: float = option(1.0)
+    beams: int = option(1, "Beam search width.")
+    seed: int = option(0, "Sampling seed.")
 
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, self.top_p, self.seed, self.beams)

@@ -24,13 +24,15 @@ from export.bench.machine import cpu_name, load_average, matmul_flops, read_band
 from export.bench.profile import temporary_folder
 from export.family import Family
 from export.onnx.manifest import package_versions
+from export.onnx.quantize import CHOICES
 from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
 from registry.errors import ZooError
+from registry.options import option
 from runtime.contract import MANIFEST
 from runtime.files.atomic import atomic_write_bytes, refuse_existing
-from runtime.sessions import Runtime
+from runtime.sessions import PROVIDERS, Runtime
 from zoo.files.sources import load_source
 from zoo.files.weights import WEIGHTS, load_built
 
@@ -44,13 +46,16 @@ class BenchError(ZooError):
 
 @dataclass
 class BenchOptions:
-    provider: str = "cpu"
-    threads: int | None = None
-    repeats: int = 10
-    optimize: bool = True
-    quantize: str | None = None
-    profile: bool = False
-    seed: int = 0  # when building a card
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+    threads: int | None = option(None, "Threads for ONNX Runtime and torch [all cores].")
+    repeats: int = option(10, "Timed runs per figure (slow figures a third), after three "
+                          "warm-up runs.")
+    optimize: bool = option(True, "When exporting NAME or a built folder: --optimize it.",
+                            flags=("--optimize/--no-optimize",))
+    quantize: str | None = option(None, "When exporting NAME or a built folder: --quantize it.",
+                                  choices=CHOICES)
+    profile: bool = option(False, "Add ONNX Runtime's per-operator times.")
+    seed: int = option(0, "Seed when building a card.")
 
 
 def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, work: Path,

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from registry.errors import ZooError
+from registry.options import option
 from registry.paths import display_path
 from runtime.classify import cosines, label_names
 from runtime.corpus import CorpusOutputs, run_corpus, token_budget
@@ -29,6 +30,7 @@ from runtime.files.labelled import Example, Rows, label_ids
 from runtime.files.texts import TextRow, read_labels, read_texts
 from runtime.files.tokenizer import sequence_ids
 from runtime.prompts import check_ids
+from runtime.sessions import PROVIDERS
 
 # (rows done, rows in all, rows per second so far)
 RowsProgress = Callable[[int, int, float], None]
@@ -37,15 +39,21 @@ RowsProgress = Callable[[int, int, float], None]
 @dataclass(frozen=True)
 class CorpusRequest:
     folder: Path
-    data: Path
-    out: Path
-    column: str = "text"
-    truncate: bool = False  # cut rows past max_positions instead of refusing them
-    force: bool = False
-    provider: str = "cpu"
-    threads: int | None = None
-    against: Path | None = None  # a reference export run over the same rows, side by side
-    label_column: str | None = None  # classify: the rows' true labels, to score accuracy
+    data: Path = option(help="One text a line, or .jsonl / .csv with a text column.",
+                        path="file")
+    out: Path = option(help="The file to write (embed: .npy; classify: JSONL).",
+                       flags=("-o", "--out"), path="file")
+    column: str = option("text", "The JSONL field or CSV column holding the text.")
+    truncate: bool = option(False, "Cut rows past max_positions instead of refusing them.")
+    force: bool = option(False, "Overwrite an existing output file.")
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+    threads: int | None = option(None, "ONNX Runtime CPU threads [all cores].")
+    against: Path | None = option(  # a reference export run over the same rows, side by side
+        None, "Run this export over the rows too (first), and print the two side by side: "
+        "rows/s, cosine, labels.", metavar="REFERENCE")
+    label_column: str | None = option(  # classify: the rows' true labels, to score accuracy
+        None, "The JSONL field or CSV column holding each row's true label: print the "
+        "accuracy (of --against's export too).", metavar="COLUMN")
 
 
 @dataclass

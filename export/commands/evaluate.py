@@ -7,9 +7,11 @@ and the reversal task's held-out pairs load torch, so they import it where they 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from registry.errors import ZooError
+from registry.options import option
 from registry.paths import display_path
 from runtime.classify import predictions
 from runtime.exact_match import exact_match
@@ -19,8 +21,44 @@ from runtime.files.tokenizer import Tokenizer, load_tokenizer, sequence_ids
 from runtime.opening import open_export
 from runtime.perplexity import score_text
 from runtime.scores import scores
+from runtime.sessions import PROVIDERS
 
 Progress = Callable[[str], None]
+TASKS = ("reverse",)  # --task: the held-out inputs an encoder-decoder is scored on
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """What `zoo evaluate` scores: one of data (a classifier), task (an encoder-decoder) and
+    text (a decoder)."""
+
+    data: Path | None = option(None, "A classifier: labelled rows, JSONL or CSV of text, label "
+                               "(as for zoo train --task classify).", path="file")
+    task: str | None = option(None, "An encoder-decoder: reverse = held-out runs of the shipped "
+                              "text's words.", choices=TASKS)
+    text: Path | None = option(None, "A decoder: perplexity on this UTF-8 text (use text it did "
+                               "not train on).", path="file")
+    window: int | None = option(None, "--text: tokens per window [max_positions].")
+    count: int = option(200, "--task: held-out inputs.")
+    beams: int = option(1, "--task: beam search width.")
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+
+    def check(self) -> None:
+        if sum(given is not None for given in (self.data, self.task, self.text)) != 1:
+            raise ZooError("give one of --data FILE (a classifier), --task reverse (an "
+                           "encoder-decoder) or --text FILE (a decoder)")
+
+
+def evaluate(folder: Path, options: EvaluateOptions, progress: Progress = lambda m: None
+             ) -> list[str]:
+    """`zoo evaluate`: the score options.check() allows, of the one kind asked for."""
+    options.check()
+    if options.data is not None:
+        return evaluate_classifier(folder, options.data, options.provider)
+    if options.text is not None:
+        return evaluate_text(folder, options.text, options.window, options.provider, progress)
+    return evaluate_task(folder, str(options.task), options.count, options.beams,
+                         options.provider)
 
 
 def _tokenizer(folder: Path, what: str) -> Tokenizer:

@@ -69,6 +69,7 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
                   note: Note = lambda message: None) -> list[str]:
     """Train a card or a model folder (`--task classify`: made a classifier for --data's
     labels first); the lines say what was trained and, held out, how well."""
+    options.check()  # before the card is built
     model, card = load_source(source, tuple(registries), options.seed)
     files: dict[str, bytes] = {}
     if options.task == "classify":

@@ -10,22 +10,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.errors import ZooError
+from registry.options import option, parse_ids
 from runtime.classify import SequenceOutputs
 from runtime.exported import Exported, GenerateOptions, Prompt, load
 from runtime.prompts import check_text
 from runtime.sampling import check_new_tokens
+from runtime.sessions import PROVIDERS
 
 
 @dataclass(frozen=True)
 class RunRequest:
     folder: Path
-    texts: tuple[str, ...] = ()
-    id_lists: tuple[list[int], ...] = ()
-    chats: tuple[str, ...] = ()  # user messages, put in the export's chat template
-    as_json: bool = False
+    texts: tuple[str, ...] = option((), "Text prompt (needs an export with a tokenizer); "
+                                    "repeat for a batch.", flags=("--text",))
+    id_lists: tuple[list[int], ...] = option(
+        (), "Comma-separated token ids; repeat for a (left-padded) batch.", flags=("--ids",),
+        parse=parse_ids)
+    chats: tuple[str, ...] = option((), "A user's message, put in the export's chat template "
+                                    "(chat_template.jinja); prints the reply. Repeat for more.",
+                                    flags=("--chat",))
+    as_json: bool = option(False, "Classifiers and embedding models: print the raw numbers as "
+                           "JSON.", flags=("--json",))
     options: GenerateOptions = GenerateOptions()
-    provider: str = "cpu"
-    threads: int | None = None
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+    threads: int | None = option(None, "ONNX Runtime CPU threads [all cores].")
 
 
 def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: None

@@ -21,6 +21,7 @@ from export.inspect.maps import AttentionGroup
 from export.opening import open_export, open_model
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.options import option, parse_ids
 from registry.paths import display_path
 from registry.sizes import attention_sizes
 from runtime.contract import MANIFEST
@@ -42,13 +43,17 @@ class AttentionError(ZooError):
 @dataclass
 class Request:
     source: str
-    text: str | None = None
-    ids: list[int] | None = None
-    engine: str | None = None  # default: onnx for an export folder, torch otherwise
-    layer: str = "all"  # a layer index or "all"
-    head: str = "all"
-    kind: str | None = None  # a group: attentions | encoder | decoder | cross (default: last)
-    generate: int | None = None  # new tokens first (default: the family's)
+    text: str | None = option(None, "Text prompt (a folder with a tokenizer).")
+    ids: list[int] | None = option(None, "Comma-separated token ids.", parse=parse_ids)
+    engine: str | None = option(None, "[onnx for an export folder (made with --attentions), "
+                                "else torch]", choices=ENGINES)
+    layer: str = option("all", "A layer index, or all.")
+    head: str = option("all", "A head index, or all.")
+    kind: str | None = option(  # a group: attentions | encoder | decoder | cross
+        None, "encoder-decoder: encoder, decoder or cross [cross].")
+    generate: int | None = option(  # new tokens first (default: the family's)
+        None, "Generate this many tokens first and show them too [0; 16 for the "
+        "encoder-decoder, whose target is generated].")
     registries: tuple[str, ...] = ()
 
 

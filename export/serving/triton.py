@@ -28,6 +28,7 @@ import onnx
 from export.onnx.files import external_data_files
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.options import option
 from runtime.contract import CACHE_INPUT
 from runtime.files.atomic import atomic_folder
 from runtime.manifest import manifest_card, read_manifest
@@ -36,6 +37,7 @@ CONFIG = "config.pbtxt"
 MODEL_FILE = "model.onnx"  # the ONNX Runtime backend's default_model_filename
 VERSION = "1"
 BATCH_AXIS = "batch_size"
+KINDS = ("cpu", "gpu")  # the instance group's KIND_CPU / KIND_GPU
 DTYPES = {  # ONNX element type -> Triton data type
     onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
     onnx.TensorProto.BFLOAT16: "TYPE_BF16", onnx.TensorProto.DOUBLE: "TYPE_FP64",
@@ -51,19 +53,21 @@ class TritonError(ZooError):
 
 @dataclass(frozen=True)
 class TritonOptions:
-    max_batch_size: int = 8
+    max_batch_size: int = option(8)
     preferred_batch_sizes: tuple[int, ...] = (4, 8)
-    queue_delay_us: int = 100
-    kind: str = "cpu"  # cpu | gpu: the instance group's KIND_CPU / KIND_GPU
-    instances: int = 1
+    queue_delay_us: int = option(100, "Dynamic batching: how long a request may wait for "
+                                 "others (encoders).")
+    kind: str = option("cpu", "Where Triton runs the instances (KIND_CPU / KIND_GPU).",
+                       choices=KINDS)
+    instances: int = option(1, "Instances per model.")
 
     def check(self) -> None:
         if self.max_batch_size < 1:
             raise TritonError(f"--max-batch-size {self.max_batch_size}: should be >= 1")
         if self.instances < 1:
             raise TritonError(f"--instances {self.instances}: should be >= 1")
-        if self.kind not in ("cpu", "gpu"):
-            raise TritonError(f"--kind {self.kind!r}: should be cpu or gpu")
+        if self.kind not in KINDS:
+            raise TritonError(f"--kind {self.kind!r}: should be {' or '.join(KINDS)}")
         if self.queue_delay_us < 0:
             raise TritonError(f"--queue-delay-us {self.queue_delay_us}: should be >= 0")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from registry.errors import ZooError
+from registry.options import option
 from runtime.files.atomic import atomic_folder
 from zoo.training.data import SHIPPED_TEXT
 
@@ -78,10 +79,21 @@ def write_speaker_set(out: Path, top: int = 4, eval_fraction: float = 0.2, seed:
     return made
 
 
-def speaker_set_lines(out: Path, top: int = 4, eval_fraction: float = 0.2, seed: int = 0,
-                      force: bool = False) -> list[str]:
+@dataclass(frozen=True)
+class SpeakerSetOptions:
+    out: Path = option(help="Folder for train.jsonl, eval.jsonl and pretrain.txt.",
+                       flags=("-o", "--out"), path="dir")
+    top: int = option(4, "The most frequent speakers kept.")
+    eval_fraction: float = option(0.2, "Share of the speeches held out.")
+    seed: int = option(0, "Seed of the split.")
+    force: bool = option(False, "Overwrite an existing folder.")
+
+
+def speaker_set_lines(options: SpeakerSetOptions) -> list[str]:
     """`zoo dataset speakers`: the set written, and what it holds."""
-    made = write_speaker_set(out, top, eval_fraction, seed, force)
+    out = options.out
+    made = write_speaker_set(out, options.top, options.eval_fraction, options.seed,
+                             options.force)
     counts = {name: sum(s.speaker == name for s in made.train) for name in made.classes}
     return [f"wrote {out}/ (train.jsonl: {len(made.train)} speeches, eval.jsonl: "
             f"{len(made.eval)}, pretrain.txt); classes: "

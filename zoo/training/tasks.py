@@ -15,32 +15,52 @@ from torch import nn
 
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.options import option
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.training import classify, data, reverse
+from zoo.training.schedules import SCHEDULES
 
 
 @dataclass
 class TrainOptions:
-    task: str
-    out: Path
-    data: Path | None = None
-    steps: int = 300
-    batch_size: int = 32
-    block_size: int = 128  # capped at the card's max_positions
-    lr: float | None = None  # noam: a factor (1.0 = the paper); cosine: the peak rate
-    schedule: str | None = None  # the task's: noam for the encoder-decoder, cosine otherwise
-    warmup: int | None = None  # 400 for noam, 100 for cosine
-    label_smoothing: float | None = None  # the task's: 0.1 for the encoder-decoder, else 0
+    task: str = option(help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, "
+                       "synthetic; reverse: encoder-decoder, the shipped text's words in reverse "
+                       "order; classify: a classifier (encoder or decoder) on labelled text.",
+                       choices=lambda: TASKS)
+    out: Path = option(help="Output folder [NAME-trained].", flags=("-o", "--out"), path="dir",
+                       required=False)
+    data: Path | None = option(None, "lm/mlm: UTF-8 text [the shipped Shakespeare]; classify: "
+                               'JSONL ({"text": ..., "label": ...} a line) or CSV with a '
+                               "text,label header.", path="file")
+    steps: int = option(300, "Total optimizer steps.")
+    batch_size: int = option(32)
+    block_size: int = option(128, "Tokens per sequence.")  # capped at the card's max_positions
+    lr: float | None = option(None, "cosine: peak rate [1e-3]; noam: factor [1.0].")
+    schedule: str | None = option(None, "[noam for encoder-decoder, cosine otherwise]",
+                                  choices=SCHEDULES)
+    warmup: int | None = option(None, "Warm-up steps [400 for noam, 100 for cosine].")
+    label_smoothing: float | None = option(None, "[0.1 for encoder-decoder, else 0]")
     clip: float = 1.0
-    checkpoint_every: int = 100
-    seed: int = 0
-    resume: bool = False
-    force: bool = False
+    checkpoint_every: int = option(100)
+    seed: int = option(0, "Initialisation and data seed.")
+    resume: bool = option(False, "Continue from OUT's last checkpoint.")
+    force: bool = option(False, "Replace an existing OUT (starting afresh).")
     copy_length: int = 10
     copy_symbols: int = 10
-    eval: Path | None = None  # classify: held-out rows, or
-    eval_fraction: float | None = None  # classify: the share of --data held out
+    eval: Path | None = option(None, "classify: held-out rows (same format), scored at each "
+                               "checkpoint.", path="file")
+    eval_fraction: float | None = option(
+        None, "classify: hold out this share of --data instead (split with --seed).")
     tokenizer_folder: Path | None = None  # classify: where the texts' tokenizer is (SOURCE)
+
+    def check(self) -> None:
+        """Refuse, in one line, options that do not go together (before any card is read)."""
+        if self.task == "classify" and self.data is None:
+            raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
+        if self.task != "classify" and (self.eval or self.eval_fraction is not None):
+            raise ZooError("--eval and --eval-fraction are for --task classify")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ZooError("--steps and --batch-size should be >= 1")
 
     def resolved(self, card: Card) -> TrainOptions:
         task = TASKS[self.task]

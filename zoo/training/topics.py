@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 from registry.errors import ZooError
+from registry.options import option
 from runtime.files.atomic import atomic_folder
 from runtime.files.labelled import Example, Rows, read_rows
 from zoo.training.datasets import TOPICS
@@ -38,11 +40,20 @@ def _jsonl(part: list[Example]) -> str:
     return "".join(json.dumps({"text": e.text, "label": e.label}) + "\n" for e in part)
 
 
-def topic_set_lines(out: Path, eval_fraction: float = 0.25, seed: int = 0,
-                    force: bool = False, source: Path = TOPICS) -> list[str]:
+@dataclass(frozen=True)
+class TopicSetOptions:
+    out: Path = option(help="Folder for train.jsonl and eval.jsonl.", flags=("-o", "--out"),
+                       path="dir")
+    eval_fraction: float = option(0.25, "Share of each topic's sentences held out.")
+    seed: int = option(0, "Seed of the split.")
+    force: bool = option(False, "Overwrite an existing folder.")
+
+
+def topic_set_lines(options: TopicSetOptions, source: Path = TOPICS) -> list[str]:
     """`zoo dataset topics`: OUT/train.jsonl and OUT/eval.jsonl, written together atomically."""
-    train, held = topic_split(read_rows(source), eval_fraction, seed)
-    with atomic_folder(Path(out), force) as staging:
+    out = options.out
+    train, held = topic_split(read_rows(source), options.eval_fraction, options.seed)
+    with atomic_folder(Path(out), options.force) as staging:
         (staging / TRAIN).write_text(_jsonl(train), encoding="utf-8")
         (staging / EVAL).write_text(_jsonl(held), encoding="utf-8")
     labels = sorted({e.label for e in train + held})

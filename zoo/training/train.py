@@ -52,8 +52,7 @@ def _check_fit(card: Card, options: TrainOptions) -> None:
                        f"{card.name} is a {card.family} (use " + ", ".join(
                            f"--task {t} for a {' or '.join(d.trains)}" for t, d in TASKS.items())
                        + ")")
-    if options.steps < 1 or options.batch_size < 1:
-        raise ZooError("--steps and --batch-size should be >= 1")
+    options.check()
     task.check(card, options)
 
 

@@ -131,7 +131,7 @@ def test_zoo_list_imports_no_options_module() -> None:
 
 def test_choices_are_the_librarys_tables() -> None:
     """--task, --quantize, --provider and --schedule list what the library defines."""
-    from export.runtime.sessions import PROVIDERS
+    from runtime.sessions import PROVIDERS
 
     from cli import main
     from export.onnx.quantize import CHOICES

@@ -131,10 +131,9 @@ def test_zoo_list_imports_no_options_module() -> None:
 
 def test_choices_are_the_librarys_tables() -> None:
     """--task, --quantize, --provider and --schedule list what the library defines."""
-    from runtime.sessions import PROVIDERS
-
     from cli import main
     from export.onnx.quantize import CHOICES
+    from runtime.sessions import PROVIDERS
     from zoo.training.schedules import SCHEDULES
     from zoo.training.tasks import TASKS
 

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from registry.errors import ZooError
-
-if TYPE_CHECKING:
-    from registry.schema import Field
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,7 @@ class BlockEntry:
     origin: str = "built-in"
     # Card fields of the block's own, validated like the schema's and present in a resolved
     # card only when the card selects this block (so no other card changes when it is added).
-    fields: Mapping[str, Field] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)  # {name: registry.schema.Field}
 
 
 def _builtin(*names: str) -> dict[str, BlockEntry]:

@@ -12,13 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from registry.blocks import BlockEntry, register_block
 from registry.errors import ZooError, first_line
-
-if TYPE_CHECKING:
-    from registry.schema import Field
 
 GROUP = "zoo.plugins"
 
@@ -40,7 +37,7 @@ class PluginAPI:
         name: str,
         target: str,
         param_count: Callable[[dict], int] | None = None,
-        fields: Mapping[str, Field] | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> None:
         """Register block `name` of `kind` (activation, norm, position) at `module:attr`.
 

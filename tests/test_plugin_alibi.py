@@ -202,6 +202,51 @@ def test_scores_carry_the_bias_in_the_model(site: Path, tmp_path: Path) -> None:
                                expected.transpose(0, 2, 1, 3)[real], atol=1e-5)
 
 
+FAMILIES = textwrap.dedent("""
+    import torch
+    from registry.catalog import open_catalog
+    from zoo.assemble import build_model
+
+    catalog = open_catalog()
+    torch.manual_seed(0)
+    ids = torch.randint(4, 60, (1, 7))  # within transformer-tiny's 64
+    # Encoder: a row padded on the left or the right gives what it gives alone (the bias
+    # depends on distances only).
+    bert = build_model(catalog.get("bert-tiny", {"position": "alibi"}), seed=1)
+    alone = bert(ids)["last_hidden_state"]
+    pad = torch.zeros(1, 3, dtype=torch.long)
+    for padded, mask, real in ((torch.cat([pad, ids], 1), [0] * 3 + [1] * 7, slice(3, None)),
+                               (torch.cat([ids, pad], 1), [1] * 7 + [0] * 3, slice(0, 7))):
+        out = bert(padded, torch.tensor([mask]))["last_hidden_state"]
+        assert torch.allclose(out[:, real], alone, atol=1e-5), "encoder padding"
+    # The same weights (ALiBi has none) under other slopes: the bias is applied.
+    flatter = build_model(catalog.get("bert-tiny", {"position": "alibi", "alibi_max_bias": 1}),
+                          seed=1)
+    assert not torch.allclose(flatter(ids)["last_hidden_state"], alone, atol=1e-3), "encoder"
+    # Encoder-decoder: decoding step by step over the cache gives the whole sequence's logits.
+    seq2seq = build_model(catalog.get("transformer-tiny", {"position": "alibi"}), seed=1)
+    cross = seq2seq.cross_cache(seq2seq.encode(ids))
+    whole, _ = seq2seq.decode(ids[:, :5], cross)
+    past, steps = None, []
+    for t in range(5):
+        logits, past = seq2seq.decode(ids[:, t : t + 1], cross, past_key_values=past)
+        steps.append(logits)
+    assert torch.allclose(torch.cat(steps, 1), whole, atol=1e-5), "decoder cache"
+    flatter = build_model(catalog.get("transformer-tiny", {"position": "alibi",
+                                                           "alibi_max_bias": 1}), seed=1)
+    assert not torch.allclose(flatter.decode(ids[:, :5], cross)[0], whole, atol=1e-3), "decoder"
+    print("ok")
+""")
+
+
+def test_every_family_takes_the_bias(site: Path, tmp_path: Path) -> None:
+    """The bias reaches the encoder (a padded row as it is alone, unlike learned positions)
+    and the encoder-decoder's decoder (its cache steps as the whole sequence)."""
+    done = zoo(site, tmp_path, script=FAMILIES)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
 def test_trains_and_exports_with_parity(site: Path, tmp_path: Path) -> None:
     trained, exported = tmp_path / "trained", tmp_path / "onnx"
     done = zoo(site, tmp_path, "train", "gpt-tiny-alibi", "--task", "lm", "--steps", "30",

@@ -146,6 +146,9 @@ class Attention(nn.Module):
     """Projections around a replaceable core (`self.core`, see AttentionCore); the output
     projection is applied to whatever the core returns."""
 
+    reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
+             "attention_bias", "qk_norm", "norm", "norm_eps")
+
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
@@ -169,9 +172,6 @@ class Attention(nn.Module):
         self.key_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.dropout = nn.Dropout(dropout)
         self.core: AttentionCore = DOT_PRODUCT
-
-    reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
-             "attention_bias", "qk_norm", "norm", "norm_eps")
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int | None) -> Attention:

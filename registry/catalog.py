@@ -19,7 +19,7 @@ import yaml
 from registry.errors import CardError, first_line
 from registry.paths import display_path
 from registry.plugins import load_plugins
-from registry.schema import FIELDS, check_known_fields, validate
+from registry.schema import check_known_fields, validate
 
 SHIPPED = Path(__file__).parent / "cards"
 SUFFIX = ".yaml"
@@ -114,7 +114,7 @@ class Catalog:
             origins.update({key: "--set" for key in overrides})
         leaf = display_path(self.files[name])
         fields = validate(merged, leaf, origins)
-        origins = {key: origins.get(key, "default") for key in FIELDS}
+        origins = {key: origins.get(key, "default") for key in fields}
         return Card(name, self.files[name], fields, origins)
 
     def _chain(self, name: str) -> list[str]:

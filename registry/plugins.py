@@ -1,15 +1,18 @@
 """Plugins: installed distributions with an entry point in the group `zoo.plugins`.
 
 The entry point names a callable that receives a `PluginAPI`; through it a plugin adds card folders
-and block names. Blocks are given by import path (`package.module:Class`) so that registering them
-does not import torch; `zoo.blocks` imports the class only when a model is built.
+and blocks: a name of a kind, its class by import path (`package.module:Class`, so that
+registering it does not import torch; `zoo.blocks` imports the class only when a model is built),
+its parameter count and its own card fields (`registry.schema.Field`s). The class is built as
+`Class.from_card(card, layer)` (zoo/blocks/classes.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 from registry.blocks import BlockEntry, register_block
 from registry.errors import ZooError, first_line
@@ -34,11 +37,17 @@ class PluginAPI:
         name: str,
         target: str,
         param_count: Callable[[dict], int] | None = None,
+        fields: Mapping[str, Any] | None = None,
     ) -> None:
-        """Register block `name` of `kind` (activation, norm, position) at `module:attr`."""
+        """Register block `name` of `kind` (activation, norm, position) at `module:attr`.
+
+        `param_count(card)`: the parameters one instance holds (torch-free: `zoo list`);
+        `fields`: card fields of the block's own, {name: Field(type, default, ...)}, validated
+        like the schema's and resolved only in cards that select this block."""
         if ":" not in target:
             raise ZooError(f"{self.origin}: block target {target!r} should be 'module:attr'")
-        register_block(kind, BlockEntry(name, target, param_count, origin=self.origin))
+        register_block(kind, BlockEntry(name, target, param_count, origin=self.origin,
+                                        fields=dict(fields or {})))
 
 
 _loaded: list[Path] | None = None

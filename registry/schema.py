@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from registry.blocks import block_names
-from registry.errors import CardError
+from registry.blocks import BLOCKS, block_fields, block_names, field_owner
+from registry.errors import CardError, ZooError
 from registry.families import POOLINGS, SPECS
 from registry.plugins import load_plugins
 from registry.sizes import attention_sizes
@@ -159,8 +159,10 @@ def _suggest(word: str, options: list[str]) -> str:
 
 
 def check_known_fields(fields: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
-    """Reject an unknown field, suggesting the closest known one."""
-    known = [*FIELDS, *extra]
+    """Reject an unknown field, suggesting the closest known one (blocks' own fields are
+    known too: whether they apply is `validate`'s question)."""
+    load_plugins()
+    known = [*FIELDS, *block_fields(), *extra]
     for name in fields:
         if name not in known:
             raise CardError(f"{where}: unknown field '{name}'" + _suggest(str(name), known))
@@ -179,17 +181,41 @@ def validate(
     check_known_fields(fields, where)
     resolved: dict[str, Any] = {}
     for name, spec in FIELDS.items():
-        if name not in fields:
-            if spec.default is REQUIRED:
-                raise CardError(f"{where}: missing required field '{name}' ({spec.help})")
-            resolved[name] = spec.default
-            continue
-        source = origins.get(name, where)
-        value = _coerce(name, fields[name], spec, source)
-        _check_range(name, value, spec, source)
-        resolved[name] = value
+        resolved[name] = _resolve(name, spec, fields, where, origins)
+    _resolve_block_fields(fields, resolved, where, origins)
     _check_across_fields(resolved, where, origins)
     return resolved
+
+
+def _resolve(name: str, spec: Field, fields: dict[str, Any], where: str,
+             origins: dict[str, str]) -> Any:
+    """One field's value: the default where absent, else checked against its spec."""
+    if name not in fields:
+        if spec.default is REQUIRED:
+            raise CardError(f"{where}: missing required field '{name}' ({spec.help})")
+        return spec.default
+    source = origins.get(name, where)
+    value = _coerce(name, fields[name], spec, source)
+    _check_range(name, value, spec, source)
+    return value
+
+
+def _resolve_block_fields(fields: dict[str, Any], resolved: dict[str, Any], where: str,
+                          origins: dict[str, str]) -> None:
+    """The fields of the blocks the card selects, after the schema's; a block's field on a
+    card that does not select the block is refused, naming the block it belongs to."""
+    for kind, entries in BLOCKS.items():
+        for name, spec in entries[resolved[kind]].fields.items():
+            if name in FIELDS:
+                raise ZooError(f"{entries[resolved[kind]].origin}: card field '{name}' is "
+                               "already a field of the schema")
+            resolved[name] = _resolve(name, spec, fields, where, origins)
+    for name in fields:
+        owner = field_owner(name)
+        if name not in resolved and owner is not None:
+            kind, entry = owner
+            raise CardError(f"{origins.get(name, where)}: {name} applies only to {kind} "
+                            f"{entry.name}, not {resolved[kind]}")
 
 
 ROPE_SCALINGS = {"linear": ("factor",),

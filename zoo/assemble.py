@@ -9,10 +9,8 @@ import torch
 from torch import nn
 
 from registry.catalog import Card
-from registry.schema import effective_bias, target_vocab_size
-from registry.sizes import attention_sizes
-from zoo.blocks.attention import Attention
-from zoo.blocks.classes import block_class
+from registry.schema import target_vocab_size
+from zoo.blocks.classes import build_block
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
 from zoo.blocks.layer import Layer
@@ -24,38 +22,17 @@ INIT_STD = 0.02
 
 
 class Parts:
-    """Factories for one card's blocks, so the family wiring below reads as plain assembly."""
+    """Factories for one card's blocks, so the family wiring below reads as plain assembly.
+    Every block is built from the card (and its layer index) by the block itself."""
 
     def __init__(self, card: dict[str, Any]) -> None:
         self.card = card
-        self.norm_class = block_class("norm", card["norm"])
-        self.ffn_class = block_class("activation", card["activation"])
-        self.position_class = block_class("position", card["position"])
 
     def norm(self) -> nn.Module:
-        return self.norm_class(self.card["d_model"], self.card["norm_eps"])
-
-    def attention(self) -> Attention:
-        c, sizes = self.card, attention_sizes(self.card)
-        head_norm = ((lambda size: self.norm_class(size, c["norm_eps"])) if c["qk_norm"]
-                     else None)
-        return Attention(c["d_model"], sizes.heads, c["dropout"], c["bias"], sizes.kv_heads,
-                         sizes.head_dim, effective_bias(c, "attention_bias"), head_norm)
-
-    def layer(self, cross: bool = False) -> Layer:
-        c = self.card
-        ffn = self.ffn_class(c["d_model"], c["d_ff"], c["dropout"], effective_bias(c, "mlp_bias"))
-        return Layer(
-            self_attention=self.attention(),
-            feed_forward=ffn,
-            norms=[self.norm() for _ in range(3 if cross else 2)],
-            dropout=c["dropout"],
-            pre_norm=c["norm_placement"] == "pre",
-            cross_attention=self.attention() if cross else None,
-        )
+        return build_block("norm", self.card, None)
 
     def layers(self, cross: bool = False) -> list[Layer]:
-        return [self.layer(cross) for _ in range(self.card["n_layers"])]
+        return [Layer.from_card(self.card, index, cross) for index in range(self.card["n_layers"])]
 
     def final_norm(self) -> nn.Module | None:
         return self.norm() if self.card["final_norm"] else None
@@ -70,10 +47,7 @@ class Parts:
         )
 
     def position(self) -> nn.Module:
-        c = self.card
-        scaling = {"scaling": c["rope_scaling"]} if c["rope_scaling"] is not None else {}
-        return self.position_class(c["d_model"], c["max_positions"],
-                                   attention_sizes(c).head_dim, c["rope_theta"], **scaling)
+        return build_block("position", self.card, None)
 
     def lm_head(self, vocab_size: int | None = None) -> LMHead:
         c = self.card

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from registry.schema import effective_bias
 from registry.sizes import attention_sizes
+from zoo.blocks.classes import build_block
 from zoo.blocks.positions import Rotary, apply_rotary
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]
@@ -46,6 +48,18 @@ def build_mask(
         return None
     zero = torch.zeros((), dtype=dtype, device=device)
     return zero.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def with_position_bias(position: nn.Module, mask: torch.Tensor | None, query_length: int,
+                       key_length: int) -> torch.Tensor | None:
+    """The self-attention mask with the position block's bias on the scores, where it has one
+    (`attention_bias`, e.g. ALiBi's): still one Add per layer. Positions without it (every
+    built-in one) leave the mask, and so the graph, as it was."""
+    bias_of = getattr(position, "attention_bias", None)
+    bias = None if bias_of is None else bias_of(query_length, key_length)
+    if bias is None:
+        return mask
+    return bias if mask is None else mask + bias
 
 
 def padded_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -132,6 +146,9 @@ class Attention(nn.Module):
     """Projections around a replaceable core (`self.core`, see AttentionCore); the output
     projection is applied to whatever the core returns."""
 
+    reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
+             "attention_bias", "qk_norm", "norm", "norm_eps")
+
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
@@ -155,6 +172,15 @@ class Attention(nn.Module):
         self.key_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.dropout = nn.Dropout(dropout)
         self.core: AttentionCore = DOT_PRODUCT
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int | None) -> Attention:
+        """Sizes from registry/sizes.py; with `qk_norm`, the card's norm over each head."""
+        sizes = attention_sizes(card)
+        head_norm = ((lambda size: build_block("norm", card, layer, size=size))
+                     if card["qk_norm"] else None)
+        return cls(card["d_model"], sizes.heads, card["dropout"], card["bias"], sizes.kv_heads,
+                   sizes.head_dim, effective_bias(card, "attention_bias"), head_norm)
 
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(B, T, heads * hd) -> (B, heads, T, hd); the query heads unless told."""

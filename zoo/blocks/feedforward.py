@@ -1,15 +1,31 @@
-"""Position-wise feed-forward blocks. Every one is built as `FFN(d_model, d_ff, dropout, bias)`."""
+"""Position-wise feed-forward blocks: `FFN(d_model, d_ff, dropout, bias)`, and from a card
+`FFN.from_card(card, layer)`."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from registry.schema import effective_bias
 
-class FeedForward(nn.Module):
+
+class CardFeedForward:
+    """What every feed-forward reads of a card, and how it is built from it."""
+
+    reads = ("d_model", "d_ff", "dropout", "bias", "mlp_bias")
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int | None) -> nn.Module:
+        return cls(card["d_model"], card["d_ff"], card["dropout"],
+                   effective_bias(card, "mlp_bias"))
+
+
+class FeedForward(CardFeedForward, nn.Module):
     """Linear -> activation -> dropout -> linear, the paper's FFN(x) = max(0, xW1 + b1)W2 + b2."""
 
     activation: staticmethod
@@ -63,7 +79,7 @@ class SiluFeedForward(FeedForward):
     activation = staticmethod(F.silu)
 
 
-class SwiGLUFeedForward(nn.Module):
+class SwiGLUFeedForward(CardFeedForward, nn.Module):
     """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool) -> None:

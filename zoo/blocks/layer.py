@@ -3,10 +3,14 @@ residual sublayer whose norm sits before (pre) or after (post) it, as the card s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from torch import nn
 
 from zoo.blocks.attention import Attention, KeyValue
+from zoo.blocks.classes import build_block
 from zoo.blocks.positions import Rotary
 
 
@@ -27,6 +31,20 @@ class Layer(nn.Module):
         self.norms = nn.ModuleList(norms)  # one per sublayer, in order
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
+
+    reads = ("dropout", "norm_placement")  # and what its blocks read
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int, cross: bool = False) -> Layer:
+        """Layer `layer` of a stack: each block built from the card at this index."""
+        return cls(
+            self_attention=Attention.from_card(card, layer),
+            feed_forward=build_block("activation", card, layer),
+            norms=[build_block("norm", card, layer) for _ in range(3 if cross else 2)],
+            dropout=card["dropout"],
+            pre_norm=card["norm_placement"] == "pre",
+            cross_attention=Attention.from_card(card, layer) if cross else None,
+        )
 
     def _residual(self, index: int, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:
         norm = self.norms[index]

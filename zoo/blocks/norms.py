@@ -1,19 +1,34 @@
-"""Norms. Every norm is built as `Norm(d_model, eps)`."""
+"""Norms: `Norm(size, eps)`, and from a card `Norm.from_card(card, layer, size=None)` (the
+hidden size unless told: the per-head query/key norms take the head size)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 
-class LayerNorm(nn.LayerNorm):
+class CardNorm:
+    """What every norm reads of a card, and how it is built from it."""
+
+    reads = ("d_model", "norm_eps")
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int | None, size: int | None = None
+                  ) -> nn.Module:
+        return cls(size or card["d_model"], card["norm_eps"])
+
+
+class LayerNorm(CardNorm, nn.LayerNorm):
     """torch's LayerNorm, so real checkpoints load without numerical drift."""
 
     def __init__(self, d_model: int, eps: float) -> None:
         super().__init__(d_model, eps=eps)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(CardNorm, nn.Module):
     """Root-mean-square norm (Zhang & Sennrich 2019): scale only, no centring, no bias."""
 
     def __init__(self, d_model: int, eps: float) -> None:

@@ -1,15 +1,32 @@
-"""Positional encodings. Every one is built as `Position(d_model, max_positions, head_dim, theta)`
-and offers two hooks: `add` (to the embeddings) and `rotary` (cos/sin for attention, or None)."""
+"""Positional encodings: `Position(d_model, max_positions, head_dim, theta)`, and from a card
+`Position.from_card(card, layer)`. Each offers two hooks: `add` (to the embeddings) and
+`rotary` (cos/sin for attention, or None); a position may offer a third,
+`attention_bias(query_length, key_length)`: a float bias (1|B, heads, T, S) on every
+self-attention's scores (ALiBi's), added to the mask once per forward
+(zoo/blocks/attention.py: `with_position_bias`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from registry.sizes import attention_sizes
+
 Rotary = tuple[torch.Tensor, torch.Tensor]
+
+
+class CardPosition:
+    """What the positions read of a card, and how they are built from it."""
+
+    reads: tuple[str, ...] = ("d_model", "max_positions")
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int | None) -> nn.Module:
+        return cls(card["d_model"], card["max_positions"], 0, 0.0)
 
 
 def sinusoid_table(max_positions: int, d_model: int) -> torch.Tensor:
@@ -30,7 +47,7 @@ def halves_table(max_positions: int, d_model: int) -> torch.Tensor:
     return torch.cat([table[:, 0::2], table[:, 1::2]], dim=1)
 
 
-class Sinusoidal(nn.Module):
+class Sinusoidal(CardPosition, nn.Module):
     """Fixed sinusoids (Vaswani et al. 2017); a buffer, not a weight, so never saved."""
 
     make_table = staticmethod(sinusoid_table)
@@ -52,7 +69,7 @@ class SinusoidalHalves(Sinusoidal):
     make_table = staticmethod(halves_table)
 
 
-class Learned(nn.Module):
+class Learned(CardPosition, nn.Module):
     """A learned table of absolute positions (BERT, GPT-2)."""
 
     def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float) -> None:
@@ -69,6 +86,15 @@ class Learned(nn.Module):
 class RotaryPositions(nn.Module):
     """Rotary embeddings (Su et al. 2021): queries and keys rotated by position, in attention.
     `scaling` (the card's rope_scaling) stretches the frequencies for longer contexts."""
+
+    reads = ("d_model", "max_positions", "n_heads", "n_kv_heads", "head_dim", "rope_theta",
+             "rope_scaling")
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int | None) -> RotaryPositions:
+        scaling = {"scaling": card["rope_scaling"]} if card["rope_scaling"] is not None else {}
+        return cls(card["d_model"], card["max_positions"], attention_sizes(card).head_dim,
+                   card["rope_theta"], **scaling)
 
     def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float,
                  scaling: dict[str, Any] | None = None) -> None:

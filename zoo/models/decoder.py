@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.blocks.attention import KeyValue, build_mask, padded_positions
+from zoo.blocks.attention import KeyValue, build_mask, padded_positions, with_position_bias
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead
 from zoo.blocks.layer import Layer
@@ -59,6 +59,7 @@ class Decoder(nn.Module):
         x = self.embeddings(input_ids, position_ids)
         mask = build_mask(attention_mask, length, past_length + length, causal=True,
                           device=input_ids.device, dtype=x.dtype)  # once, added in every layer
+        mask = with_position_bias(self.embeddings.position, mask, length, past_length + length)
         rotary = self.embeddings.position.rotary(position_ids)
         presents = []
         for index, layer in enumerate(self.layers):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.blocks.attention import KeyValue, build_mask, padded_positions
+from zoo.blocks.attention import KeyValue, build_mask, padded_positions, with_position_bias
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead
 from zoo.blocks.layer import Layer
@@ -49,6 +49,7 @@ class EncoderDecoder(nn.Module):
         x = self.source_embeddings(input_ids, position_ids)
         rotary = self.source_embeddings.position.rotary(position_ids)
         mask = build_mask(attention_mask, length, length, causal=False, dtype=x.dtype)
+        mask = with_position_bias(self.source_embeddings.position, mask, length, length)
         for layer in self.encoder_layers:
             x, _ = layer(x, mask, rotary=rotary)
         return self.encoder_norm(x) if self.encoder_norm is not None else x
@@ -76,6 +77,8 @@ class EncoderDecoder(nn.Module):
         rotary = embeddings.position.rotary(position_ids)
         self_mask = build_mask(None, length, past_length + length, causal=True,
                                device=input_ids.device, dtype=x.dtype)
+        self_mask = with_position_bias(embeddings.position, self_mask, length,
+                                       past_length + length)
         cross_mask = build_mask(memory_mask, length, cross[0][0].shape[2], causal=False,
                                 dtype=x.dtype)
         presents = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zoo.blocks.attention import build_mask, padded_positions
+from zoo.blocks.attention import build_mask, padded_positions, with_position_bias
 from zoo.blocks.heads import HeadInputs, run_heads
 
 
@@ -20,6 +20,7 @@ def run_sequence(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     x = model.embeddings(input_ids, position_ids, token_type_ids)
     mask = build_mask(attention_mask, length, length, causal=causal, device=input_ids.device,
                       dtype=x.dtype)  # once per forward, added in every layer
+    mask = with_position_bias(model.embeddings.position, mask, length, length)
     rotary = model.embeddings.position.rotary(position_ids)
     for layer in model.layers:
         x, _ = layer(x, mask, rotary=rotary)

@@ -126,7 +126,7 @@ def test_the_zoo_group_makes_options_commands() -> None:
 def test_zoo_list_imports_no_options_module() -> None:
     """The options classes' modules load only when their command parses or shows help."""
     assert modules_loaded([["list"], ["--help"]], ("export", "zoo", "torch")) == [
-        "export", "export.commands", "export.commands.shell"]
+        "export", "export.commands", "export.commands.printing", "export.commands.shell"]
 
 
 def test_choices_are_the_librarys_tables() -> None:

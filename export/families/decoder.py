@@ -31,7 +31,7 @@ from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
 # ONNX Runtime's GroupQueryAttention (model_kv.onnx's attention) refuses any other head size
-# when it first runs (group_query_attention_helper.h), on every provider.
+# when it first runs ("head_size must be a multiple of 8"; tests/test_hostile_clients.py runs it).
 GQA_HEAD_MULTIPLE = 8
 KV_FILE_PATH = Path(KV_FILE)
 SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/families/sequence.py)

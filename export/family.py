@@ -195,6 +195,9 @@ class Family:
                            f"generation reads its weights every step: use "
                            f"{self.dynamic_alternative}")
 
+    def check_optimize(self, card: Card) -> None:
+        """Refuse, before any tracing, an --optimize this card's graphs cannot be given."""
+
     def quality(self, reference: Any, candidate: Any, seed: int) -> list[Any]:
         """An int8-dynamic export's gated figures (export/checks/quality.py's Measures)."""
         raise NotImplementedError

@@ -56,6 +56,8 @@ def export_and_verify(
     options.check()  # before minutes of exporting
     family = family_of(card)  # once: the writer, the variants and the check share it
     family.check_quantization(card, options.quantize)
+    if options.optimize:
+        family.check_optimize(card)
     if options.calibration is not None:  # every refusal of the file before the trace
         tokenizer = load_tokenizer(source_folder) if source_folder is not None else None
         calibration_batch(card, tokenizer, options.calibration_rows(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -123,8 +124,75 @@ def test_the_exports_tokenizer_json_gives_marian_tokenizers_ids(marian: dict) ->
     for text in [*lines, "café 東京 🙂", "  Speak,   speak.  ", "ＡＢＣ ﬁ", "x\u00a0y", ""]:
         ids = marian["tokenizer"](text)["input_ids"]
         assert ours.encode(text).ids == ids, repr(text)
-        assert ours.decode(ids, skip_special_tokens=True).strip() == marian["tokenizer"].decode(
+        assert ours.decode(ids, skip_special_tokens=True) == marian["tokenizer"].decode(
             ids, skip_special_tokens=True), repr(text)
+
+
+def cut_texts(marian: dict) -> list[list[int]]:
+    """Target ids as a translation cut by max_new_tokens may end: on a bare "▁" piece (one, two),
+    with it first or in the middle, with </s> or <unk> beside it, nothing; then random ones."""
+    vocab = marian["tokenizer"].get_vocab()
+    bare, eos, unk = vocab["\u2581"], vocab["</s>"], vocab["<unk>"]
+    word, other = vocab["\u2581the"], vocab["s"]
+    rng = np.random.default_rng(0)
+    pieces = [rng.choice([bare, *range(len(vocab))], size=rng.integers(1, 9)).tolist()
+              for _ in range(300)]
+    return [[word, other, bare], [word, bare, bare], [bare, word], [bare, bare, word, other],
+            [word, bare, other], [bare], [bare, bare], [bare, eos], [unk, bare, word, bare, eos],
+            [], *pieces]
+
+
+def test_the_exports_tokenizer_json_decodes_marian_tokenizers_text(marian: dict) -> None:
+    """transformers.js decodes through tokenizer.json: the text must be MarianTokenizer's (and
+    `zoo run`'s, which decodes with the sentencepiece files), spaces at either end cut."""
+    from tokenizers import Tokenizer
+
+    from runtime.files.tokenizer import load_tokenizer
+
+    ours = Tokenizer.from_file(str(marian["exported"] / "tokenizer.json"))
+    zoo_run = load_tokenizer(marian["exported"])
+    for ids in cut_texts(marian):
+        expected = marian["tokenizer"].decode(ids, skip_special_tokens=True)
+        assert ours.decode(ids, skip_special_tokens=True) == expected, ids
+        assert zoo_run.decode(ids) == expected, ids
+    assert marian["tokenizer"].decode(cut_texts(marian)[1]) == "the"  # the case of issue 37
+
+
+def test_node_and_transformers_js_decode_the_exports_tokenizer_json_the_same(
+        marian: dict, tmp_path: Path) -> None:
+    """The same ids through examples/web/tokenizer.mjs (@huggingface/tokenizers, in Node) and
+    through transformers.js's AutoTokenizer: MarianTokenizer's text; and the zoo's Python
+    tokenizer reading that tokenizer.json alone agrees (examples/node/tokenize.mjs's golden)."""
+    from runtime.files.tokenizer import load_tokenizer
+    from tests.test_node_web import NODE_DIR, node_problem, require, run_node
+    from tests.test_transformers_js import SCRIPT, transformers_js_problem
+
+    require(node_problem() or transformers_js_problem())
+    ids = cut_texts(marian)[:40]
+    expected = [marian["tokenizer"].decode(row, skip_special_tokens=True) for row in ids]
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copyfile(marian["exported"] / "tokenizer.json", alone / "tokenizer.json")
+    assert [load_tokenizer(alone).decode(row) for row in ids] == expected
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"texts": [], "ids": ids}))
+    node = run_node(NODE_DIR / "tokenize.mjs", str(alone), str(request))
+    assert node.returncode == 0, node.stderr
+    assert json.loads(node.stdout)["decoded"] == expected
+    script = ("import { AutoTokenizer, env } from '@huggingface/transformers';"
+              "const [root, name, ids] = process.argv.slice(1);"
+              "env.allowRemoteModels = false; env.localModelPath = `${root}/`;"
+              "const tokenizer = await AutoTokenizer.from_pretrained(name);"
+              "console.log(JSON.stringify(JSON.parse(ids).map((row) => "
+              "tokenizer.decode(row, { skip_special_tokens: true }))));")
+    folder = marian["exported"].resolve()
+    given = [row for row in ids if row]  # transformers.js throws on an empty list
+    result = subprocess.run(["node", "--input-type=module", "-e", script, str(folder.parent),
+                             folder.name, json.dumps(given)],
+                            cwd=SCRIPT.parent, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [text for row, text in zip(ids, expected, strict=True)
+                                         if row]
 
 
 def test_zoo_run_translates_text_with_beams(marian: dict) -> None:

@@ -23,11 +23,16 @@ from export.onnx.trace import export_graph
 from export.onnx.wrappers import DecoderGraph
 from export.serving.genai import GenAIFiles, decoder_genai
 from registry.catalog import Card
+from registry.errors import ZooError
 from registry.families import DECODER
+from registry.sizes import attention_sizes
 from runtime.contract import MODEL_GRAPH
 from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
+# ONNX Runtime's GroupQueryAttention (model_kv.onnx's attention) refuses any other head size
+# when it first runs ("head_size must be a multiple of 8"; tests/test_hostile_clients.py runs it).
+GQA_HEAD_MULTIPLE = 8
 KV_FILE_PATH = Path(KV_FILE)
 SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/families/sequence.py)
 
@@ -61,6 +66,16 @@ class DecoderFamily(Family):
         return generation_agreement(self.open_session(reference, capacity, True),
                                     self.open_session(candidate, capacity, True),
                                     reference.card, AGREEMENT_PROMPT, steps, seed)
+
+    def check_optimize(self, card: Card) -> None:
+        """--optimize's point for a decoder is model_kv.onnx: refused rather than exported
+        without it, so one command's files do not depend on a card's head size."""
+        head_dim = attention_sizes(card).head_dim
+        if head_dim % GQA_HEAD_MULTIPLE:
+            raise ZooError(f"{card.name}: --optimize's shared-cache graph ({KV_FILE}, ONNX "
+                           f"Runtime's GroupQueryAttention) needs a head size that is a "
+                           f"multiple of {GQA_HEAD_MULTIPLE}; this card's is {head_dim}: "
+                           "export without --optimize")
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,
                          metadata: dict[str, str], progress: Any) -> Extras:

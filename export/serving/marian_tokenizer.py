@@ -28,6 +28,14 @@ from runtime.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabul
 EOS, UNK, PAD = "</s>", "<unk>", "<pad>"
 UNIGRAM, NORMAL = 1, 1  # sentencepiece's TrainerSpec.UNIGRAM and SentencePiece.NORMAL
 BELOW_SOURCE = 10.0  # how far below source.spm's lowest score a target-only piece is scored
+SPACE = "\u2581"  # sentencepiece's space
+# MarianTokenizer (and `zoo run`) joins the pieces, spells each SPACE as " " and strips the text:
+# a text cut short on a bare SPACE piece, or one that starts with it, loses those spaces. A plain
+# Metaspace decoder drops only the first piece's one space and keeps the last. Strip, the decoder,
+# cannot do it: it cuts a fixed count, and the Rust library panics where the text is shorter than
+# that count. Spaces before or after nothing are the ends in both regex engines (Oniguruma, where
+# ^ and $ would match at every line, and JavaScript's); nmt_nfkc's pieces spell every space " ".
+EDGE_SPACES = r"(?<![\s\S]) +| +(?![\s\S])"
 
 
 def _source_model(path: Path) -> Any:
@@ -77,8 +85,9 @@ def marian_tokenizer_json(folder: Path) -> tuple[str | None, str | None]:
         steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
     backend.normalizer = normalizers.Sequence(steps)
     prepend = "always" if spec.add_dummy_prefix else "never"
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme=prepend)
+    backend.decoder = decoders.Sequence([  # MarianTokenizer's text, spaces at the ends cut
+        decoders.Replace(SPACE, " "), decoders.Fuse(), decoders.Replace(Regex(EDGE_SPACES), "")])
     specials = [token for token in (EOS, UNK, PAD) if token in vocab]
     backend.add_special_tokens([AddedToken(token, special=True, normalized=False)
                                 for token in specials])

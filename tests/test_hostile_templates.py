@@ -63,8 +63,9 @@ NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}BODY{% endfor 
 
 def test_nested_loops_that_write_nothing_stop_on_time(chat_export: Path) -> None:
     """The issue's 10^5 x 10^5 loops, writing nothing: only the time bound can stop them (each
-    `range` is within the sandbox's own bound). Stopped within twice the budget, export's
-    opening included."""
+    `range` is within the sandbox's own bound). Its clock is read at every loop step and at
+    the inner `range(...)` call of each outer step (either alone stops this one; without both
+    it ran past 100 s). Stopped within twice the budget, the export's opening included."""
     start = time.monotonic()
     result = chat(chat_export, NESTED.replace("BODY", ""))
     assert time.monotonic() - start < 2 * RENDER_SECONDS

@@ -103,6 +103,13 @@ def test_huge_output_or_values_are_refused_before_they_are_made(chat_export: Pat
     assert_one_line_error(result, CHAT_TEMPLATE, "refused the chat template", says)
 
 
+def test_a_template_file_larger_than_any_prompt_is_refused_unread(chat_export: Path) -> None:
+    start = time.monotonic()
+    result = chat(chat_export, "{{ 'x' }}" * (RENDER_CHARS // 9 + 1))
+    assert time.monotonic() - start < RENDER_SECONDS
+    assert_one_line_error(result, CHAT_TEMPLATE, f"past the {RENDER_CHARS} the zoo reads")
+
+
 # --- item 7: Python's errors inside the sandbox ---------------------------------------------
 
 @pytest.mark.parametrize("template, says", [

@@ -125,11 +125,22 @@ def _refuse(message: str) -> None:
     raise TemplateError(message)
 
 
+def _size_checked(path: Path) -> Path:
+    """`path`, refused unread where it is larger than any prompt it could make (real chat
+    templates are a few KB; the parser would hold a huge one whole)."""
+    size = Path(path).stat().st_size
+    if size > RENDER_CHARS:
+        raise ZooError(f"{display_path(path)}: a chat template of {size} bytes, past the "
+                       f"{RENDER_CHARS} the zoo reads")
+    return Path(path)
+
+
 def check_chat_template(path: Path) -> None:
     """Refuse, in one line, a file that is not UTF-8 Jinja (compiling runs none of it)."""
+    source = _size_checked(path)
     try:
         _ticking(_environment(_Budget(RENDER_SECONDS, RENDER_CHARS)),
-                 Path(path).read_text(encoding="utf-8"))
+                 source.read_text(encoding="utf-8"))
     except Exception as exc:  # a syntax error, or what Jinja's parser raises on odd input
         raise ZooError(f"{display_path(path)}: not a chat template: {_said(exc)}") from exc
 
@@ -139,9 +150,10 @@ def render_chat(path: Path, messages: list[dict[str, str]], bos: str = "", eos: 
     """The prompt text for `messages` ({role, content} each), ending where the assistant's
     reply begins (add_generation_prompt, as transformers' apply_chat_template); refused in one
     line past `seconds` or `chars`, or on any error the template raises."""
+    source = _size_checked(path)
     budget = _Budget(seconds, chars)
     try:
-        template = _ticking(_environment(budget), Path(path).read_text(encoding="utf-8"))
+        template = _ticking(_environment(budget), source.read_text(encoding="utf-8"))
         pieces = template.generate(messages=messages, add_generation_prompt=True,
                                    bos_token=bos, eos_token=eos)
         return "".join(budget.write(piece) for piece in pieces)

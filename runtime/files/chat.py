@@ -63,12 +63,12 @@ class _Budget:
             sized, count = (left, right) if isinstance(right, int) else (right, left)
             if isinstance(count, int) and hasattr(sized, "__len__") \
                     and len(sized) * count > self.chars:
-                raise _OverBudget(f"made a value of {len(sized)} x {count} items, past the "
-                                  f"{self.chars} a render may hold")
+                raise _OverBudget(f"made a value of more than the {self.chars} items a "
+                                  "render may hold (with *)")
         elif operator == "**" and isinstance(left, int) and isinstance(right, int) \
                 and right * abs(left).bit_length() > self.chars:
-            raise _OverBudget(f"computed {left} ** {right}, past the {self.chars} bits a "
-                              "render may hold")
+            raise _OverBudget(f"made a number of more than the {self.chars} bits a render "
+                              "may hold (with **)")
 
 
 @functools.cache

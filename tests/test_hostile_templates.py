@@ -93,11 +93,14 @@ def test_work_without_a_range_or_written_text_stops_on_time(chat_export: Path,
     ("{{ 'x' * 100000 * 100000 }}", f"made a value of more than the {RENDER_CHARS} items"),
     ("{{ [0] * 10 ** 5000 }}", f"made a value of more than the {RENDER_CHARS} items"),
     ("{{ 10 ** 100000000 }}", f"made a number of more than the {RENDER_CHARS} bits"),
+    ("{{ 'x'|center(1000000000) }}", f"passed a number past the {RENDER_CHARS}"),
+    ("{{ 'x'.ljust(1000000000) }}", f"passed a number past the {RENDER_CHARS}"),
+    ("{{ messages|slice(1000000000)|list|length }}", f"passed a number past the {RENDER_CHARS}"),
 ])
 def test_huge_output_or_values_are_refused_before_they_are_made(chat_export: Path,
                                                                 template: str, says: str) -> None:
     """Text past the size bound is refused as it comes, well before the time bound; a value
-    past it (`*`, `**`) before it is made."""
+    past it (`*`, `**`, a count given to a call or filter) before it is made."""
     start = time.monotonic()
     result = chat(chat_export, template)
     assert time.monotonic() - start < RENDER_SECONDS

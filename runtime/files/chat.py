@@ -56,6 +56,14 @@ class _Budget:
             raise _OverBudget(f"wrote past the {self.chars} characters a render may write")
         return piece
 
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Refuse a count past the cap given to a call or filter (`'x'.ljust(n)`,
+        `center(n)`, `slice(n)`, `lipsum(n)`): what it makes, or loops over, before it runs."""
+        self.tick()
+        if any(isinstance(value, int) and abs(value) > self.chars
+               for value in (*args, *kwargs.values())):
+            raise _OverBudget(f"passed a number past the {self.chars} a render may use")
+
     def operator(self, operator: str, left: Any, right: Any) -> None:
         """Refuse `*` and `**` whose result would pass the cap, before it is made."""
         self.tick()
@@ -84,8 +92,8 @@ def _sandbox() -> type:
             self.budget = budget
 
         def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-            self.budget.tick()  # a macro calling itself twice per level loops without a for
-            return super().call(context, obj, *args, **kwargs)
+            self.budget.arguments(args, kwargs)  # a macro calling itself twice per level
+            return super().call(context, obj, *args, **kwargs)  # loops without a for
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             self.budget.operator(operator, left, right)
@@ -104,7 +112,20 @@ def _environment(budget: _Budget) -> Any:
                              extensions=[loopcontrols], optimized=False)
     environment.globals["raise_exception"] = _refuse
     environment.globals[_TICK] = budget.steps
+    environment.filters = {name: _checked(budget, filter_)
+                           for name, filter_ in environment.filters.items()}
     return environment
+
+
+def _checked(budget: _Budget, filter_: Any) -> Any:
+    """A filter whose arguments pass the budget first (Jinja calls filters directly, not
+    through the sandbox's `call`); wraps keeps the marks that ask Jinja for the context."""
+    @functools.wraps(filter_)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        budget.arguments(args, kwargs)
+        return filter_(*args, **kwargs)
+
+    return checked
 
 
 def _ticking(environment: Any, source: str) -> Any:

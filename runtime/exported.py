@@ -12,7 +12,7 @@ import numpy as np
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
-from registry.paths import display_path
+from registry.paths import display_path, inside
 from runtime.classify import SequenceOutputs, run_sequences
 from runtime.encode import MaskedPrediction, encode
 from runtime.files.chat import CHAT_TEMPLATE, render_chat
@@ -115,7 +115,8 @@ class Exported:
         return self.generate([self.chat_prompt(messages)], options, "--chat")[0]
 
     def chat_prompt(self, messages: str | list[dict[str, str]]) -> list[int]:
-        template = self.folder / CHAT_TEMPLATE
+        # kept inside the folder as every file the export reads, listed in the manifest or not
+        template = inside(self.folder, CHAT_TEMPLATE, display_path(self.folder), "chat template")
         if not template.is_file() or not isinstance(self.tokenizer, HuggingFaceTokenizer):
             raise ZooError(f"{display_path(self.folder)}: no chat template (chat_template.jinja "
                            "and tokenizer.json); give the prompt as text")

@@ -26,7 +26,7 @@ def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
     where = display_path(folder)
     if not folder.is_dir():
         raise ManifestError(f"{where}: no such folder")
-    path = folder / MANIFEST
+    path = inside(folder, MANIFEST, where, "manifest")
     if not path.is_file():
         raise ManifestError(f"{where}: not an export (no {MANIFEST}); make one with zoo export")
     try:

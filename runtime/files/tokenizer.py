@@ -152,6 +152,8 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
     tokenizer.json is then their translation for the other clients (GenAI, transformers.js:
     export/serving/tokenizer_files.py)."""
     folder = Path(folder)
+    for name in TOKENIZER_FILES:  # each read below (sentencepiece's too) stays in the folder
+        inside(folder, name, display_path(folder), "tokenizer file")
     path = folder / BYTE_TOKENIZER
     if not path.is_file():
         if (folder / SPM_FILES[0]).is_file():

@@ -155,20 +155,19 @@ class _Walk:
         length = self.number("Q", f"{key}'s length")
         if inner != STRING and inner not in SCALARS:
             raise self.fail(f"{key} is an array of type {inner}: expected numbers or strings")
+        left = len(self.data) - self.at
+        if inner == STRING and length * 8 > left:  # each a length and its bytes
+            raise self.fail(f"{key} claims {length:,} strings, but the {left:,} bytes left "
+                            f"hold at most {left // 8:,}")
+        name = "string" if inner == STRING else SCALARS[inner][1]
+        if inner != STRING:
+            self.take(length * struct.calcsize(SCALARS[inner][0]), f"{key} ({length:,} {name})")
         self.elements += length
         if self.elements > MAX_ELEMENTS:
             raise self.fail(f"{key} has {length:,} elements: more than the {MAX_ELEMENTS:,} "
                             "array elements the zoo reads from one file")
-        if inner == STRING:  # each a length and its bytes
-            left = len(self.data) - self.at
-            if length * 8 > left:
-                raise self.fail(f"{key} claims {length:,} strings, but the {left:,} bytes left "
-                                f"hold at most {left // 8:,}")
-            for index in range(length):
-                self.string(f"{key}[{index}]")
-            return "array[string]", None
-        code, name = SCALARS[inner]
-        self.take(length * struct.calcsize(code), f"{key} ({length:,} {name})")
+        for index in range(length if inner == STRING else 0):
+            self.string(f"{key}[{index}]")
         return f"array[{name}]", None
 
     def tensor_info(self, index: int, header: Header) -> tuple[int, int]:

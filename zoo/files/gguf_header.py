@@ -1,10 +1,11 @@
-"""A GGUF file's header walked within the file before gguf's reader sees it. gguf's GGUFReader
-believes every count and length the header gives (it loops over a claimed 10^12 array elements
-past the end of a 43 KB file, growing without bound), so each one is checked here against the
-bytes that are left before anything is looped over or kept: the key and tensor counts, every
-string's and array's length, a tensor's dimensions, type and data (its offset and size inside
-the data section), and every string decoded as UTF-8. A file that passes holds what it claims;
-one that does not is refused in one line naming the key or tensor.
+"""A GGUF file read by walking its header within the file: every count and length it gives
+(the key and tensor counts, each string's and array's length, a tensor's dimensions, type and
+data: its offset and size in the data section) checked against the bytes left before anything
+is looped over or kept, every string decoded as UTF-8; refused in one line naming the key or
+tensor. gguf's own GGUFReader believes them (it loops over a claimed 10^12 array elements past
+the end of a 43 KB file, growing without bound) and keeps one numpy object per array element
+(700 MB and 19 s for a 1 MB array, measured): here an array of numbers is one numpy array and
+a tensor a view of the mapped file. The gguf package gives ggml's type table and dequantizes.
 
 The layout (GGUF v2 and v3, ggml/docs/gguf.md): magic, version (uint32), tensor count and key
 count (uint64); each key: string name, value type (uint32), value; each tensor: string name,
@@ -20,6 +21,9 @@ import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from registry.errors import ZooError, needs_package
 from registry.paths import display_path
@@ -32,7 +36,6 @@ SCALARS = {0: ("B", "uint8"), 1: ("b", "int8"), 2: ("H", "uint16"), 3: ("h", "in
 KEY_BYTES = 8 + 4 + 1  # the fewest a key takes: an empty name, its type, a one-byte value
 TENSOR_BYTES = 8 + 4 + 4 + 8  # the fewest a tensor's entry takes: no name, no dimensions
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
-MAX_ELEMENTS = 1 << 23  # array elements in all: gguf's reader keeps each as its own object
 DEFAULT_ALIGNMENT = 32
 
 
@@ -41,31 +44,62 @@ class GGUFError(ZooError):
 
 
 @dataclass
-class Tensor:
-    name: str
-    dims: tuple[int, ...]  # as the file lists them, ne0 (the row's length) first
-    type: str  # ggml's name for it: F32, Q8_0, I32, ...
+class Field:
+    """One key's value as gguf's reader gives it (`contents()`), and its type's name:
+    `string`, `uint32`, `array[string]`, ..."""
+    type: str
+    value: Any
+
+    def contents(self) -> Any:
+        return self.value.tolist() if isinstance(self.value, np.ndarray) else self.value
 
 
 @dataclass
-class Header:
-    """What the walk found: each key's type (`string`, `uint32`, `array[string]`, ...) and
-    each tensor, in the file's order."""
+class Tensor:
+    name: str
+    dims: tuple[int, ...]  # as the file lists them, ne0 (the row's length) first
+    kind: Any  # gguf.GGMLQuantizationType
+    offset: int  # in the data section
+    nbytes: int
+    data: np.ndarray = field(default_factory=lambda: np.empty(0))  # as gguf's reader gives it
+
+
+@dataclass
+class GGUFFile:
+    """The file's keys and tensors in its order, every tensor's data a view of the file."""
     version: int
-    types: dict[str, str] = field(default_factory=dict)
+    fields: dict[str, Field] = field(default_factory=dict)
     tensors: list[Tensor] = field(default_factory=list)
 
 
-def read_header(path: Path) -> Header:
-    """The header of the GGUF file at `path`, every count and length in it checked against
-    the file's size; refused in one line (file, key or tensor, what was expected)."""
+def read_gguf(path: Path) -> GGUFFile:
+    """The GGUF file at `path`, every count and length in its header checked against the
+    file's size; refused in one line (file, key or tensor, what was expected)."""
     where = display_path(path)
-    needs_package("gguf", where)  # its ggml type table
+    needs_package("gguf", where)  # ggml's type table
     size = path.stat().st_size
     if size < 4 + 4 + 8 + 8:
         raise GGUFError(f"{where}: not a readable GGUF file: {size} bytes, too short for a header")
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return _Walk(data, where).header()
+        walk = _Walk(data, where)
+        found, start = walk.header()
+    mapped = np.memmap(path, mode="r")
+    for tensor in found.tensors:
+        tensor.data = _tensor_data(mapped[start + tensor.offset:][:tensor.nbytes], tensor,
+                                   walk.order)
+    return found
+
+
+def _tensor_data(raw: np.ndarray, tensor: Tensor, order: str) -> np.ndarray:
+    """The tensor's bytes as gguf's reader shapes them: floats as floats, rows of
+    quantized blocks as bytes."""
+    from gguf.quants import quant_shape_to_byte_shape
+
+    shape = tuple(reversed(tensor.dims))
+    floats = {"F32": np.float32, "F16": np.float16}
+    if tensor.kind.name in floats:
+        return raw.view(np.dtype(floats[tensor.kind.name]).newbyteorder(order)).reshape(shape)
+    return raw.reshape(quant_shape_to_byte_shape(shape, tensor.kind))
 
 
 class _Walk:
@@ -73,7 +107,7 @@ class _Walk:
 
     def __init__(self, data: mmap.mmap, where: str) -> None:
         self.data, self.where, self.at, self.order = data, where, 0, "<"
-        self.elements, self.names = 0, set[str]()
+        self.names = set[str]()
 
     def fail(self, what: str) -> GGUFError:
         return GGUFError(f"{self.where}: {what}")
@@ -99,7 +133,8 @@ class _Walk:
         except UnicodeDecodeError as exc:
             raise self.fail(f"{what} is not UTF-8 text (byte {exc.start} of {length})") from None
 
-    def header(self) -> Header:
+    def header(self) -> tuple[GGUFFile, int]:
+        """(the file's keys and tensors, where its data section starts)."""
         if self.data[:4] != MAGIC:
             raise self.fail(f"not a readable GGUF file: it starts {self.data[:4]!r}, not {MAGIC!r}")
         self.at = 4
@@ -117,38 +152,40 @@ class _Walk:
         if tensors * TENSOR_BYTES > left - keys * KEY_BYTES:
             raise self.fail(f"the header claims {tensors:,} tensors, but the {left:,} bytes "
                             f"left hold at most {left // TENSOR_BYTES:,}")
-        header = Header(version)
-        alignment = DEFAULT_ALIGNMENT
+        found = GGUFFile(version)
         for _ in range(keys):
-            key = self.string(f"metadata key {len(header.types)}'s name")
-            if key in header.types:
+            key = self.string(f"metadata key {len(found.fields)}'s name")
+            if key in found.fields:
                 raise self.fail(f"{key} is set twice")
-            header.types[key], value = self.value(key)
-            if key == "general.alignment":
-                if header.types[key] != "uint32" or value <= 0 or value & (value - 1):
-                    raise self.fail(f"general.alignment={value!r} ({header.types[key]}): "
-                                    "expected a power of two as uint32")
-                alignment = value
-        placed = [self.tensor_info(len(header.tensors) + i, header) for i in range(tensors)]
+            found.fields[key] = self.value(key)
+        alignment = self.alignment(found.fields.get("general.alignment"))
+        found.tensors = [self.tensor_info(i) for i in range(tensors)]
         start = -(-self.at // alignment) * alignment  # the data section's first byte
-        for tensor, (offset, nbytes) in zip(header.tensors, placed, strict=True):
-            if offset % alignment:
-                raise self.fail(f"tensor {tensor.name}: offset {offset:,} is not a multiple of "
-                                f"the alignment {alignment}")
-            if start + offset + nbytes > len(self.data):
-                raise self.fail(f"tensor {tensor.name}: {tensor.type} {list(tensor.dims)} needs "
-                                f"{nbytes:,} bytes at offset {start + offset:,}, but the file "
-                                f"has {len(self.data):,}")
-        return header
+        for tensor in found.tensors:
+            if tensor.offset % alignment:
+                raise self.fail(f"tensor {tensor.name}: offset {tensor.offset:,} is not a "
+                                f"multiple of the alignment {alignment}")
+            if start + tensor.offset + tensor.nbytes > len(self.data):
+                raise self.fail(f"tensor {tensor.name}: {tensor.kind.name} {list(tensor.dims)} "
+                                f"needs {tensor.nbytes:,} bytes at offset "
+                                f"{start + tensor.offset:,}, but the file has {len(self.data):,}")
+        return found, start
 
-    def value(self, key: str) -> tuple[str, object]:
-        """(the type's name, the value: None for an array) of the value at the cursor."""
+    def alignment(self, given: Field | None) -> int:
+        if given is None:
+            return DEFAULT_ALIGNMENT
+        if given.type != "uint32" or given.value <= 0 or given.value & (given.value - 1):
+            raise self.fail(f"general.alignment={given.value!r} ({given.type}): expected a "
+                            "power of two as uint32")
+        return given.value
+
+    def value(self, key: str) -> Field:
         kind = self.number("I", f"{key}'s type")
         if kind == STRING:
-            return "string", self.string(key)
+            return Field("string", self.string(key))
         if kind in SCALARS:
             code, name = SCALARS[kind]
-            return name, self.number(code, key)
+            return Field(name, self.number(code, key))
         if kind != ARRAY:
             raise self.fail(f"{key} has value type {kind}, which GGUF does not define")
         inner = self.number("I", f"{key}'s element type")
@@ -156,27 +193,23 @@ class _Walk:
         if inner != STRING and inner not in SCALARS:
             raise self.fail(f"{key} is an array of type {inner}: expected numbers or strings")
         left = len(self.data) - self.at
-        if inner == STRING and length * 8 > left:  # each a length and its bytes
-            raise self.fail(f"{key} claims {length:,} strings, but the {left:,} bytes left "
-                            f"hold at most {left // 8:,}")
-        name = "string" if inner == STRING else SCALARS[inner][1]
-        if inner != STRING:
-            self.take(length * struct.calcsize(SCALARS[inner][0]), f"{key} ({length:,} {name})")
-        self.elements += length
-        if self.elements > MAX_ELEMENTS:
-            raise self.fail(f"{key} has {length:,} elements: more than the {MAX_ELEMENTS:,} "
-                            "array elements the zoo reads from one file")
-        for index in range(length if inner == STRING else 0):
-            self.string(f"{key}[{index}]")
-        return f"array[{name}]", None
+        if inner == STRING:  # each a length and its bytes
+            if length * 8 > left:
+                raise self.fail(f"{key} claims {length:,} strings, but the {left:,} bytes left "
+                                f"hold at most {left // 8:,}")
+            return Field("array[string]", [self.string(f"{key}[{i}]") for i in range(length)])
+        code, name = SCALARS[inner]
+        dtype = np.dtype(self.order + code)
+        start = self.take(length * dtype.itemsize, f"{key} ({length:,} {name})")
+        return Field(f"array[{name}]", np.frombuffer(self.data, dtype, length, start).copy())
 
-    def tensor_info(self, index: int, header: Header) -> tuple[int, int]:
-        """Reads tensor `index`'s entry into `header`; returns (its offset, its bytes)."""
+    def tensor_info(self, index: int) -> Tensor:
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
         name = self.string(f"tensor {index}'s name")
         if name in self.names:
             raise self.fail(f"tensor {name} is listed twice")
+        self.names.add(name)
         count = self.number("I", f"tensor {name}'s dimension count")
         if count > MAX_DIMS:
             raise self.fail(f"tensor {name} has {count:,} dimensions: ggml allows {MAX_DIMS}")
@@ -195,6 +228,4 @@ class _Walk:
         elements = 1
         for dim in dims:
             elements *= dim
-        self.names.add(name)
-        header.tensors.append(Tensor(name, dims, kind.name))
-        return offset, elements // block * block_bytes
+        return Tensor(name, dims, kind, offset, elements // block * block_bytes)

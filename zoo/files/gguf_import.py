@@ -1,7 +1,8 @@
 """`zoo import FILE.gguf`: a GGUF file (llama.cpp's format) as a zoo model folder, read through
 the layout map whose `gguf` section names the file's general.architecture (registry/maps/*.yaml:
-Llama's, Qwen2's, Qwen3's; llama.cpp writes Mistral's as `llama`). Read with the `gguf` package
-(ggml's own reader), every tensor dequantized to float32.
+Llama's, Qwen2's, Qwen3's; llama.cpp writes Mistral's as `llama`). Read by gguf_header.py
+(every count and length in the header checked against the file's size), every tensor
+dequantized to float32 by the `gguf` package.
 
 GGUF keeps the Hugging Face sizes under `{architecture}.*` keys and the tensors under llama.cpp's
 names, both the map's. For Llama llama.cpp's converter reorders each head's query and key rows
@@ -23,7 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from registry.catalog import open_catalog
-from registry.errors import ZooError, needs_package
+from registry.errors import ZooError
 from registry.layouts import LayoutMap, gguf_maps
 from registry.paths import display_path
 from registry.sizes import attention_sizes
@@ -31,7 +32,7 @@ from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.chat import CHAT_TEMPLATE, check_chat_template
 from runtime.files.tokenizer import HF_TOKENIZER
 from zoo.assemble import build_model
-from zoo.files.gguf_header import GGUFError, read_header
+from zoo.files.gguf_header import GGUFError, GGUFFile, Tensor, read_gguf
 from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer
 from zoo.files.importers import (
     RECORD,
@@ -61,20 +62,17 @@ KINDS_OF_KEYS = {"general.architecture": "string", "general.name": "string",
                      "add_bos_token", "add_eos_token", "add_space_prefix")}}
 
 
-def _reader(path: Path) -> Any:
-    """gguf's reader, on a file whose header read_header has walked (every count and length
-    inside the file, every string UTF-8), its keys of the kinds the import reads."""
+def _reader(path: Path) -> GGUFFile:
+    """The file (read_gguf: every count and length inside it, every string UTF-8), its keys
+    of the kinds the import reads."""
     where = display_path(path)
-    header = read_header(path)
+    found = read_gguf(path)
     for key, kind in KINDS_OF_KEYS.items():
-        found = header.types.get(key)
-        if found is not None and _kind(found) != kind:
-            raise GGUFError(f"{where}: {key} is {found}, expected {kind.replace('int', 'integer')}")
-    gguf = needs_package("gguf", where)
-    try:
-        return gguf.GGUFReader(str(path))
-    except (OSError, ValueError, KeyError) as exc:
-        raise GGUFError(f"{where}: not a readable GGUF file: {exc}") from exc
+        field = found.fields.get(key)
+        if field is not None and _kind(field.type) != kind:
+            raise GGUFError(f"{where}: {key} is {field.type}, expected "
+                            f"{kind.replace('int', 'integer')}")
+    return found
 
 
 def _kind(found: str) -> str:
@@ -84,11 +82,11 @@ def _kind(found: str) -> str:
     return found.replace(inner, general)
 
 
-def _metadata(reader: Any) -> dict[str, Any]:
+def _metadata(reader: GGUFFile) -> dict[str, Any]:
     """Every key but the tokenizer's long lists (tokens, merges, types), as Python values."""
     found = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and len(field.data) > 1:
+        if key.startswith("tokenizer.ggml.") and field.type.startswith("array"):
             continue
         found[key] = field.contents()
     return found
@@ -131,23 +129,23 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
         .reshape(weight.shape)
 
 
-def _array(tensor: Any, where: str) -> np.ndarray:
+def _array(tensor: Tensor, where: str) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne0 first
-    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+    shape = tuple(reversed(tensor.dims))  # GGUF lists ne0 first
+    if tensor.kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         return np.asarray(tensor.data, np.float32).reshape(shape)
     try:
-        values = dequantize(tensor.data, tensor.tensor_type)
+        values = dequantize(tensor.data, tensor.kind)
     except NotImplementedError:  # integers (I32, ...), F64, a quantization gguf lacks
-        raise GGUFError(f"{where}: tensor {tensor.name} is of type {tensor.tensor_type.name}, "
+        raise GGUFError(f"{where}: tensor {tensor.name} is of type {tensor.kind.name}, "
                         "which the zoo does not read (it takes F32, F16 and the quantized "
                         "types gguf dequantizes)") from None
     return np.asarray(values, np.float32).reshape(shape)
 
 
-def zoo_tensors(reader: Any, layout: LayoutMap, card: Any, where: str,
+def zoo_tensors(reader: GGUFFile, layout: LayoutMap, card: Any, where: str,
                 shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
     """The file's tensors under the zoo's names (the map's), query and key rows back in Hugging
     Face's order where the map says llama.cpp reordered them; a name the map has no place for
@@ -212,19 +210,22 @@ def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.T
         raise GGUFError(f"{where}: " + "; ".join(parts))
 
 
-def _vocab_size(reader: Any, layout: LayoutMap, where: str) -> int:
+def _vocab_size(reader: GGUFFile, layout: LayoutMap, where: str) -> int:
     field = reader.fields.get("tokenizer.ggml.tokens")
     name = layout.gguf.source_of(EMBEDDING)
     embedding = next((t for t in reader.tensors if t.name == name), None)
     if embedding is None:
         raise GGUFError(f"{where}: no {name}")
-    rows = int(embedding.shape.tolist()[-1])
-    if field is not None and len(field.data) != rows:
-        raise GGUFError(f"{where}: {len(field.data)} tokens, but {name} has {rows} rows")
+    if len(embedding.dims) != 2:
+        raise GGUFError(f"{where}: tensor {name} has dimensions {list(embedding.dims)}, "
+                        "expected two (the width, the rows)")
+    rows = embedding.dims[-1]
+    if field is not None and len(field.value) != rows:
+        raise GGUFError(f"{where}: {len(field.value)} tokens, but {name} has {rows} rows")
     return rows
 
 
-def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, str | None]:
+def _tokenizer(path: Path, reader: GGUFFile, vocab_size: int) -> tuple[bytes | None, str | None]:
     """(tokenizer.json's bytes, where they came from): a tokenizer.json beside the file
     (checked, as from a folder) first, else the file's own byte-level or SentencePiece BPE
     (gguf_tokenizer.py), else none."""
@@ -244,7 +245,7 @@ def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, 
 
 
 def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
-          reader: Any, layout: LayoutMap) -> dict[str, Any]:
+          reader: GGUFFile, layout: LayoutMap) -> dict[str, Any]:
     tokenizer, origin = _tokenizer(path, reader, card["vocab_size"])
     record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
               "architecture": card["description"], "extends": layout.data["extends"],

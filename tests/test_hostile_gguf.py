@@ -45,16 +45,17 @@ def gguf_file(tensors: int, keys: int, body: bytes) -> bytes:
     return b"GGUF" + struct.pack("<IQQ", 3, tensors, keys) + body + PAD
 
 
-BOMBS = {  # name: (file's bytes, what the line names)
-    "array of 10^12 uint8": (
+BOMBS = {  # name: (file's bytes, what the line names): 10^12 array elements, tensors, keys;
+    # a 2^60-byte string; 10^7 tokens of which 40 are there
+    "array-bomb": (
         gguf_file(0, 1, key("general.bomb", ARRAY, struct.pack("<IQ", UINT8, 10**12))),
         ("general.bomb", "1,000,000,000,000 uint8")),
-    "10^12 tensors": (gguf_file(10**12, 0, b""), ("1,000,000,000,000 tensors",)),
-    "10^12 keys": (gguf_file(0, 10**12, b""), ("1,000,000,000,000 metadata keys",)),
-    "a 2^60-byte string": (
+    "tensor-count": (gguf_file(10**12, 0, b""), ("1,000,000,000,000 tensors",)),
+    "key-count": (gguf_file(0, 10**12, b""), ("1,000,000,000,000 metadata keys",)),
+    "string-length": (
         gguf_file(0, 1, key("general.name", STRING, struct.pack("<Q", 2**60))),
         ("general.name", f"{2**60:,} bytes")),
-    "10^7 tokens, 40 present": (
+    "token-count": (
         gguf_file(0, 1, key("tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", STRING, 10**7)
                             + b"".join(text(b"t%d" % i) for i in range(40)))),
         ("tokenizer.ggml.tokens", "10,000,000 strings")),
@@ -165,6 +166,14 @@ def test_an_array_of_arrays_is_refused_by_the_key(tmp_path: Path) -> None:
     nested = struct.pack("<IQ", ARRAY, 1) * 3000 + struct.pack("<IQ", UINT8, 1) + b"\0"
     (tmp_path / "nest.gguf").write_bytes(gguf_file(0, 1, key("general.nest", ARRAY, nested)))
     refused(tmp_path / "nest.gguf", tmp_path / "out", "general.nest is an array of type 9")
+
+
+def test_dimensions_past_what_numpy_can_shape_are_refused_by_the_tensor(tmp_path: Path) -> None:
+    """No values (a dimension of 0), so no bytes past the end: [0, 2^62] passes the size."""
+    info = text(b"token_embd.weight") + struct.pack("<I2QIQ", 2, 0, 2**62, 0, 0)
+    (tmp_path / "wide.gguf").write_bytes(gguf_file(1, 0, info))
+    refused(tmp_path / "wide.gguf", tmp_path / "out", "tensor token_embd.weight",
+            f"[0, {2**62}] span more than 2^59")
 
 
 def test_a_chat_template_that_is_not_jinja_is_named_by_the_file_and_key(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ SCALARS = {0: ("B", "uint8"), 1: ("b", "int8"), 2: ("H", "uint16"), 3: ("h", "in
 KEY_BYTES = 8 + 4 + 1  # the fewest a key takes: an empty name, its type, a one-byte value
 TENSOR_BYTES = 8 + 4 + 4 + 8  # the fewest a tensor's entry takes: no name, no dimensions
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+MAX_SPAN = 1 << 59  # values a tensor's dimensions span, zeros aside: float64 in numpy's 2^63 bytes
 DEFAULT_ALIGNMENT = 32
 
 
@@ -225,7 +226,9 @@ class _Walk:
         if dims and dims[0] % block:
             raise self.fail(f"tensor {name}: {kind.name} {list(dims)}: a row of {dims[0]} is not "
                             f"a whole number of {block}-value blocks")
-        elements = 1
+        elements, span = 1, 1
         for dim in dims:
-            elements *= dim
+            elements, span = elements * dim, span * max(dim, 1)
+        if span > MAX_SPAN:  # numpy cannot shape it, even empty
+            raise self.fail(f"tensor {name}: dimensions {list(dims)} span more than 2^59 values")
         return Tensor(name, dims, kind, offset, elements // block * block_bytes)

@@ -212,8 +212,8 @@ class _Walk:
             raise self.fail(f"tensor {name} is listed twice")
         self.names.add(name)
         count = self.number("I", f"tensor {name}'s dimension count")
-        if count > MAX_DIMS:
-            raise self.fail(f"tensor {name} has {count:,} dimensions: ggml allows {MAX_DIMS}")
+        if not 1 <= count <= MAX_DIMS:
+            raise self.fail(f"tensor {name} has {count:,} dimensions: ggml allows 1 to {MAX_DIMS}")
         dims = tuple(self.number("Q", f"tensor {name}'s dimensions") for _ in range(count))
         raw = self.number("I", f"tensor {name}'s type")
         try:

@@ -180,6 +180,32 @@ def test_dimensions_past_what_numpy_can_shape_are_refused_by_the_tensor(tmp_path
             f"[0, {2**62}] span more than 2^59")
 
 
+def info(name: str, dims: list[int], kind: int = 0, offset: int = 0) -> bytes:
+    """A tensor's entry: name, dimension count, dimensions, ggml type (0: F32), offset."""
+    return (text(name.encode()) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, kind,
+                                              offset))
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"GGUF" + struct.pack("<IQQ", 1, 0, 0) + PAD, "version 1, not 2 or 3"),
+    (gguf_file(0, 2, key("general.x", UINT8, b"\1") * 2), "general.x is set twice"),
+    (gguf_file(0, 1, key("general.x", 13, b"\1")), "general.x has value type 13"),
+    (gguf_file(0, 1, key("general.alignment", UINT32, struct.pack("<I", 24))),
+     "general.alignment=24 (uint32): expected a power of two"),
+    (gguf_file(2, 0, info("w", [8]) * 2), "tensor w is listed twice"),
+    (gguf_file(1, 0, info("w", [8], kind=99)), "tensor w has ggml type 99"),
+    (gguf_file(1, 0, info("w", [1] * 5)), "tensor w has 5 dimensions"),
+    (gguf_file(1, 0, info("w", [30, 2], kind=gguf.GGMLQuantizationType.Q8_0)),
+     "a row of 30 is not a whole number of 32-value blocks"),
+    (gguf_file(1, 0, info("w", [8], offset=4)), "tensor w: offset 4 is not a multiple of"),
+], ids=["version", "key-twice", "value-type", "alignment", "tensor-twice", "ggml-type", "dims",
+        "blocks", "offset"])
+def test_a_malformed_header_is_one_line_naming_the_key_or_tensor(tmp_path: Path, content: bytes,
+                                                                 message: str) -> None:
+    (tmp_path / "bad.gguf").write_bytes(content)
+    refused(tmp_path / "bad.gguf", tmp_path / "out", message)
+
+
 def test_a_chat_template_that_is_not_jinja_is_named_by_the_file_and_key(tmp_path: Path) -> None:
     bpe = byte_level_bpe(300)
     write_gguf(hf_model(True, bpe.get_vocab_size()), tmp_path / "tiny.gguf", tokenizer=bpe,

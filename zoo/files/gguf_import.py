@@ -55,9 +55,9 @@ KINDS_OF_KEYS = {"general.architecture": "string", "general.name": "string",
                  "tokenizer.ggml.model": "string", "tokenizer.ggml.pre": "string",
                  "tokenizer.chat_template": "string", "tokenizer.ggml.tokens": "array[string]",
                  "tokenizer.ggml.merges": "array[string]", "tokenizer.ggml.scores": "array[float]",
-                 "tokenizer.ggml.token_type": "array[int]",
-                 **{key: "int" for key in TOKEN_KEYS.values()},
-                 "tokenizer.ggml.unknown_token_id": "int",
+                 "tokenizer.ggml.token_type": "array[integer]",
+                 **{key: "integer" for key in TOKEN_KEYS.values()},
+                 "tokenizer.ggml.unknown_token_id": "integer",
                  **{f"tokenizer.ggml.{key}": "bool" for key in (
                      "add_bos_token", "add_eos_token", "add_space_prefix")}}
 
@@ -70,15 +70,15 @@ def _reader(path: Path) -> GGUFFile:
     for key, kind in KINDS_OF_KEYS.items():
         field = found.fields.get(key)
         if field is not None and _kind(field.type) != kind:
-            raise GGUFError(f"{where}: {key} is {field.type}, expected "
-                            f"{kind.replace('int', 'integer')}")
+            raise GGUFError(f"{where}: {key} is {field.type}, expected {kind}")
     return found
 
 
 def _kind(found: str) -> str:
-    """`uint32` as `int`, `array[float32]` as `array[float]`: what the import tells apart."""
+    """`uint32` as `integer`, `array[float32]` as `array[float]`: what the import tells
+    apart."""
     inner = found.removeprefix("array[").removesuffix("]")
-    general = "int" if "int" in inner else "float" if "float" in inner else inner
+    general = "integer" if "int" in inner else "float" if "float" in inner else inner
     return found.replace(inner, general)
 
 

@@ -61,7 +61,7 @@ def gguf_tokenizer(fields: dict[str, Any], where: str = "the GGUF file") -> str 
                            f"{len(tokens)} tokens")
     if kind == "gpt2":
         if "tokenizer.ggml.merges" not in fields:
-            raise ZooError(f"{where}: no tokenizer.ggml.merges (a byte-level BPE is its merges)")
+            raise ZooError(f"{where}: no tokenizer.ggml.merges (a byte-level BPE needs them)")
         return _byte_level_bpe(fields, _merges(fields, tokens, where))
     repeated = [token for token, count in Counter(tokens).items() if count > 1]
     if repeated:  # SentencePiece's pieces are unique
@@ -85,13 +85,14 @@ def _merges(fields: dict[str, Any], tokens: list[str], where: str
     stored = _values(fields, "tokenizer.ggml.merges")
     if not stored:
         return None
-    vocab = set(tokens)
-    merges = [tuple(merge.split(" ", 1)) for merge in stored]
-    for index, merge in enumerate(merges):
-        if len(merge) != 2 or not {merge[0], merge[1], merge[0] + merge[1]} <= vocab:
-            raise ZooError(f"{where}: tokenizer.ggml.merges[{index}] {stored[index]!r}: expected "
-                           "two tokens and a space between, which make a token")
-    return merges  # type: ignore[return-value]
+    vocab, merges = set(tokens), []
+    for index, merge in enumerate(stored):
+        left, space, right = merge.partition(" ")
+        if not space or not {left, right, left + right} <= vocab:  # `tokenizers` panics
+            raise ZooError(f"{where}: tokenizer.ggml.merges[{index}] {merge!r}: expected two "
+                           "tokens and a space between, which make a token")
+        merges.append((left, right))
+    return merges
 
 
 def _byte_level_bpe(fields: dict[str, Any], merges: list[tuple[str, str]] | None) -> str:

@@ -1,7 +1,8 @@
 """`zoo import FILE.gguf`: a GGUF file (llama.cpp's format) as a zoo model folder, read through
 the layout map whose `gguf` section names the file's general.architecture (registry/maps/*.yaml:
-Llama's, Qwen2's, Qwen3's; llama.cpp writes Mistral's as `llama`). Read with the `gguf` package
-(ggml's own reader), every tensor dequantized to float32.
+Llama's, Qwen2's, Qwen3's; llama.cpp writes Mistral's as `llama`). Read by gguf_header.py
+(every count and length in the header checked against the file's size), every tensor
+dequantized to float32 by the `gguf` package.
 
 GGUF keeps the Hugging Face sizes under `{architecture}.*` keys and the tensors under llama.cpp's
 names, both the map's. For Llama llama.cpp's converter reorders each head's query and key rows
@@ -23,7 +24,7 @@ import torch
 from tokenizers import Tokenizer
 
 from registry.catalog import open_catalog
-from registry.errors import ZooError, needs_package
+from registry.errors import ZooError
 from registry.layouts import LayoutMap, gguf_maps
 from registry.paths import display_path
 from registry.sizes import attention_sizes
@@ -31,6 +32,7 @@ from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.chat import CHAT_TEMPLATE, check_chat_template
 from runtime.files.tokenizer import HF_TOKENIZER
 from zoo.assemble import build_model
+from zoo.files.gguf_header import GGUFError, GGUFFile, Tensor, read_gguf
 from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer
 from zoo.files.importers import (
     RECORD,
@@ -47,23 +49,44 @@ TOKEN_KEYS = {"bos_token_id": "tokenizer.ggml.bos_token_id",  # the same for eve
 EMBEDDING, HEAD = "embeddings.token.weight", "head.weight"  # the zoo's names
 
 
-class GGUFError(ZooError):
-    """A GGUF file the zoo cannot import as it is."""
+# The keys the import reads, of the kinds it reads them as (a list where another is, a number
+# where a string is: refused by the key, not a TypeError further on).
+KINDS_OF_KEYS = {"general.architecture": "string", "general.name": "string",
+                 "tokenizer.ggml.model": "string", "tokenizer.ggml.pre": "string",
+                 "tokenizer.chat_template": "string", "tokenizer.ggml.tokens": "array[string]",
+                 "tokenizer.ggml.merges": "array[string]", "tokenizer.ggml.scores": "array[float]",
+                 "tokenizer.ggml.token_type": "array[integer]",
+                 **{key: "integer" for key in TOKEN_KEYS.values()},
+                 "tokenizer.ggml.unknown_token_id": "integer",
+                 **{f"tokenizer.ggml.{key}": "bool" for key in (
+                     "add_bos_token", "add_eos_token", "add_space_prefix")}}
 
 
-def _reader(path: Path) -> Any:
-    gguf = needs_package("gguf", display_path(path))
-    try:
-        return gguf.GGUFReader(str(path))
-    except (OSError, ValueError, KeyError) as exc:
-        raise GGUFError(f"{display_path(path)}: not a readable GGUF file: {exc}") from exc
+def _reader(path: Path) -> GGUFFile:
+    """The file (read_gguf: every count and length inside it, every string UTF-8), its keys
+    of the kinds the import reads."""
+    where = display_path(path)
+    found = read_gguf(path)
+    for key, kind in KINDS_OF_KEYS.items():
+        field = found.fields.get(key)
+        if field is not None and _kind(field.type) != kind:
+            raise GGUFError(f"{where}: {key} is {field.type}, expected {kind}")
+    return found
 
 
-def _metadata(reader: Any) -> dict[str, Any]:
+def _kind(found: str) -> str:
+    """`uint32` as `integer`, `array[float32]` as `array[float]`: what the import tells
+    apart."""
+    inner = found.removeprefix("array[").removesuffix("]")
+    general = "integer" if "int" in inner else "float" if "float" in inner else inner
+    return found.replace(inner, general)
+
+
+def _metadata(reader: GGUFFile) -> dict[str, Any]:
     """Every key but the tokenizer's long lists (tokens, merges, types), as Python values."""
     found = {}
     for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and len(field.data) > 1:
+        if key.startswith("tokenizer.ggml.") and field.type.startswith("array"):
             continue
         found[key] = field.contents()
     return found
@@ -106,21 +129,28 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
         .reshape(weight.shape)
 
 
-def _array(tensor: Any) -> np.ndarray:
+def _array(tensor: Tensor, where: str) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists ne0 first
-    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+    shape = tuple(reversed(tensor.dims))  # GGUF lists ne0 first
+    if tensor.kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         return np.asarray(tensor.data, np.float32).reshape(shape)
-    return np.asarray(dequantize(tensor.data, tensor.tensor_type), np.float32).reshape(shape)
+    try:
+        values = dequantize(tensor.data, tensor.kind)
+    except NotImplementedError:  # integers (I32, ...), F64, a quantization gguf lacks
+        raise GGUFError(f"{where}: tensor {tensor.name} is of type {tensor.kind.name}, "
+                        "which the zoo does not read (it takes F32, F16 and the quantized "
+                        "types gguf dequantizes)") from None
+    return np.asarray(values, np.float32).reshape(shape)
 
 
-def zoo_tensors(reader: Any, layout: LayoutMap, card: Any, where: str
-                ) -> dict[str, torch.Tensor]:
+def zoo_tensors(reader: GGUFFile, layout: LayoutMap, card: Any, where: str,
+                shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
     """The file's tensors under the zoo's names (the map's), query and key rows back in Hugging
     Face's order where the map says llama.cpp reordered them; a name the map has no place for
-    is refused."""
+    is refused, one of another shape than `shapes` (the card's model's) left as it is for
+    _check_tensors to refuse."""
     gguf, sizes = layout.gguf, attention_sizes(card)
     found = {}
     for tensor in reader.tensors:
@@ -130,8 +160,8 @@ def zoo_tensors(reader: Any, layout: LayoutMap, card: Any, where: str
                             f"{layout.data['model_type']} model ({display_path(layout.path)}, "
                             "gguf: tensors)")
         target, source = matched
-        array = _array(tensor)
-        if source in gguf.permuted:
+        array = _array(tensor, where)
+        if source in gguf.permuted and array.shape == shapes.get(target):
             heads = getattr(sizes, gguf.permuted[source])
             array = _unpermute(array, heads)
         found[target] = torch.from_numpy(np.array(array, np.float32))  # writable, owned
@@ -155,8 +185,10 @@ def import_gguf(path: Path, out: Path, force: bool = False) -> dict[str, Any]:
                   tie_embeddings=layout.gguf.source_of(HEAD) not in names)
     card, _ = make_card(parent, out.name, fields, {key: where for key in fields}, where)
     model = build_model(card, seed=None)
-    tensors = zoo_tensors(reader, layout, card, where)
-    _check_tensors(tensors, model.state_dict(), layout, where)
+    expected = model.state_dict()
+    tensors = zoo_tensors(reader, layout, card, where,
+                          {key: value.shape for key, value in expected.items()})
+    _check_tensors(tensors, expected, layout, where)
     model.load_state_dict(tensors, strict=True)
     return _land(path, out, force, model, card, reader, layout)
 
@@ -178,19 +210,22 @@ def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.T
         raise GGUFError(f"{where}: " + "; ".join(parts))
 
 
-def _vocab_size(reader: Any, layout: LayoutMap, where: str) -> int:
+def _vocab_size(reader: GGUFFile, layout: LayoutMap, where: str) -> int:
     field = reader.fields.get("tokenizer.ggml.tokens")
     name = layout.gguf.source_of(EMBEDDING)
     embedding = next((t for t in reader.tensors if t.name == name), None)
     if embedding is None:
         raise GGUFError(f"{where}: no {name}")
-    rows = int(embedding.shape.tolist()[-1])
-    if field is not None and len(field.data) != rows:
-        raise GGUFError(f"{where}: {len(field.data)} tokens, but {name} has {rows} rows")
+    if len(embedding.dims) != 2:
+        raise GGUFError(f"{where}: tensor {name} has dimensions {list(embedding.dims)}, "
+                        "expected two (the width, the rows)")
+    rows = embedding.dims[-1]
+    if field is not None and len(field.value) != rows:
+        raise GGUFError(f"{where}: {len(field.value)} tokens, but {name} has {rows} rows")
     return rows
 
 
-def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, str | None]:
+def _tokenizer(path: Path, reader: GGUFFile, vocab_size: int) -> tuple[bytes | None, str | None]:
     """(tokenizer.json's bytes, where they came from): a tokenizer.json beside the file
     (checked, as from a folder) first, else the file's own byte-level or SentencePiece BPE
     (gguf_tokenizer.py), else none."""
@@ -210,7 +245,7 @@ def _tokenizer(path: Path, reader: Any, vocab_size: int) -> tuple[bytes | None, 
 
 
 def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
-          reader: Any, layout: LayoutMap) -> dict[str, Any]:
+          reader: GGUFFile, layout: LayoutMap) -> dict[str, Any]:
     tokenizer, origin = _tokenizer(path, reader, card["vocab_size"])
     record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
               "architecture": card["description"], "extends": layout.data["extends"],
@@ -221,7 +256,12 @@ def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
             (staging / HF_TOKENIZER).write_bytes(tokenizer)
         template = reader.fields.get("tokenizer.chat_template")
         if tokenizer is not None and template is not None:  # for `zoo run --chat`
-            (staging / CHAT_TEMPLATE).write_text(template.contents(), encoding="utf-8")
-            check_chat_template(staging / CHAT_TEMPLATE)
+            staged = staging / CHAT_TEMPLATE
+            staged.write_text(template.contents(), encoding="utf-8")
+            try:
+                check_chat_template(staged)
+            except ZooError as exc:  # named by the file and key, not the staging folder's copy
+                raise GGUFError(f"{display_path(path)}: tokenizer.chat_template: " + str(exc)
+                                .removeprefix(f"{display_path(staged)}: ")) from exc
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record

@@ -52,30 +52,52 @@ def gguf_tokenizer(fields: dict[str, Any], where: str = "the GGUF file") -> str 
     kind = fields["tokenizer.ggml.model"].contents() if "tokenizer.ggml.model" in fields else None
     if kind not in KINDS or (kind == "llama" and "tokenizer.ggml.scores" not in fields):
         return None
+    if "tokenizer.ggml.tokens" not in fields:
+        raise ZooError(f"{where}: no tokenizer.ggml.tokens (tokenizer.ggml.model is {kind})")
     tokens = fields["tokenizer.ggml.tokens"].contents()
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in fields and len(fields[key].contents()) != len(tokens):
             raise ZooError(f"{where}: {key} has {len(fields[key].contents())} entries for "
                            f"{len(tokens)} tokens")
     if kind == "gpt2":
-        return _byte_level_bpe(fields)
+        if "tokenizer.ggml.merges" not in fields:
+            raise ZooError(f"{where}: no tokenizer.ggml.merges (a byte-level BPE needs them)")
+        return _byte_level_bpe(fields, _merges(fields, tokens, where))
     repeated = [token for token, count in Counter(tokens).items() if count > 1]
     if repeated:  # SentencePiece's pieces are unique
         raise ZooError(f"{where}: tokenizer.ggml.tokens holds {repeated[0]!r} more than once")
-    unknown = _values(fields, "tokenizer.ggml.unknown_token_id")
-    if unknown is not None and not 0 <= unknown < len(tokens):
-        raise ZooError(f"{where}: tokenizer.ggml.unknown_token_id {unknown} is not a token id")
-    return _sentencepiece_bpe(fields)
+    for key in ("unknown", "bos", "eos"):  # the ids this conversion looks up
+        index = _values(fields, f"tokenizer.ggml.{key}_token_id")
+        if index is not None and not 0 <= index < len(tokens):
+            raise ZooError(f"{where}: tokenizer.ggml.{key}_token_id {index} is not a token id "
+                           f"(0 to {len(tokens) - 1})")
+    return _sentencepiece_bpe(fields, _merges(fields, tokens, where))
 
 
 def _values(fields: dict[str, Any], key: str, default: Any = None) -> Any:
     return fields[key].contents() if key in fields else default
 
 
-def _byte_level_bpe(fields: dict[str, Any]) -> str:
+def _merges(fields: dict[str, Any], tokens: list[str], where: str
+            ) -> list[tuple[str, str]] | None:
+    """The file's merges, each two tokens whose join is a token (as the `tokenizers` BPE
+    needs them), or None where it stores none."""
+    stored = _values(fields, "tokenizer.ggml.merges")
+    if not stored:
+        return None
+    vocab, merges = set(tokens), []
+    for index, merge in enumerate(stored):
+        left, space, right = merge.partition(" ")
+        if not space or not {left, right, left + right} <= vocab:  # `tokenizers` panics
+            raise ZooError(f"{where}: tokenizer.ggml.merges[{index}] {merge!r}: expected two "
+                           "tokens and a space between, which make a token")
+        merges.append((left, right))
+    return merges
+
+
+def _byte_level_bpe(fields: dict[str, Any], merges: list[tuple[str, str]] | None) -> str:
     tokens = fields["tokenizer.ggml.tokens"].contents()
-    merges = [tuple(merge.split(" ", 1)) for merge in fields["tokenizer.ggml.merges"].contents()]
-    tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges))
+    tokenizer = Tokenizer(models.BPE({token: i for i, token in enumerate(tokens)}, merges or []))
     split = SPLITS.get(_values(fields, "tokenizer.ggml.pre"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                        use_regex=split is None)
@@ -89,12 +111,10 @@ def _byte_level_bpe(fields: dict[str, Any]) -> str:
     return tokenizer.to_str()
 
 
-def _sentencepiece_bpe(fields: dict[str, Any]) -> str:
+def _sentencepiece_bpe(fields: dict[str, Any], stored: list[tuple[str, str]] | None) -> str:
     tokens = fields["tokenizer.ggml.tokens"].contents()
     vocab = {token: i for i, token in enumerate(tokens)}
-    stored = _values(fields, "tokenizer.ggml.merges")
-    merges = ([tuple(merge.split(" ", 1)) for merge in stored] if stored
-              else merges_from_scores(vocab, fields["tokenizer.ggml.scores"].contents()))
+    merges = stored or merges_from_scores(vocab, fields["tokenizer.ggml.scores"].contents())
     # a character with neither a piece nor byte pieces is <unk>, as SentencePiece gives it
     # (without an unk_token the BPE drops it)
     kinds = _values(fields, "tokenizer.ggml.token_type", [])

@@ -13,6 +13,7 @@ from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path, inside
+from zoo.files.json_types import check_types
 
 MODULES = "modules.json"
 SENTENCE_CONFIG = "sentence_bert_config.json"
@@ -44,6 +45,7 @@ def _pooling(folder: Path) -> str:
     config = _read_json(path)
     if not isinstance(config, dict):
         raise ZooError(f"{where}: should be a JSON object")
+    check_types(config, dict.fromkeys((*POOLING_MODES, *UNSUPPORTED_MODES), "bool"), where)
     odd = [key for key in UNSUPPORTED_MODES if config.get(key)]
     modes = [mode for key, mode in POOLING_MODES.items() if config.get(key)]
     if odd or len(modes) != 1:
@@ -72,6 +74,7 @@ def read_modules(folder: Path) -> SentenceModules | None:
         raise ZooError(f"{where}: should be a list of modules")
     body, fields = None, {"normalize": False}
     for index, module in enumerate(modules):
+        check_types(module, {"type": "str", "path": "str"}, where, f"modules[{index}].")
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         place = _module_folder(Path(folder), module.get("path", ""), where, index)
         if kind == "Transformer" and body is None:

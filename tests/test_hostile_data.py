@@ -121,7 +121,7 @@ WRITERS = {
                      (export.bench.run, "run_bench")),
     "attention -o": (lambda folder, tmp, out: ["attention", "gpt-tiny", "--ids", "5,6,7",
                                                "-o", out], "a.png",
-                     (export.inspect.attention, "look")),
+                     (matplotlib.figure.Figure, "savefig")),  # after the grid's own check
     "attention --json": (lambda folder, tmp, out: ["attention", "gpt-tiny", "--ids", "5,6,7",
                                                    "-o", tmp / "a.png", "--json", out],
                          "a.json", (export.inspect.attention, "look")),
@@ -187,7 +187,7 @@ HOSTILE = {  # name -> (file name, contents, what the one line says)
     "NUL byte": ("data.csv", b"text,label\nhi\0there,a\n", "data.csv:2: a NUL byte"),
     "UTF-16": ("data.csv", "text,label\nhi,a\n".encode("utf-16"), "data.csv: UTF-16"),
     "not UTF-8": ("data.csv", b"text,label\nh\xffi,a\n", "data.csv:2: not UTF-8 text"),
-    "JSON nested deeply": ("data.jsonl", b"{" + b'"a":[' * 100_000 + b"\n",
+    "JSON nested deeply": ("data.jsonl", b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
                            "data.jsonl:1: not a JSON object"),
     "JSON number of 5000 digits": ("data.jsonl", b'{"text": "a", "label": ' + b"1" * 5000
                                    + b"}\n", "data.jsonl:1: not a JSON object"),

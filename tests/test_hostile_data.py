@@ -297,3 +297,32 @@ def test_a_sentence_transformers_file_of_the_wrong_type_is_one_line(
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_text(json.dumps(content))
     assert_one_line_error(zoo("import", source, "-o", tmp_path / "out"), message)
+
+
+GOOD_STEP = b'{"step": 1, "loss": 2.0, "lr": 0.1}\n'
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b'{"step": Infinity, "loss": 2.0, "lr": 0.1}', "metrics.jsonl line 2: expected JSON"),
+    (b'{"step": 2, "loss": 1' + b"0" * 400 + b', "lr": 0.1}', "metrics.jsonl line 2"),
+    (b'{"step": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "metrics.jsonl line 2"),
+    (b'{"step": 2, "loss": "\xff", "lr": 0.1}', "metrics.jsonl:2: not UTF-8 text"),
+])
+def test_a_broken_metrics_file_is_one_line_for_zoo_plot_training(
+        line: bytes, message: str, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(GOOD_STEP + line + b"\n")
+    result = zoo("plot", "training", run, "-o", tmp_path / "c.png")
+    assert_one_line_error(result, message)
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_a_resumed_run_drops_a_garbled_metrics_line(tmp_path: Path) -> None:
+    from zoo.training.metrics import truncate_metrics
+
+    lines = [GOOD_STEP, b'{"step": 2, "loss": 1.5, "lr": 0.1}\n', b'{"step": \xff\n',
+             b'{"step": Infinity}\n', b'{"step": 3, "loss": 1.0, "lr": 0.1}\n']
+    (tmp_path / "metrics.jsonl").write_bytes(b"".join(lines))
+    truncate_metrics(tmp_path, 2)  # the checkpoint a resumed run starts from
+    assert (tmp_path / "metrics.jsonl").read_bytes() == b"".join(lines[:2])

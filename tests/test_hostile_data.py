@@ -326,3 +326,12 @@ def test_a_resumed_run_drops_a_garbled_metrics_line(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_bytes(b"".join(lines))
     truncate_metrics(tmp_path, 2)  # the checkpoint a resumed run starts from
     assert (tmp_path / "metrics.jsonl").read_bytes() == b"".join(lines[:2])
+
+
+@pytest.mark.parametrize("name", ["config.json", "modules.json"])
+def test_json_nested_past_the_stack_is_one_line(name: str, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / name).write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    result = zoo("import", source, "-o", tmp_path / "out")
+    assert_one_line_error(result, f"{name}: not valid JSON: nested too deeply")

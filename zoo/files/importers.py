@@ -27,7 +27,7 @@ from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.assemble import build_model
-from zoo.files.json_types import CONFIG, check_types, config_kinds
+from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
 from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules
 from zoo.files.weights import read_tensors, save_built
@@ -78,12 +78,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     where = display_path(path)
     if not path.is_file():
         raise CheckpointError(f"{where}: no such file (a Hugging Face model folder has one)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{where}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where}: not valid JSON: {exc}") from exc
+    config = read_json(path)
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}: should be a JSON object, got {type(config).__name__}")
     return config

@@ -335,3 +335,13 @@ def test_json_nested_past_the_stack_is_one_line(name: str, tmp_path: Path) -> No
     (source / name).write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     result = zoo("import", source, "-o", tmp_path / "out")
     assert_one_line_error(result, f"{name}: not valid JSON: nested too deeply")
+
+
+def test_a_tokenizer_file_nested_past_the_stack_is_one_line(folder: Path, tmp_path: Path
+                                                            ) -> None:
+    copy = tmp_path / "export"
+    shutil.copytree(folder, copy)
+    (copy / BYTE_TOKENIZER).write_bytes(b'{"kind": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    result = zoo("embed", copy, "--data", lines_file(tmp_path / "t.txt", TEXTS), "-o",
+                 tmp_path / "v.npy")
+    assert_one_line_error(result, f"{BYTE_TOKENIZER}: not a byte tokenizer file")

@@ -13,7 +13,7 @@ from typing import Any
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.schema import MAX_LABELS
-from runtime.files.texts import csv_table, json_objects, text_lines
+from runtime.files.texts import csv_table, json_objects, shown, text_lines
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,10 @@ class Rows:
 
 def _example(where: str, line: int, text: Any, label: Any) -> Example:
     if not isinstance(text, str) or not text.strip():
-        raise ZooError(f"{where}:{line}: expected a non-empty 'text', got {text!r}")
+        raise ZooError(f"{where}:{line}: expected a non-empty 'text', got {shown(text)}")
     if isinstance(label, bool) or not isinstance(label, (str, int)) or str(label).strip() == "":
         raise ZooError(f"{where}:{line}: expected a 'label' (a name or a whole number), "
-                       f"got {label!r}")
+                       f"got {shown(label)}")
     return Example(text, str(label).strip(), line)
 
 
@@ -116,8 +116,8 @@ def classes(rows: Rows, card_labels: list[str] | None, card_num_labels: int
     (a classifier trained further), else the names in sorted order, or the ids 0..max."""
     written = sorted({example.label for example in rows.examples})
     if len(written) < 2:
-        raise ZooError(f"{rows.where}: only one label ({written[0]!r}); a classifier needs two "
-                       "or more")
+        raise ZooError(f"{rows.where}: only one label ({_shown(written[0])}); a classifier "
+                       "needs two or more")
     if card_labels is not None:
         return card_labels, len(card_labels)
     if all(_written_id(label) is not None for label in written):

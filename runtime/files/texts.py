@@ -1,6 +1,7 @@
 """Texts to run a model on, one a row: plain lines (.txt and anything else), JSONL (an object a
 line) or CSV (a header), with the text in a named field. Every bad row is one error naming the
-file and line; `text_lines` is the one reading of a data file (labelled.py reads with it too).
+file and line; `text_lines` is the one reading of a data file and `csv_table` of a CSV one
+(labelled.py reads with both).
 """
 
 from __future__ import annotations
@@ -63,9 +64,15 @@ def _line_at(raw: bytes, offset: int) -> int:
     return raw.count(b"\n", 0, offset) + 1
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """A cell for an error line: its repr, cut (a JSONL cell may be a list of a million)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _row(where: str, line: int, text: object, column: str) -> TextRow:
     if not isinstance(text, str) or not text.strip():
-        raise ZooError(f"{where}:{line}: expected a non-empty '{column}', got {text!r}")
+        raise ZooError(f"{where}:{line}: expected a non-empty '{column}', got {shown(text)}")
     return TextRow(text, line)
 
 
@@ -73,7 +80,7 @@ def _label(where: str, line: int, label: object, column: str) -> TextRow:
     """A label cell as text: a name, or a whole number (JSONL may write it as one)."""
     if isinstance(label, bool) or not isinstance(label, (str, int)) or not str(label).strip():
         raise ZooError(f"{where}:{line}: expected a '{column}' (a label name or a whole "
-                       f"number), got {label!r}")
+                       f"number), got {shown(label)}")
     return TextRow(str(label).strip(), line)
 
 
@@ -136,10 +143,12 @@ def csv_table(where: str, lines: list[str], columns: tuple[str, ...], choose: st
     """(line, the cells of `columns`) of each row of a CSV file whose header names them all;
     `choose` says how to name another column, for the error."""
     records = csv_records(where, lines)
-    header = [name.strip() for name in next(records, (1, []))[1]]
+    start, cells = next(records, (1, []))
+    header = [name.strip() for name in cells]
     if any(column not in header for column in columns):
         named = " and ".join(f"'{column}'" for column in columns)
-        raise ZooError(f"{where}:1: the CSV header {header} should name {named}{choose}")
+        raise ZooError(f"{where}:{start}: the CSV header {shown(header, 200)} should name "
+                       f"{named}{choose}")
     at = [header.index(column) for column in columns]
     for number, row in records:
         if len(row) != len(header):

@@ -140,6 +140,8 @@ def test_a_file_made_while_the_command_runs_is_not_replaced_without_force(
 
     def theirs_first(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         out.write_bytes(b"someone else's")  # after the early check found no file
+        if owner is export.bench.run:
+            return {}  # the figures, not measured: only their write is under test
         return real(*args, **kwargs)
 
     monkeypatch.setattr(owner, attribute, theirs_first)

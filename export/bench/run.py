@@ -31,7 +31,7 @@ from export.pipeline import export_and_verify
 from registry.errors import ZooError
 from registry.options import option
 from runtime.contract import MANIFEST
-from runtime.files.atomic import atomic_write_bytes, refuse_existing
+from runtime.files.atomic import output_file, write_file
 from runtime.sessions import PROVIDERS, Runtime
 from zoo.files.sources import load_source
 from zoo.files.weights import WEIGHTS, load_built
@@ -172,22 +172,19 @@ def bench_command(source: str, registries: tuple[str, ...], options: BenchOption
                   json_path: Path | None = None, force: bool = False,
                   progress: Progress = lambda message: None) -> list[str]:
     """`zoo bench`: the figures rendered, and written to `json_path` where asked."""
-    if json_path is not None:
-        refuse_existing(json_path, force)  # before minutes of measuring, not after
     if options.repeats < 1 or (options.threads is not None and options.threads < 1):
         raise BenchError("--repeats and --threads should be >= 1")
-    result = run_bench(source, registries, options, progress)
     if json_path is None:
-        return [render(result)]
-    write_json(result, json_path, force)
+        return [render(run_bench(source, registries, options, progress))]
+    with output_file(json_path, force):  # refused before minutes of measuring, not after
+        result = run_bench(source, registries, options, progress)
+        write_json(result, json_path, force)
     return [render(result), f"wrote {json_path}"]
 
 
 def write_json(result: dict[str, Any], path: Path, force: bool) -> None:
     """Atomically (temporary file, then rename); an existing file only with force."""
-    refuse_existing(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"))
+    write_file(path, (json.dumps(result, indent=2) + "\n").encode("utf-8"), force)
 
 
 def _rate(figure: dict[str, float]) -> str:

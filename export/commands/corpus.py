@@ -25,7 +25,7 @@ from registry.paths import display_path
 from runtime.classify import cosines, label_names
 from runtime.corpus import CorpusOutputs, run_corpus, token_budget
 from runtime.exported import Exported, load
-from runtime.files.atomic import atomic_write_bytes, check_writable, refuse_existing
+from runtime.files.atomic import output_file, write_file
 from runtime.files.labelled import Example, Rows, label_ids
 from runtime.files.texts import TextRow, read_labels, read_texts
 from runtime.files.tokenizer import sequence_ids
@@ -74,10 +74,11 @@ def embed_command(request: CorpusRequest, progress: RowsProgress = lambda *a: No
                   ) -> list[str]:
     if request.label_column is not None:
         raise ZooError("--label-column scores a classifier: it is an option of `zoo classify`")
-    reference, run = _runs(request, progress, None)
-    buffer = io.BytesIO()
-    np.save(buffer, run.result.embeddings, allow_pickle=False)
-    atomic_write_bytes(request.out, buffer.getvalue())
+    with output_file(request.out, request.force):
+        reference, run = _runs(request, progress, None)
+        buffer = io.BytesIO()
+        np.save(buffer, run.result.embeddings, allow_pickle=False)
+        write_file(request.out, buffer.getvalue(), request.force)
     rows, width = run.result.embeddings.shape
     return [f"wrote {request.out} ({rows} x {width} float32 sentence vectors, row order; "
             f"{run.rows_per_second:.1f} rows/s)"] + _side_by_side(request, reference, run, None)
@@ -85,8 +86,17 @@ def embed_command(request: CorpusRequest, progress: RowsProgress = lambda *a: No
 
 def classify_command(request: CorpusRequest, progress: RowsProgress = lambda *a: None
                      ) -> list[str]:
-    truth = _truth(request) if request.label_column is not None else None
-    reference, run = _runs(request, progress, truth, classifier=True)
+    with output_file(request.out, request.force):
+        truth = _truth(request) if request.label_column is not None else None
+        reference, run = _runs(request, progress, truth, classifier=True)
+        lines = _labelled(run)
+        write_file(request.out, ("\n".join(lines) + "\n").encode("utf-8"), request.force)
+    return [f"wrote {request.out} ({len(lines)} rows: label and probabilities, row order; "
+            f"{run.rows_per_second:.1f} rows/s)"] + _side_by_side(request, reference, run, truth)
+
+
+def _labelled(run: Run) -> list[str]:
+    """A JSONL line a row: its label and every class's probability."""
     assert run.result.probabilities is not None
     names = label_names(run.exported.card)
     lines = []
@@ -94,17 +104,13 @@ def classify_command(request: CorpusRequest, progress: RowsProgress = lambda *a:
         best = int(np.argmax(row))  # first maximum on ties, as `zoo evaluate`
         lines.append(json.dumps({"label": names[best], "probabilities": dict(
             zip(names, (round(float(p), 7) for p in row), strict=True))}))
-    atomic_write_bytes(request.out, ("\n".join(lines) + "\n").encode("utf-8"))
-    return [f"wrote {request.out} ({len(lines)} rows: label and probabilities, row order; "
-            f"{run.rows_per_second:.1f} rows/s)"] + _side_by_side(request, reference, run, truth)
+    return lines
 
 
 def _runs(request: CorpusRequest, progress: RowsProgress, truth: Rows | None,
           classifier: bool = False) -> tuple[Run | None, Run]:
     """(the reference's run or None, the export's run): both exports opened and compared
     before either runs the rows, the reference run first."""
-    refuse_existing(request.out, request.force)  # before minutes of work
-    check_writable(request.out)
     exported = _opened(request, classifier)
     if request.against is None:
         return None, _run(exported, request, progress, truth)

@@ -9,6 +9,7 @@ with `--attentions`. Everything is checked before anything is computed or writte
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from registry.options import option, parse_ids
 from registry.paths import display_path
 from registry.sizes import attention_sizes
 from runtime.contract import MANIFEST
-from runtime.files.atomic import atomic_write_bytes, refuse_existing
+from runtime.files.atomic import output_file, refuse_existing, write_file
 from runtime.files.tokenizer import load_tokenizer, sequence_ids
 from runtime.generate import generate
 from runtime.prompts import check_ids, check_text
@@ -179,13 +180,17 @@ def draw_attention(request: Request, target: Path, json_path: Path | None = None
         refuse_existing(json_path, force)
         if not json_path.parent.is_dir():
             raise AttentionError(f"{display_path(json_path)}: no such folder")
-    looked = look(request)
-    title = (f"{looked.card.name}: {looked.group.name} "
-             f"({'ONNX Runtime' if looked.engine == 'onnx' else 'PyTorch'})")
-    drawn = heatmap_grid(panels(looked), target, force=force, title=title,
-                         columns=len(looked.heads))
-    if json_path is not None:
-        atomic_write_bytes(json_path, (json.dumps(as_json(looked)) + "\n").encode("utf-8"))
+    with contextlib.ExitStack() as held:  # both outputs locked for the run's length
+        for path in (target, json_path):
+            if path is not None:
+                held.enter_context(output_file(path, force))
+        looked = look(request)
+        title = (f"{looked.card.name}: {looked.group.name} "
+                 f"({'ONNX Runtime' if looked.engine == 'onnx' else 'PyTorch'})")
+        drawn = heatmap_grid(panels(looked), target, force=force, title=title,
+                             columns=len(looked.heads))
+        if json_path is not None:
+            write_file(json_path, (json.dumps(as_json(looked)) + "\n").encode("utf-8"), force)
     return looked, drawn
 
 

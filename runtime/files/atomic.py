@@ -88,6 +88,59 @@ def sha256(path: Path) -> str:
 def atomic_write_bytes(target: Path, data: bytes) -> None:
     """Write one file atomically (used for files inside an existing folder)."""
     target = Path(target)
+    temporary = _staged(target, data)
+    try:
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def write_file(target: Path, data: bytes, force: bool) -> None:
+    """A command's output file, written atomically under the lock beside it. Without `force`
+    it never replaces a file, not even one made since the command's first check (by another
+    program, or a run that held no lock): the staged file is hard-linked to the name, which
+    fails where the name exists."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with output_lock(target):
+        if force:
+            atomic_write_bytes(target, data)
+            return
+        temporary = _staged(target, data)
+        try:
+            _link_new(temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def output_file(target: Path, force: bool) -> Iterator[None]:
+    """For the length of a command that writes `target`: refused at once where it exists
+    (without `force`) or cannot be written, and locked, so a second run into it stops with
+    one line instead of replacing this one's file when both end. `write_file` writes it."""
+    target = Path(target)
+    refuse_existing(target, force)  # before minutes of work, not after
+    check_writable(target)
+    with output_lock(target):
+        yield
+
+
+def _link_new(temporary: Path, target: Path) -> None:
+    try:
+        os.link(temporary, target)
+    except FileExistsError:
+        raise already_exists(target) from None
+    except OSError:  # no hard links here (some network and FAT file systems): claim the name
+        try:
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            raise already_exists(target) from None
+        os.replace(temporary, target)  # onto the empty claim
+
+
+def _staged(target: Path, data: bytes) -> Path:
+    """`data` in a temporary file beside `target`, flushed to disk."""
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only
@@ -95,10 +148,10 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        os.replace(temporary, target)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    return Path(temporary)
 
 
 def _umask() -> int:

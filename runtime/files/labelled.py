@@ -5,8 +5,6 @@ the training file is a whole number. Every bad row is one error naming the file 
 
 from __future__ import annotations
 
-import csv
-import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 from registry.errors import ZooError
 from registry.paths import display_path
 from registry.schema import MAX_LABELS
-from runtime.files.texts import json_objects, text_lines
+from runtime.files.texts import csv_table, json_objects, shown, text_lines
 
 
 @dataclass(frozen=True)
@@ -33,10 +31,10 @@ class Rows:
 
 def _example(where: str, line: int, text: Any, label: Any) -> Example:
     if not isinstance(text, str) or not text.strip():
-        raise ZooError(f"{where}:{line}: expected a non-empty 'text', got {text!r}")
+        raise ZooError(f"{where}:{line}: expected a non-empty 'text', got {shown(text)}")
     if isinstance(label, bool) or not isinstance(label, (str, int)) or str(label).strip() == "":
         raise ZooError(f"{where}:{line}: expected a 'label' (a name or a whole number), "
-                       f"got {label!r}")
+                       f"got {shown(label)}")
     return Example(text, str(label).strip(), line)
 
 
@@ -50,27 +48,8 @@ def _jsonl(where: str, lines: list[str]) -> list[Example]:
 
 
 def _csv(where: str, lines: list[str]) -> list[Example]:
-    reader = csv.reader(io.StringIO("\n".join(lines) + "\n"))
-    try:
-        header = [name.strip() for name in next(reader)]
-    except (StopIteration, csv.Error) as exc:
-        raise ZooError(f"{where}:1: expected a CSV header with text and label") from exc
-    if "text" not in header or "label" not in header:
-        raise ZooError(f"{where}:1: the CSV header {header} should name 'text' and 'label'")
-    text_at, label_at = header.index("text"), header.index("label")
-    examples = []
-    try:
-        for row in reader:
-            if not any(cell.strip() for cell in row):
-                continue
-            number = reader.line_num
-            if len(row) != len(header):
-                raise ZooError(f"{where}:{number}: {len(row)} columns, the header has "
-                               f"{len(header)}")
-            examples.append(_example(where, number, row[text_at], row[label_at]))
-    except csv.Error as exc:
-        raise ZooError(f"{where}:{reader.line_num}: not valid CSV: {exc}") from exc
-    return examples
+    return [_example(where, number, text, label)
+            for number, (text, label) in csv_table(where, lines, ("text", "label"))]
 
 
 def read_rows(path: Path) -> Rows:
@@ -137,8 +116,8 @@ def classes(rows: Rows, card_labels: list[str] | None, card_num_labels: int
     (a classifier trained further), else the names in sorted order, or the ids 0..max."""
     written = sorted({example.label for example in rows.examples})
     if len(written) < 2:
-        raise ZooError(f"{rows.where}: only one label ({written[0]!r}); a classifier needs two "
-                       "or more")
+        raise ZooError(f"{rows.where}: only one label ({_shown(written[0])}); a classifier "
+                       "needs two or more")
     if card_labels is not None:
         return card_labels, len(card_labels)
     if all(_written_id(label) is not None for label in written):

@@ -33,7 +33,7 @@ def processor(path: Path) -> Any:
 def vocabulary(path: Path) -> dict[str, int]:
     try:
         vocab = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # JSON nested past the stack too
         raise ZooError(f"{display_path(path)}: not a readable vocabulary: {exc}") from exc
     if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
         raise ZooError(f"{display_path(path)}: should map each piece to an integer id")

@@ -172,7 +172,7 @@ def _byte_tokenizer(path: Path) -> ByteTokenizer:
         if spec.pop("kind") != "bytes":
             raise ValueError("kind should be 'bytes'")
         return ByteTokenizer(**spec)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ZooError(f"{display_path(path)}: not a byte tokenizer file: {exc}") from exc
 
 
@@ -182,7 +182,7 @@ def _word_tokenizer(path: Path) -> WordTokenizer:
         if spec.get("kind") != "words" or not all(isinstance(w, str) for w in spec["words"]):
             raise ValueError("expected kind 'words' and a list of words")
         return WordTokenizer(spec["words"])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise ZooError(f"{display_path(path)}: not a word tokenizer file: {exc}") from exc
 
 

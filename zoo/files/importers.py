@@ -27,6 +27,7 @@ from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.assemble import build_model
+from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
 from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules
 from zoo.files.weights import read_tensors, save_built
@@ -77,18 +78,14 @@ def read_config(folder: Path) -> dict[str, Any]:
     where = display_path(path)
     if not path.is_file():
         raise CheckpointError(f"{where}: no such file (a Hugging Face model folder has one)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{where}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{where}: not valid JSON: {exc}") from exc
+    config = read_json(path)
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}: should be a JSON object, got {type(config).__name__}")
     return config
 
 
 def find_map(config: dict[str, Any], where: str) -> LayoutMap:
+    check_types(config, CONFIG, where)
     maps = known_maps()
     architectures = config.get("architectures") or []
     model_type = config.get("model_type")
@@ -403,6 +400,7 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
     config = read_config(source)
     config_where = display_path(source / SOURCE_CONFIG)
     layout = find_map(config, config_where).for_config(config)
+    check_types(config, config_kinds(layout), config_where)  # before any key is used
     weights = find_weights(source)
     weights_where = display_path(weights)
     tokenizer = read_tokenizer(source)

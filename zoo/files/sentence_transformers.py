@@ -6,13 +6,13 @@ is imported as usual; pooling and normalisation become the card fields `pooling`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path, inside
+from zoo.files.json_types import check_types, read_json
 
 MODULES = "modules.json"
 SENTENCE_CONFIG = "sentence_bert_config.json"
@@ -31,19 +31,13 @@ class SentenceModules:
     record: dict[str, Any]  # for source.json
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ZooError(f"{display_path(path)}: not readable JSON: {exc}") from exc
-
-
 def _pooling(folder: Path) -> str:
     path = folder / POOLING_CONFIG
     where = display_path(path)
-    config = _read_json(path)
+    config = read_json(path)
     if not isinstance(config, dict):
         raise ZooError(f"{where}: should be a JSON object")
+    check_types(config, dict.fromkeys((*POOLING_MODES, *UNSUPPORTED_MODES), "bool"), where)
     odd = [key for key in UNSUPPORTED_MODES if config.get(key)]
     modes = [mode for key, mode in POOLING_MODES.items() if config.get(key)]
     if odd or len(modes) != 1:
@@ -67,11 +61,12 @@ def read_modules(folder: Path) -> SentenceModules | None:
     if not path.is_file():
         return None
     where = display_path(path)
-    modules = _read_json(path)
+    modules = read_json(path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ZooError(f"{where}: should be a list of modules")
     body, fields = None, {"normalize": False}
     for index, module in enumerate(modules):
+        check_types(module, {"type": "str", "path": "str"}, where, f"modules[{index}].")
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         place = _module_folder(Path(folder), module.get("path", ""), where, index)
         if kind == "Transformer" and body is None:

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from registry.errors import ZooError  # noqa: E402
 from registry.paths import display_path  # noqa: E402
-from runtime.files.atomic import atomic_write_bytes, refuse_existing  # noqa: E402
+from runtime.files.atomic import refuse_existing, write_file  # noqa: E402
 
 DPI = 100
 HEATMAP_SIZE = (4.0, 3.5)  # inches per heatmap panel (with its colour bar)
@@ -97,9 +97,8 @@ def save_png(figure: Figure, target: Path, force: bool) -> tuple[int, int]:
     check_target(target, force)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)  # no bbox "tight": the size stays fixed
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(target, buffer.getvalue())
+    try:  # not over a PNG made since check_target without force; a second run's one line
+        write_file(target, buffer.getvalue(), force)
     except OSError as exc:
         raise ZooError(f"{display_path(target)}: cannot write: {exc.strerror or exc}") from exc
     width, height = figure.get_size_inches() * DPI

@@ -15,6 +15,7 @@ from typing import Any
 from registry.errors import ZooError
 from registry.paths import display_path
 from runtime.files.atomic import atomic_write_bytes
+from runtime.files.texts import decoded
 
 METRICS = "metrics.jsonl"
 
@@ -30,7 +31,9 @@ def truncate_metrics(out: Path, step: int) -> None:
     path = Path(out) / METRICS
     if not path.is_file():
         return
-    lines = path.read_text(encoding="utf-8").splitlines()
+    # a line garbled by a crash (bytes not UTF-8 among them) is dropped, not a traceback
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    lines = [line for line in lines if line.strip()]
     kept = [line for line in lines if _step(line) <= step]
     if len(kept) != len(lines):
         atomic_write_bytes(path, "".join(line + "\n" for line in kept).encode("utf-8"))
@@ -40,7 +43,7 @@ def _step(line: str) -> float:
     """A line's step; a line cut short by a kill counts as past every checkpoint."""
     try:
         return int(json.loads(line)["step"])
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
         return math.inf
 
 
@@ -53,13 +56,14 @@ def read_metrics(out: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise ZooError(f"{display_path(out)}: no {METRICS} here (`zoo train -o` writes it)")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    text = decoded(path.read_bytes(), display_path(path))
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        try:
+        try:  # Infinity as a step, a 400-digit loss: OverflowError; [[[...: RecursionError
             record = json.loads(line)
             step, loss, lr = int(record["step"]), float(record["loss"]), float(record["lr"])
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError) as exc:
             raise ZooError(f"{display_path(path)} line {number}: expected JSON with step, loss "
                            f"and lr ({type(exc).__name__})") from exc
         if records and step <= records[-1]["step"]:

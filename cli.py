@@ -86,7 +86,7 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
 def import_command(source: str, out: str, force: bool) -> None:
     """Import a Hugging Face GPT-2, BERT, MarianMT, Llama, Mistral, Qwen2 or Qwen3 folder, a
     BertForSequenceClassification folder or a sentence-transformers folder (config.json +
-    model.safetensors), or a Llama-architecture GGUF file (dequantized to float32).
+    model.safetensors), or a Llama, Mistral, Qwen2 or Qwen3 GGUF file (dequantized to float32).
 
     Writes OUT/model.safetensors, config.yaml, source.json and the tokenizer files DIR has;
     OUT then works with `zoo export OUT --onnx`. Pickle checkpoints are never loaded.

@@ -31,7 +31,7 @@ def read_manifest(folder: Path, verify_files: bool = True) -> dict[str, Any]:
         raise ManifestError(f"{where}: not an export (no {MANIFEST}); make one with zoo export")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ManifestError(f"{display_path(path)}: not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise ManifestError(f"{display_path(path)}: field 'files' missing")

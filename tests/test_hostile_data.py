@@ -350,3 +350,13 @@ def test_a_tokenizer_file_nested_past_the_stack_is_one_line(folder: Path, tmp_pa
     result = zoo("embed", copy, "--data", lines_file(tmp_path / "t.txt", TEXTS), "-o",
                  tmp_path / "v.npy")
     assert_one_line_error(result, f"{BYTE_TOKENIZER}: not a byte tokenizer file")
+
+
+def test_a_manifest_nested_past_the_stack_is_one_line(tmp_path: Path) -> None:
+    """manifest.json is the first file every command reads from an export."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "manifest.json").write_bytes(b'{"files": ' + b"[" * 100_000 + b"]" * 100_000
+                                           + b"}")
+    result = zoo("run", folder, "--ids", "1,2")
+    assert_one_line_error(result, "manifest.json: not valid JSON")

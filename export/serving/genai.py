@@ -29,6 +29,7 @@ from onnx import TensorProto, helper
 
 from registry.errors import ZooError
 from registry.layouts import known_maps
+from registry.paths import display_path, inside
 from registry.sizes import attention_sizes
 from runtime.contract import CACHE_INPUT, CACHE_OUTPUT
 from zoo.files.hf_config import hf_config
@@ -68,8 +69,8 @@ def genai_batch(folder: Path, prompts: list[list[int]]) -> np.ndarray:
     (B, T), padded on the right with its genai_config's pad_token_id. GenAI finds padding only
     as trailing ids equal to that one (it scans each row from the end): leading pad ids, or any
     other id, are read as tokens with positions from 0, and the row is no longer its prompt."""
-    pad = json.loads((Path(folder) / GENAI_CONFIG).read_text(encoding="utf-8"))["model"][
-        "pad_token_id"]
+    config = inside(folder, GENAI_CONFIG, display_path(Path(folder)), "GenAI's config")
+    pad = json.loads(config.read_text(encoding="utf-8"))["model"]["pad_token_id"]
     if any(not p or p[-1] == pad for p in prompts):
         raise ZooError(f"GenAI would take a prompt's trailing pad id {pad} for padding")
     width = max(len(p) for p in prompts)

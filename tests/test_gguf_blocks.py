@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from export.onnx.gguf_blocks import MAPPED, nbits_nodes, to_matmul_nbits
+from export.onnx.gguf_blocks import MAPPED, gather_nodes, nbits_nodes, to_matmul_nbits
 from registry.errors import ZooError
 
 gguf = pytest.importorskip("gguf")
@@ -92,6 +92,24 @@ def test_int8_activations_stay_within_their_rounding(kind: str) -> None:
     assert got.shape == exact.shape
     assert (np.abs(got - exact) <= bound).all()
     assert not np.array_equal(got, run(kind, raw, x, accuracy_level=0))  # int8 path, not fp32
+
+
+@pytest.mark.parametrize("kind", MAPPED)
+def test_an_embedding_gathers_the_files_rows_bit_for_bit(kind: str) -> None:
+    """The same blocks as an embedding table of N rows: GatherBlockQuantized (+ the minimums)."""
+    raw = gguf_tensor(kind, seed=3)
+    table = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])
+    nodes, inits = gather_nodes(to_matmul_nbits("token_embd.weight", kind, raw, (N, K)),
+                                "ids", "y", "embed")
+    graph = helper.make_graph(
+        nodes, "gather", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", K])], inits)
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[5, 0, N - 1], [7, 7, 2]], np.int64)
+    rows = session.run(None, {"ids": ids})[0]
+    assert np.array_equal(rows.view(np.uint32), table[ids].view(np.uint32))
 
 
 def test_a_type_with_no_exact_form_is_refused_by_name() -> None:

@@ -7,6 +7,7 @@ dequantize computes. Types with a block minimum (Q4_1, Q5_1, and the K-quants' -
 as a second, block-size times smaller product: y = MatMulNBits(x) + blocksum(x) @ M, which is
 what dequantize's d*q + m gives once summed. Other types are refused, never re-quantized.
 
+An embedding gathers rows from the same blocks with GatherBlockQuantized (+ its minimums).
 numpy and onnx only (no torch, no gguf): the raw blocks come from the file reader.
 """
 
@@ -184,5 +185,44 @@ def nbits_nodes(form: NBitsForm, x: str, y: str, prefix: str, accuracy_level: in
         helper.make_node("ReduceSum", [f"{p}.blocked", f"{p}.last"], [f"{p}.blocksum"], keepdims=0),
         helper.make_node("MatMul", [f"{p}.blocksum", f"{p}.minimums"], [f"{p}.shift"]),
         helper.make_node("Add", [product, f"{p}.shift"], [y]),
+    ]
+    return nodes, inits
+
+
+def gather_nodes(form: NBitsForm, ids: str, y: str, prefix: str,
+                 ) -> tuple[list[NodeProto], list[TensorProto]]:
+    """Nodes and initializers for y = W[ids] (an embedding of N rows of K values) from the same
+    blocks, through GatherBlockQuantized; a block minimum is gathered and added per block."""
+    p = prefix
+    blocks = form.k // form.block_size
+    inits = [numpy_helper.from_array(form.b.reshape(form.n, -1), f"{p}.data"),
+             numpy_helper.from_array(form.scales.reshape(form.n, blocks), f"{p}.scales")]
+    inputs = [f"{p}.data", ids, f"{p}.scales"]
+    if form.zero_points is not None:
+        inits.append(numpy_helper.from_array(form.zero_points.reshape(form.n, -1), f"{p}.zp"))
+        inputs.append(f"{p}.zp")
+    scaled = y if form.minimums is None else f"{p}.scaled"
+    nodes = [helper.make_node("GatherBlockQuantized", inputs, [scaled], name=f"{p}.Gather",
+                              domain="com.microsoft", gather_axis=0, quantize_axis=1,
+                              block_size=form.block_size, bits=form.bits)]
+    if form.minimums is None:
+        return nodes, inits
+    # (..., K) viewed as (..., blocks, block) plus each row's (..., blocks, 1) minimums
+    inits += [numpy_helper.from_array(np.ascontiguousarray(form.minimums.T), f"{p}.minimums"),
+              numpy_helper.from_array(np.array([blocks, form.block_size], np.int64),
+                                      f"{p}.block_shape"),
+              numpy_helper.from_array(np.array([form.k], np.int64), f"{p}.row_shape"),
+              numpy_helper.from_array(np.array([-1], np.int64), f"{p}.last")]
+    nodes += [
+        helper.make_node("Gather", [f"{p}.minimums", ids], [f"{p}.row_minimums"], axis=0),
+        helper.make_node("Unsqueeze", [f"{p}.row_minimums", f"{p}.last"], [f"{p}.shift"]),
+        helper.make_node("Shape", [ids], [f"{p}.ids_shape"]),
+        helper.make_node("Concat", [f"{p}.ids_shape", f"{p}.block_shape"], [f"{p}.blocked_shape"],
+                         axis=0),
+        helper.make_node("Concat", [f"{p}.ids_shape", f"{p}.row_shape"], [f"{p}.out_shape"],
+                         axis=0),
+        helper.make_node("Reshape", [scaled, f"{p}.blocked_shape"], [f"{p}.blocked"]),
+        helper.make_node("Add", [f"{p}.blocked", f"{p}.shift"], [f"{p}.shifted"]),
+        helper.make_node("Reshape", [f"{p}.shifted", f"{p}.out_shape"], [y]),
     ]
     return nodes, inits

@@ -7,9 +7,15 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from export.onnx.gguf_blocks import MAPPED, gather_nodes, nbits_nodes, to_matmul_nbits
+from export.onnx.gguf_blocks import (
+    MAPPED,
+    gather_nodes,
+    nbits_nodes,
+    replace_matmuls,
+    to_matmul_nbits,
+)
 from registry.errors import ZooError
 
 gguf = pytest.importorskip("gguf")
@@ -110,6 +116,33 @@ def test_an_embedding_gathers_the_files_rows_bit_for_bit(kind: str) -> None:
     ids = np.array([[5, 0, N - 1], [7, 7, 2]], np.int64)
     rows = session.run(None, {"ids": ids})[0]
     assert np.array_equal(rows.view(np.uint32), table[ids].view(np.uint32))
+
+
+def test_an_exported_graphs_matmuls_take_the_files_blocks() -> None:
+    """A layer as an exporter writes it (MatMul by W^T under its own initializer name) and a
+    MatMul the file has no blocks for: the first becomes MatMulNBits, the second stays, and the
+    graph computes the file's weights bit for bit (x = I, fp32 path)."""
+    raw = gguf_tensor("Q4_1", seed=4)
+    weights = {"blk.0.a": gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_1)}
+    other = np.random.default_rng(6).standard_normal((N, N)).astype(np.float32)
+    inits = [numpy_helper.from_array(np.ascontiguousarray(weights["blk.0.a"].T), "onnx::MatMul_7"),
+             numpy_helper.from_array(other, "onnx::MatMul_8")]
+    nodes = [helper.make_node("MatMul", ["x", "onnx::MatMul_7"], ["h"]),
+             helper.make_node("MatMul", ["h", "onnx::MatMul_8"], ["y"])]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None, N]) for name in "hy"]
+    graph = helper.make_graph(
+        nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, K])],
+        outputs, inits)
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    forms = {"blk.0.a": to_matmul_nbits("blk.0.a", "Q4_1", raw, (N, K))}
+    assert replace_matmuls(model, forms, weights, accuracy_level=0) == {
+        "blk.0.a": "onnx::MatMul_7"}
+    ops = [node.op_type for node in model.graph.node]
+    assert ops.count("MatMulNBits") == 1 and ops[-1] == "MatMul"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    hidden, _ = session.run(None, {"x": np.eye(K, dtype=np.float32)})
+    assert np.array_equal(hidden.T, weights["blk.0.a"])
 
 
 def test_a_type_with_no_exact_form_is_refused_by_name() -> None:

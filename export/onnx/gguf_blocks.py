@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 from registry.errors import ZooError
@@ -226,3 +227,31 @@ def gather_nodes(form: NBitsForm, ids: str, y: str, prefix: str,
         helper.make_node("Reshape", [f"{p}.shifted", f"{p}.out_shape"], [y]),
     ]
     return nodes, inits
+
+
+def replace_matmuls(model: onnx.ModelProto, forms: dict[str, NBitsForm],
+                    weights: dict[str, np.ndarray], accuracy_level: int = 4) -> dict[str, str]:
+    """Replace each MatMul(x, C) whose constant C (K, N) is, value for value, the transpose of
+    `weights[name]` (the fp32 (N, K) the export computed with) by `forms[name]`'s nodes.
+    Matched by value, not name, so the exporter's initializer names do not matter.
+    Returns {name: the initializer it replaced}; names not found are the caller's to report."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    wanted = {np.ascontiguousarray(weights[name].T, np.float32).tobytes(): name for name in forms}
+    replaced: dict[str, str] = {}
+    for node in list(graph.node):
+        constant = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        if constant is None or len(constant.dims) != 2:
+            continue
+        name = wanted.get(numpy_helper.to_array(constant).astype(np.float32).tobytes())
+        if name is None or name in replaced:
+            continue
+        nodes, inits = nbits_nodes(forms[name], node.input[0], node.output[0], name,
+                                   accuracy_level)
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new in enumerate(nodes):
+            graph.node.insert(position + offset, new)
+        graph.initializer.extend(inits)
+        replaced[name] = constant.name
+    return replaced

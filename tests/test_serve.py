@@ -28,7 +28,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from runtime.files.chat import CHAT_TEMPLATE
 from tests.conftest import on_shared
-from tests.helpers import zoo
+from tests.helpers import assert_one_line_error, zoo
 
 openai = pytest.importorskip("openai")
 pytestmark = on_shared("gpt-tiny")
@@ -306,3 +306,25 @@ def test_a_full_queue_gets_429_and_sigterm_exits_0(exports: dict[str, Path],
     assert code == 0, log
     assert "Traceback" not in log
     assert "POST /v1/completions 429 0 tokens" in log and "POST /v1/completions 200 " in log
+
+
+def test_each_request_got_one_log_line_and_no_traceback(server: Server) -> None:
+    """After the tests above (a module's tests run in order): method, path, status, tokens and
+    time a line, refusals included, and no traceback for any of the bad requests."""
+    assert server.request("/v1/models", key=None, method="GET")[0] == 401
+    log = server.log.read_text()
+    assert "Traceback" not in log
+    lines = [line.split(" ", 2)[2] for line in log.splitlines() if " /v1/" in line]
+    assert lines[-1].startswith("GET /v1/models 401 0 tokens ") and lines[-1].endswith(" ms")
+    assert any(line.startswith("POST /v1/chat/completions 200 ") for line in lines)
+    assert any(line.startswith("POST /v1/completions 404 0 tokens") for line in lines)
+
+
+def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None:
+    def serve(*args: str | Path) -> Any:  # an address no server binds: a missed check fails
+        return zoo("serve", "--host", "256.0.0.1", *args)
+
+    assert_one_line_error(serve(exports["chat"], "--name", "a", "--name", "b"),
+                          "--name", "2 names for 1 exports")
+    assert_one_line_error(serve(exports["chat"], exports["chat"]), "two exports", "--name")
+    assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from registry.errors import ZooError
+from runtime.prompts import check_text
 from runtime.serve.errors import ApiError
 
 MAX_BODY = 1 << 20  # bytes; a chat history of a tiny-context model is far below it
@@ -115,6 +117,10 @@ def messages(body: dict[str, Any]) -> list[dict[str, str]]:
             content = "".join(part["text"] for part in content)
         if not isinstance(content, str):
             raise wrong(f"{where}.content", "a string")
+        try:
+            check_text(content, f"{where}.content")  # JSON may carry a lone surrogate
+        except ZooError as exc:
+            raise ApiError(400, str(exc), f"{where}.content", "invalid_value") from None
         out.append({"role": message["role"], "content": content})
     return out
 

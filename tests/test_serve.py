@@ -334,3 +334,14 @@ def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None
                           "--name", "2 names for 1 exports")
     assert_one_line_error(serve(exports["chat"], exports["chat"]), "two exports", "--name")
     assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")
+
+
+def test_sampling_with_a_seed_is_zoo_runs(client: Any, exports: dict[str, Path]) -> None:
+    """temperature, top_p and seed reach the sampler as `zoo run`'s options do."""
+    expected = zoo_run(exports["chat"], "--text", "w5 w6", "--max-new-tokens", "10",
+                       "--temperature", "1.5", "--top-p", "0.95", "--seed", "3")
+    got = [client.completions.create(model="chat", prompt="w5 w6", max_tokens=10,
+                                     temperature=1.5, top_p=0.95, seed=seed).choices[0].text
+           for seed in (3, 4)]
+    assert "w5 w6" + got[0] == expected
+    assert got[1] != got[0]  # the seed is used, not a fixed one

@@ -129,12 +129,17 @@ async def completions(request: Request, models: dict[str, Served]) -> tuple[Resp
 async def answer(served: Served, ids: list[int], sampled: bodies.Sampled, kind: str
                  ) -> tuple[Response, int]:
     options = served.options(ids, sampled)
-    completion = await served.run(lambda: served.complete(ids, options, sampled.stops))
+
+    def work() -> tuple[Completion, list[str]]:  # the stream's pieces decoded off the loop too
+        completion = served.complete(ids, options, sampled.stops)
+        return completion, served.deltas(completion) if sampled.stream else []
+
+    completion, pieces = await served.run(work)
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
     tokens = completion.usage()["total_tokens"]
     if sampled.stream:
-        return StreamingResponse(events(served, completion, kind, head),
+        return StreamingResponse(events(completion, pieces, kind, head),
                                  media_type="text/event-stream"), tokens
     if kind == "chat.completion":
         choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
@@ -146,7 +151,7 @@ async def answer(served: Served, ids: list[int], sampled: bodies.Sampled, kind: 
                          "usage": completion.usage()}), tokens
 
 
-async def events(served: Served, completion: Completion, kind: str, head: dict[str, Any]
+async def events(completion: Completion, pieces: list[str], kind: str, head: dict[str, Any]
                  ) -> AsyncIterator[str]:
     """Server-Sent Events: the text in pieces, the finish reason, a last chunk with the usage
     and no choices (as OpenAI's stream_options.include_usage), then [DONE]."""
@@ -168,7 +173,7 @@ async def events(served: Served, completion: Completion, kind: str, head: dict[s
     try:
         if chat_kind:
             yield chunk("", role=True)
-        for piece in served.deltas(completion):
+        for piece in pieces:
             yield chunk(piece)
         yield chunk(None, completion.finish_reason)
         yield sse({**head, "object": kind, "choices": [], "usage": completion.usage()})

@@ -140,7 +140,8 @@ async def answer(served: Served, ids: list[int], sampled: bodies.Sampled, kind: 
     tokens = completion.usage()["total_tokens"]
     if sampled.stream:
         return StreamingResponse(events(completion, pieces, kind, head),
-                                 media_type="text/event-stream"), tokens
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"}), tokens
     if kind == "chat.completion":
         choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
                   "finish_reason": completion.finish_reason, "logprobs": None}

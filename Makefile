@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[export,test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[export,serve,test]'
 	touch $(STAMP)
 
 DEMO := out/demo

@@ -266,6 +266,17 @@ def classify(folder: str, request: dict[str, Any]) -> None:
     echo(classify_command(CorpusRequest(Path(folder), **request), rows_bar))
 
 
+@main.command()
+@click.argument("folders", metavar="OUT...", nargs=-1, required=True, type=click.Path())
+@fields("options", "runtime.serve.options:ServeOptions")
+def serve(folders: tuple[str, ...], options: dict[str, Any]) -> None:
+    """Serve exports over an OpenAI-compatible HTTP API (docs: runtime/serve/app.py)."""
+    from runtime.serve.options import ServeOptions
+    from runtime.serve.server import serve_exports
+
+    serve_exports([Path(folder) for folder in folders], ServeOptions(**options), progress)
+
+
 @main.command("evaluate")
 @click.argument("folder", metavar="OUT", type=click.Path())
 @fields("options", "export.commands.evaluate:EvaluateOptions")

@@ -1,0 +1,153 @@
+"""The fields of an OpenAI request body, read and checked: a wrong one is an ApiError (400)
+naming it. Only what the server does is accepted; an unknown field is refused, as OpenAI does,
+rather than ignored (a client asking for `n=3` or `logprobs` would get something else)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from registry.errors import ZooError
+from runtime.prompts import check_text
+from runtime.serve.errors import ApiError
+
+MAX_BODY = 1 << 20  # bytes; a chat history of a tiny-context model is far below it
+MAX_STOPS = 4  # as OpenAI
+
+SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
+            "n", "user"}
+FIELDS = {
+    "chat": {"model", "messages", "max_completion_tokens"} | SAMPLING,
+    "completions": {"model", "prompt"} | SAMPLING,
+    "embeddings": {"model", "input", "encoding_format", "user"},
+}
+
+
+def parse_body(raw: bytes, route: str) -> dict[str, Any]:
+    """The JSON object of a request body, with only the fields `route` knows."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON ({exc})", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body should be a JSON object", None, "invalid_json")
+    unknown = sorted(set(body) - FIELDS[route])
+    if unknown:
+        raise ApiError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0],
+                       "unknown_parameter")
+    return body
+
+
+def wrong(name: str, expected: str) -> ApiError:
+    return ApiError(400, f"{name}: expected {expected}", name, "invalid_type")
+
+
+def read(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None,
+         expected: str = "") -> Any:
+    """body[name] when it has type `kind` (a bool is not a number), `default` when absent or
+    null; `expected` says what it should be in the error."""
+    value = body.get(name)
+    if value is None:
+        if default is ApiError:
+            raise ApiError(400, f"{name}: a required field is missing", name, "missing_required")
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise wrong(name, expected or " or ".join(k.__name__ for k in kinds))
+    return value
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """What a generating request asks for; max_tokens None = up to the context."""
+
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int | None
+    stops: tuple[str, ...]
+    stream: bool
+
+
+def sampled(body: dict[str, Any]) -> Sampled:
+    """The generation fields shared by /v1/chat/completions and /v1/completions. OpenAI's
+    defaults: temperature 1 (send 0 for greedy), top_p 1."""
+    if read(body, "n", int, 1) != 1:
+        raise ApiError(400, "n: only n=1 is served", "n", "unsupported_value")
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = read(body, name, int, None, "an integer >= 1")
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"{name}: expected an integer >= 1, got {max_tokens}", name,
+                       "invalid_value")
+    temperature = float(read(body, "temperature", (int, float), 1.0, "a number in 0..2"))
+    if not 0 <= temperature <= 2:
+        raise ApiError(400, f"temperature: expected a number in 0..2, got {temperature}",
+                       "temperature", "invalid_value")
+    top_p = float(read(body, "top_p", (int, float), 1.0, "a number in (0, 1]"))
+    if not 0 < top_p <= 1:
+        raise ApiError(400, f"top_p: expected a number in (0, 1], got {top_p}", "top_p",
+                       "invalid_value")
+    stop = read(body, "stop", (str, list), (), "a string or a list of up to 4 strings")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise wrong("stop", "a string or a list of up to 4 non-empty strings")
+    read(body, "stream_options", dict, None, "an object")
+    read(body, "user", str, None)
+    return Sampled(max_tokens, temperature, top_p, read(body, "seed", int, None),
+                   stops, read(body, "stream", bool, False))
+
+
+def messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    """The chat's {role, content} messages; a content given as parts keeps their text."""
+    given = read(body, "messages", list, ApiError, "a list of {role, content} objects")
+    if not given:
+        raise wrong("messages", "at least one message")
+    out = []
+    for index, message in enumerate(given):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise wrong(where, "an object with a string role")
+        content = message.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in content):
+                raise wrong(f"{where}.content", "text parts ({type: text, text})")
+            content = "".join(part["text"] for part in content)
+        if not isinstance(content, str):
+            raise wrong(f"{where}.content", "a string")
+        try:
+            check_text(content, f"{where}.content")  # JSON may carry a lone surrogate
+        except ZooError as exc:
+            raise ApiError(400, str(exc), f"{where}.content", "invalid_value") from None
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def prompt(body: dict[str, Any]) -> str | list[int]:
+    """/v1/completions' prompt: a text or token ids (or a list of one of them: n=1)."""
+    given = read(body, "prompt", (str, list), ApiError, "a string or a list of token ids")
+    if isinstance(given, list) and len(given) == 1 and isinstance(given[0], str | list):
+        given = given[0]
+    if isinstance(given, str):
+        return given
+    if not given or not all(isinstance(t, int) and not isinstance(t, bool) for t in given):
+        raise wrong("prompt", "a string or a non-empty list of token ids (one prompt)")
+    return given
+
+
+def inputs(body: dict[str, Any]) -> list[str] | list[list[int]]:
+    """/v1/embeddings' input: a string, a list of strings, token ids or lists of them."""
+    given = read(body, "input", (str, list), ApiError, "a string or a list of strings")
+    if read(body, "encoding_format", str, "float") not in ("float", "base64"):
+        raise wrong("encoding_format", "float or base64")
+    if isinstance(given, str):
+        return [given]
+    if given and all(isinstance(t, int) and not isinstance(t, bool) for t in given):
+        return [given]
+    if given and (all(isinstance(t, str) for t in given) or all(
+            isinstance(row, list) and row and all(isinstance(t, int) for t in row)
+            for row in given)):
+        return given
+    raise wrong("input", "a string, a list of strings, or token ids")

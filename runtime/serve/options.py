@@ -1,0 +1,26 @@
+"""`zoo serve`'s options (no web library imported here, so `zoo serve --help` answers without
+the `serve` extra)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from registry.options import option
+from runtime.sessions import PROVIDERS
+
+API_KEY_ENV = "ZOO_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = option("127.0.0.1", "Address to listen on (another than 127.0.0.1 opens the "
+                       "server to the network).")
+    port: int = option(8000)
+    api_key: str | None = option(None, "Requests must send `Authorization: Bearer KEY` "
+                                 f"[env {API_KEY_ENV}].")
+    max_queue: int = option(8, "Requests that may wait per export behind the one running; "
+                            "past it a request gets 429.")
+    names: tuple[str, ...] = option((), "The name clients use for each OUT, in order [its "
+                                    "folder's name].", flags=("--name",))
+    provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
+    threads: int | None = option(None, "ONNX Runtime CPU threads per export [all cores].")

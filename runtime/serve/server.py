@@ -1,0 +1,53 @@
+"""`zoo serve OUT...`: open each export, then run the app with uvicorn until SIGTERM or Ctrl-C
+(uvicorn stops accepting, lets requests in flight finish within GRACE seconds; exit 0)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from registry.errors import ZooError
+from runtime.exported import load
+from runtime.serve.options import API_KEY_ENV, ServeOptions
+
+GRACE = 30  # seconds
+
+
+def serve_exports(folders: Sequence[Path], options: ServeOptions,
+                  progress: Callable[[str], None] = lambda m: None) -> None:
+    try:
+        import uvicorn
+
+        from runtime.serve.app import make_app
+        from runtime.serve.models import Served
+    except ImportError as exc:
+        raise ZooError(f"zoo serve needs the serve extra ({exc.name} is missing): "
+                       "pip install 'zoo[serve]'") from None
+    names = list(options.names) or [Path(folder).resolve().name for folder in folders]
+    if len(names) != len(folders):
+        raise ZooError(f"--name: {len(names)} names for {len(folders)} exports; give one per OUT")
+    if len(set(names)) != len(names):
+        raise ZooError(f"two exports under one name ({', '.join(names)}): name them with --name")
+    if options.max_queue < 0:
+        raise ZooError(f"--max-queue {options.max_queue}: should be >= 0")
+    models = {name: Served(name, load(folder, options.provider, options.threads),
+                           options.max_queue) for name, folder in zip(names, folders, strict=True)}
+    api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    progress(f"serving {', '.join(names)} on http://{options.host}:{options.port}/v1"
+             + (" (API key required)" if api_key else ""))
+    config = uvicorn.Config(make_app(models, api_key), host=options.host, port=options.port,
+                            log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=GRACE)
+    # uvicorn handles SIGTERM and Ctrl-C itself, then raises the signal again for the handler
+    # it found: the command's (SIGTERM as Ctrl-C, "Aborted!", exit 1) would turn a clean stop
+    # into a failure, so none is found
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

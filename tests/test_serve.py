@@ -1,0 +1,347 @@
+"""`zoo serve` (issue 36, first step): a server started in a subprocess on a free port of
+127.0.0.1 over the session's tiny exports, talked to with the real `openai` client (chat, with
+and without streaming, completions, embeddings) and compared with `zoo run`'s answers; raw HTTP
+for the refusals (401, bad JSON, a wrong type, an unknown model, a prompt past the context, a
+body too large, a full queue) and for a client that leaves mid-stream; SIGTERM exits 0."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from runtime.files.chat import CHAT_TEMPLATE
+from tests.conftest import on_shared
+from tests.helpers import assert_one_line_error, zoo
+
+openai = pytest.importorskip("openai")
+pytestmark = on_shared("gpt-tiny")
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "sk-test-7731"
+SPECIALS = ["<pad>", "<s>", "</s>", "<mask>"]  # gpt-tiny's and bert-tiny's ids 256..259
+# a word a token: "w5 w6" is [5, 6]; the template's markers are words too, so a message of n
+# words is n + 2 prompt tokens
+TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}w2{% endif %}")
+
+
+def with_tokenizer(source: Path, folder: Path) -> Path:
+    """A copy of an export with a word-level tokenizer.json over its 260 ids (the four
+    specials dropped when decoding, as a real tokenizer's are) and a chat template."""
+    shutil.copytree(source, folder)
+    vocab = {f"w{i}": i for i in range(256)} | {name: 256 + i for i, name in enumerate(SPECIALS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(SPECIALS)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / CHAT_TEMPLATE).write_text(TEMPLATE, encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory, shared_export,
+            classifier_export: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("serve")
+    return {"chat": with_tokenizer(shared_export("gpt-tiny")[0], root / "chat"),
+            "embedder": with_tokenizer(classifier_export, root / "embedder")}
+
+
+class Server:
+    """`zoo serve` in a subprocess; its log (stderr) in a file."""
+
+    def __init__(self, folders: list[Path], log: Path, *args: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.log = log
+        command = [sys.executable, "-c", "import cli; cli.main()", "serve", *map(str, folders),
+                   "--port", str(self.port), "--threads", "1", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, log.read_text()
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"the server did not start: {log.read_text()}")
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, path: str, body: bytes | dict | None = None, key: str | None = KEY,
+                method: str | None = None) -> tuple[int, dict[str, Any]]:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(self.base + path, data, headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        return self.request(path, key=KEY)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(exports: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Server]:
+    served = Server(list(exports.values()), tmp_path_factory.mktemp("log") / "serve.log",
+                    "--api-key", KEY)
+    yield served
+    if served.process.poll() is None:
+        served.process.kill()
+        served.process.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Any:
+    return openai.OpenAI(base_url=server.base + "/v1", api_key=KEY, max_retries=0)
+
+
+def zoo_run(*args: str | Path) -> str:
+    result = zoo("run", *args)
+    assert result.exit_code == 0, result.output
+    return result.stdout.rstrip("\n")
+
+
+def test_models_lists_each_export_under_its_folder_name(client: Any) -> None:
+    assert sorted(model.id for model in client.models.list()) == ["chat", "embedder"]
+
+
+def test_chat_is_zoo_run_chat(client: Any, exports: dict[str, Path]) -> None:
+    message = "w5 w6 w7"
+    expected = zoo_run(exports["chat"], "--chat", message, "--max-new-tokens", "8")
+    reply = client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": message}], max_tokens=8,
+        temperature=0)
+    assert reply.choices[0].message.content == expected
+    assert expected  # words, not an empty reply compared with an empty one
+    assert reply.usage.prompt_tokens == 3 + 2  # the words, the template's w1 and w2
+    assert reply.usage.total_tokens == 5 + reply.usage.completion_tokens
+    assert 1 <= reply.usage.completion_tokens <= 8
+
+
+def test_streamed_chat_is_the_same_text_with_a_usage_chunk(client: Any,
+                                                            exports: dict[str, Path]) -> None:
+    expected = zoo_run(exports["chat"], "--chat", "w9 w4", "--max-new-tokens", "6")
+    chunks = list(client.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "w9 w4"}],
+        max_completion_tokens=6, temperature=0, stream=True))
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len([p for p in pieces if p]) > 1  # streamed in pieces, not one block
+    assert "".join(pieces) == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == 4
+
+
+def test_completion_is_zoo_run_text_for_text_and_ids(client: Any,
+                                                     exports: dict[str, Path]) -> None:
+    expected = zoo_run(exports["chat"], "--text", "w5 w6", "--max-new-tokens", "7")
+    text = client.completions.create(model="chat", prompt="w5 w6", max_tokens=7, temperature=0)
+    assert "w5 w6" + text.choices[0].text == expected  # zoo run prints prompt + continuation
+    assert text.usage.prompt_tokens == 2
+    ids = client.completions.create(model="chat", prompt=[5, 6], max_tokens=7, temperature=0)
+    assert ids.choices[0].text == text.choices[0].text
+    streamed = client.completions.create(model="chat", prompt="w5 w6", max_tokens=7,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == text.choices[0].text
+
+
+def test_a_stop_string_cuts_the_text(client: Any) -> None:
+    full = client.completions.create(model="chat", prompt="w5 w6", max_tokens=7,
+                                     temperature=0).choices[0].text
+    stop = full.split()[2]
+    cut = client.completions.create(model="chat", prompt="w5 w6", max_tokens=7, temperature=0,
+                                    stop=[stop]).choices[0]
+    assert cut.text == full[:full.index(stop)] and cut.finish_reason == "stop"
+
+
+def test_embeddings_are_zoo_run_json(client: Any, exports: dict[str, Path]) -> None:
+    texts = ["w5 w6 w7", "w8"]
+    expected = json.loads(zoo_run(exports["embedder"], "--text", texts[0], "--text", texts[1],
+                                  "--json"))["embeddings"]
+    for encoding in ("float", "base64"):  # the openai client's own default is base64
+        got = client.embeddings.create(model="embedder", input=texts, encoding_format=encoding)
+        vectors = [row.embedding for row in got.data]
+        if encoding == "base64" and isinstance(vectors[0], str):
+            vectors = [np.frombuffer(base64.b64decode(v), np.float32) for v in vectors]
+        np.testing.assert_allclose(np.array(vectors, np.float32), np.array(expected),
+                                   rtol=0, atol=1e-6)
+    assert got.usage.prompt_tokens == 4  # one token a word (the word tokenizer adds none)
+
+
+def error_of(reply: tuple[int, dict[str, Any]]) -> tuple[int, str | None, str | None]:
+    status, body = reply
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert "Traceback" not in body["error"]["message"]
+    return status, body["error"]["param"], body["error"]["code"]
+
+
+def test_without_the_key_nothing_runs(server: Server) -> None:
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "w5"}], "max_tokens": 2}
+    assert error_of(server.request("/v1/chat/completions", chat, key=None))[0] == 401
+    assert error_of(server.request("/v1/chat/completions", chat, key="sk-wrong"))[0] == 401
+    # the key is checked before the body is read: bad JSON without a key is a 401, not a 400
+    assert error_of(server.request("/v1/completions", b"{", key=None))[0] == 401
+    assert error_of(server.request("/v1/models", key=None, method="GET"))[0] == 401
+    assert server.request("/health", key=None, method="GET")[0] == 200
+
+
+@pytest.mark.parametrize(("path", "body", "expected"), [
+    ("/v1/chat/completions", b"{not json", (400, None, "invalid_json")),
+    ("/v1/chat/completions", b"[1, 2]", (400, None, "invalid_json")),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "w5"}],
+                              "max_tokens": "5"}, (400, "max_tokens", "invalid_type")),
+    ("/v1/chat/completions", {"model": "chat", "messages": "w5"},
+     (400, "messages", "invalid_type")),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": 5}]},
+     (400, "messages[0].content", "invalid_type")),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "w"}],
+                              "n": 2}, (400, "n", "unsupported_value")),
+    ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user",
+                                                             "content": "w5 \ud800"}]},
+     (400, "messages[0].content", "invalid_value")),
+    ("/v1/completions", {"model": "chat", "prompt": "w5 \udc80"}, (400, "prompt", "invalid_value")),
+    ("/v1/embeddings", {"model": "embedder", "input": ["w5", "\ud800"]},
+     (400, "input", "invalid_value")),
+    ("/v1/chat/completions", {"model": "chat", "messages": [], "tools": []},
+     (400, "tools", "unknown_parameter")),
+    ("/v1/completions", {"model": "gpt-9", "prompt": "w5"}, (404, "model", "model_not_found")),
+    ("/v1/completions", {"model": "chat", "prompt": " ".join(["w5"] * 200)},
+     (400, "prompt", "context_length_exceeded")),
+    ("/v1/completions", {"model": "chat", "prompt": "w5 w6", "max_tokens": 127},
+     (400, "max_tokens", "context_length_exceeded")),
+    ("/v1/completions", {"model": "chat", "prompt": [5, 999]}, (400, "prompt", "invalid_value")),
+    ("/v1/completions", {"model": "chat", "prompt": "w5", "temperature": True},
+     (400, "temperature", "invalid_type")),
+    ("/v1/embeddings", {"model": "chat", "input": "w5"}, (400, "model", "invalid_value")),
+    ("/v1/embeddings", {"model": "embedder", "input": [[]]}, (400, "input", "invalid_type")),
+])
+def test_bad_requests_get_an_error_naming_the_field(server: Server, path: str,
+                                                    body: bytes | dict, expected: tuple) -> None:
+    assert error_of(server.request(path, body)) == expected
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(server: Server) -> None:
+    """A declared length past 1 MiB: 413 at once (a client sending it all would meet a closed
+    connection, so the bytes are only announced here)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                    + KEY.encode() + b"\r\nContent-Length: " + str((1 << 20) + 1).encode()
+                    + b"\r\n\r\n{")
+        reply = b""
+        while b"}}" not in reply and (part := raw.recv(4096)):
+            reply += part
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413")
+    assert json.loads(body)["error"]["code"] == "body_too_large"
+
+
+def test_unknown_paths_get_an_error_object(server: Server) -> None:
+    assert error_of(server.request("/v1/nowhere", {}))[0] == 404
+
+
+def test_a_client_gone_mid_stream_leaves_the_server_serving(server: Server) -> None:
+    body = json.dumps({"model": "chat", "prompt": "w5", "max_tokens": 100, "temperature": 0,
+                       "stream": True}).encode()
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as raw:
+            raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                        + KEY.encode() + b"\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert raw.recv(64).startswith(b"HTTP/1.1 200")
+    status, reply = server.request("/v1/completions", {"model": "chat", "prompt": "w5",
+                                                       "max_tokens": 3, "temperature": 0})
+    assert status == 200 and reply["usage"]["completion_tokens"] >= 1
+
+
+def test_a_full_queue_gets_429_and_sigterm_exits_0(exports: dict[str, Path],
+                                                   tmp_path: Path) -> None:
+    """--max-queue 0: one request runs, one arriving meanwhile is refused; every request
+    gets 200 or 429, none is lost, and after SIGTERM the server exits 0 with no traceback."""
+    server = Server([exports["chat"]], tmp_path / "serve.log", "--max-queue", "0")
+    try:
+        body = {"model": "chat", "prompt": "w5", "max_tokens": 120, "temperature": 0}
+        statuses: list[int] = []
+
+        def ask() -> None:
+            status, reply = server.request("/v1/completions", body, key=None)
+            if status == 429:
+                assert reply["error"]["type"] == "rate_limit_error"
+            statuses.append(status)
+
+        threads = [threading.Thread(target=ask) for _ in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert sorted(set(statuses)) == [200, 429] and len(statuses) == 12
+        assert server.request("/v1/completions", body, key=None)[0] == 200
+    finally:
+        code = server.stop()
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log
+    assert "Traceback" not in log
+    assert "POST /v1/completions 429 0 tokens" in log and "POST /v1/completions 200 " in log
+
+
+def test_each_request_got_one_log_line_and_no_traceback(server: Server) -> None:
+    """After the tests above (a module's tests run in order): method, path, status, tokens and
+    time a line, refusals included, and no traceback for any of the bad requests."""
+    assert server.request("/v1/models", key=None, method="GET")[0] == 401
+    log = server.log.read_text()
+    assert "Traceback" not in log
+    lines = [line.split(" ", 2)[2] for line in log.splitlines() if " /v1/" in line]
+    assert lines[-1].startswith("GET /v1/models 401 0 tokens ") and lines[-1].endswith(" ms")
+    assert any(line.startswith("POST /v1/chat/completions 200 ") for line in lines)
+    assert any(line.startswith("POST /v1/completions 404 0 tokens") for line in lines)
+
+
+def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None:
+    def serve(*args: str | Path) -> Any:  # an address no server binds: a missed check fails
+        return zoo("serve", "--host", "256.0.0.1", *args)
+
+    assert_one_line_error(serve(exports["chat"], "--name", "a", "--name", "b"),
+                          "--name", "2 names for 1 exports")
+    assert_one_line_error(serve(exports["chat"], exports["chat"]), "two exports", "--name")
+    assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")
+
+
+def test_sampling_with_a_seed_is_zoo_runs(client: Any, exports: dict[str, Path]) -> None:
+    """temperature, top_p and seed reach the sampler as `zoo run`'s options do."""
+    expected = zoo_run(exports["chat"], "--text", "w5 w6", "--max-new-tokens", "10",
+                       "--temperature", "1.5", "--top-p", "0.95", "--seed", "3")
+    got = [client.completions.create(model="chat", prompt="w5 w6", max_tokens=10,
+                                     temperature=1.5, top_p=0.95, seed=seed).choices[0].text
+           for seed in (3, 4)]
+    assert "w5 w6" + got[0] == expected
+    assert got[1] != got[0]  # the seed is used, not a fixed one

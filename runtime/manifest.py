@@ -64,6 +64,13 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     if not isinstance(graphs, dict):
         raise ManifestError(f"{where}: field 'graphs' should map file names to their names")
     generation = manifest.get("generation")
+    if generation is not None and not (isinstance(generation, dict)
+                                       and isinstance(generation.get("file"), str)):
+        raise ManifestError(f"{where}: field 'generation' should hold the 'file' it names")
+    if not all(isinstance(entry, dict) for entry in manifest["files"].values()):
+        raise ManifestError(f"{where}: field 'files' should map each file name to its entry")
+    if not isinstance(manifest.get("card"), dict):
+        raise ManifestError(f"{where}: field 'card' should hold the card the export was made from")
     layout = manifest.get(LAYOUT, {"graphs": {}})
     layout_graphs = layout.get("graphs") if isinstance(layout, dict) else None
     if not isinstance(layout_graphs, dict) or not all(isinstance(name, str)
@@ -74,7 +81,7 @@ def _check_names_inside(folder: Path, manifest: dict[str, Any], where: str) -> N
     named = [("files", name) for name in manifest["files"]]
     named += [("graphs", name) for name in graphs]
     named += [(f"{LAYOUT}.graphs", name) for name in layout_graphs]
-    if isinstance(generation, dict) and "file" in generation:
+    if generation is not None:
         named.append(("generation.file", generation["file"]))
     for field, name in named:
         inside(folder, name, where, field)

@@ -360,3 +360,20 @@ def test_a_manifest_nested_past_the_stack_is_one_line(tmp_path: Path) -> None:
                                            + b"}")
     result = zoo("run", folder, "--ids", "1,2")
     assert_one_line_error(result, "manifest.json: not valid JSON")
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"files": {"model.onnx": 5}}, "field 'files' should map each file name to its entry"),
+    ({"files": {}}, "field 'card' should hold the card"),
+    ({"files": {}, "card": {}, "generation": "x"}, "field 'generation' should hold the 'file'"),
+    ({"files": {}, "card": {}, "generation": {}}, "field 'generation' should hold the 'file'"),
+])
+def test_an_edited_manifest_is_one_line(fields: dict, message: str, tmp_path: Path) -> None:
+    """The manifest's own fields are nobody's sha256: an edited one is refused by field."""
+    from runtime.manifest import FORMAT_VERSION
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION,
+                                                      **fields}), encoding="utf-8")
+    assert_one_line_error(zoo("run", folder, "--ids", "1,2"), "manifest.json", message)

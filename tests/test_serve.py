@@ -219,6 +219,9 @@ def test_without_the_key_nothing_runs(server: Server) -> None:
 @pytest.mark.parametrize(("path", "body", "expected"), [
     ("/v1/chat/completions", b"{not json", (400, None, "invalid_json")),
     ("/v1/chat/completions", b"[1, 2]", (400, None, "invalid_json")),
+    ("/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000, (400, None, "invalid_json")),
+    ("/v1/completions", b'{"model": "chat", "prompt": "w5", "max_tokens": ' + b"9" * 5000
+     + b"}", (400, None, "invalid_json")),
     ("/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "w5"}],
                               "max_tokens": "5"}, (400, "max_tokens", "invalid_type")),
     ("/v1/chat/completions", {"model": "chat", "messages": "w5"},
@@ -334,6 +337,7 @@ def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None
                           "--name", "2 names for 1 exports")
     assert_one_line_error(serve(exports["chat"], exports["chat"]), "two exports", "--name")
     assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")
+    assert_one_line_error(serve(exports["chat"], "--port", "70000"), "--port 70000")
 
 
 def test_sampling_with_a_seed_is_zoo_runs(client: Any, exports: dict[str, Path]) -> None:

@@ -157,3 +157,11 @@ def test_a_venv_without_torch_runs_an_export(shared_export, tmp_path: Path) -> N
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout == ",".join(map(str, torch_greedy(folder, [1, 2, 3], 4))) + "\n"
+    # a command that needs torch says which extra installs it, in one line
+    build = subprocess.run([python, "-c", "from cli import main; main()", "build", "gpt-tiny",
+                            "-o", str(tmp_path / "built")],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert (build.returncode, build.stdout) == (2, ""), build.stderr
+    assert build.stderr.splitlines() == [build.stderr.strip()]
+    assert "needs torch" in build.stderr and "'.[export]'" in build.stderr
+    assert "Traceback" not in build.stderr and not (tmp_path / "built").exists()

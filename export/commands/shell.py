@@ -150,11 +150,33 @@ class ZooGroup(click.Group):
                 click.echo(report.table())
             click.echo(f"error: {exc}", err=True)
             ctx.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))
+        except ModuleNotFoundError as exc:
+            extra = missing_extra(exc)
+            if extra is None:
+                raise
+            click.echo(f"error: {extra}", err=True)
+            ctx.exit(EXIT_USER_ERROR)
         except OSError as exc:
             click.echo(f"error: {os_problem(exc)}", err=True)
             ctx.exit(EXIT_FAULT)
         finally:
             _on_sigterm(previous)
+
+
+# What each optional install brings (pyproject.toml's extras): a runtime-only install runs
+# exports; building, training and exporting need `export`, serving needs `serve`.
+EXTRAS = {"torch": "export", "onnx": "export", "onnxscript": "export", "safetensors": "export",
+          "matplotlib": "export", "starlette": "serve", "uvicorn": "serve"}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """One line for a command whose optional dependencies are not installed, or None."""
+    package = (exc.name or "").partition(".")[0]
+    if package not in EXTRAS:
+        return None
+    extra = EXTRAS[package]
+    return (f"this command needs {package}, which the zoo's `{extra}` extra installs: "
+            f"pip install '.[{extra}]' in a checkout (or 'zoo[{extra}]' beside the wheel)")
 
 
 def _on_sigterm(handler: Any) -> Any:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from registry.errors import ZooError
+from registry.errors import ZooError, first_line
 from runtime.prompts import check_text
 from runtime.serve.errors import ApiError
 
@@ -28,8 +28,9 @@ def parse_body(raw: bytes, route: str) -> dict[str, Any]:
     """The JSON object of a request body, with only the fields `route` knows."""
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the body is not valid JSON ({exc})", None, "invalid_json") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep, long numbers
+        raise ApiError(400, f"the body is not valid JSON ({first_line(exc)[:200]})", None,
+                       "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body should be a JSON object", None, "invalid_json")
     unknown = sorted(set(body) - FIELDS[route])

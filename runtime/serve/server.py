@@ -24,13 +24,15 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
         from runtime.serve.app import make_app
         from runtime.serve.models import Served
     except ImportError as exc:
-        raise ZooError(f"zoo serve needs the serve extra ({exc.name} is missing): "
-                       "pip install 'zoo[serve]'") from None
+        raise ZooError(f"zoo serve needs the serve extra ({exc.name} is missing): pip install "
+                       "'.[serve]' in a checkout (or 'zoo[serve]' beside the wheel)") from None
     names = list(options.names) or [Path(folder).resolve().name for folder in folders]
     if len(names) != len(folders):
         raise ZooError(f"--name: {len(names)} names for {len(folders)} exports; give one per OUT")
     if len(set(names)) != len(names):
         raise ZooError(f"two exports under one name ({', '.join(names)}): name them with --name")
+    if not 0 <= options.port <= 65535:
+        raise ZooError(f"--port {options.port}: should be a port number, 0 to 65535")
     if options.max_queue < 0:
         raise ZooError(f"--max-queue {options.max_queue}: should be >= 0")
     models = {name: Served(name, load(folder, options.provider, options.threads),

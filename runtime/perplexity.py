@@ -18,6 +18,7 @@ from registry.errors import ZooError
 from runtime.contract import CACHE_INPUT, MODEL_GRAPH, past_names
 from runtime.decoding import empty_past
 from runtime.engine import Engine
+from runtime.sampling import log_softmax
 
 BATCH = 8  # windows per run: full windows share one length, so they stack
 
@@ -49,11 +50,6 @@ def text_windows(ids: Sequence[int], length: int) -> list[np.ndarray]:
     return chunks
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def _run(engine: Engine, ids: np.ndarray) -> np.ndarray:
     """Logits for every position of a (batch, length) block, from an empty cache."""
     batch, length = ids.shape
@@ -78,7 +74,7 @@ def score_text(engine: Engine, ids: Sequence[int], window: int | None = None,
     done = 0
     for group in groups:
         block = np.stack(group)
-        logprobs = _log_softmax(_run(engine, block)[:, :-1])
+        logprobs = log_softmax(_run(engine, block)[:, :-1])
         targets = block[:, 1:]
         nll -= float(np.take_along_axis(logprobs, targets[..., None], axis=-1).sum())
         predictions += targets.size

@@ -105,7 +105,8 @@ def decode(session: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
     return result
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """In float64, shifted by the row's maximum (beam scores and perplexity sum many)."""
     shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
@@ -122,7 +123,7 @@ def _beam_search(session: Any, ids: np.ndarray, mask: np.ndarray,
     sequences = np.zeros((batch * beams, 0), np.int64)
     finished = np.zeros(batch * beams, bool)
     for index in range(new_tokens):
-        log_probs = _log_softmax(logits)
+        log_probs = log_softmax(logits)
         if eos is not None:  # a finished beam can only continue with eos, at no cost
             log_probs[finished] = -np.inf
             log_probs[finished, eos] = 0.0

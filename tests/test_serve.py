@@ -2,13 +2,15 @@
 127.0.0.1 over the session's tiny exports, talked to with the real `openai` client (chat, with
 and without streaming, completions, embeddings) and compared with `zoo run`'s answers; raw HTTP
 for the refusals (401, bad JSON, a wrong type, an unknown model, a prompt past the context, a
-body too large, a full queue) and for a client that leaves mid-stream; SIGTERM exits 0."""
+body too large, a full queue) and for a client that leaves mid-stream; SIGTERM exits 0.
+/v1/classify against `zoo.load(OUT).classify`; /metrics parsed and compared before and after."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -248,6 +250,17 @@ def test_without_the_key_nothing_runs(server: Server) -> None:
      (400, "temperature", "invalid_type")),
     ("/v1/embeddings", {"model": "chat", "input": "w5"}, (400, "model", "invalid_value")),
     ("/v1/embeddings", {"model": "embedder", "input": [[]]}, (400, "input", "invalid_type")),
+    ("/v1/classify", {"model": "embedder", "input": 5}, (400, "input", "invalid_type")),
+    ("/v1/classify", {"model": "embedder", "input": []}, (400, "input", "invalid_type")),
+    ("/v1/classify", {"model": "embedder", "input": ["w5", [5]]},
+     (400, "input", "invalid_type")),
+    ("/v1/classify", {"model": "embedder"}, (400, "input", "missing_required")),
+    ("/v1/classify", {"model": "embedder", "input": "w5", "encoding_format": "float"},
+     (400, "encoding_format", "unknown_parameter")),
+    ("/v1/classify", {"model": "gpt-9", "input": "w5"}, (404, "model", "model_not_found")),
+    ("/v1/classify", {"model": "chat", "input": "w5"}, (400, "model", "invalid_value")),
+    ("/v1/classify", {"model": "embedder", "input": "w5 \ud800"},
+     (400, "input", "invalid_value")),
 ])
 def test_bad_requests_get_an_error_naming_the_field(server: Server, path: str,
                                                     body: bytes | dict, expected: tuple) -> None:
@@ -349,3 +362,103 @@ def test_sampling_with_a_seed_is_zoo_runs(client: Any, exports: dict[str, Path])
            for seed in (3, 4)]
     assert "w5 w6" + got[0] == expected
     assert got[1] != got[0]  # the seed is used, not a fixed one
+
+
+def test_classify_is_the_python_apis(server: Server, exports: dict[str, Path]) -> None:
+    import zoo
+
+    texts = ["w5 w6 w7", "w8"]
+    expected = zoo.load(exports["embedder"]).classify(texts)
+    status, reply = server.request("/v1/classify", {"model": "embedder", "input": texts})
+    assert status == 200 and reply["object"] == "list" and reply["model"] == "embedder"
+    assert [row["index"] for row in reply["data"]] == [0, 1]
+    for row, probabilities in zip(reply["data"], expected, strict=True):
+        assert row["object"] == "classification"
+        assert list(row["probabilities"]) == list(probabilities)  # the labels, likeliest first
+        np.testing.assert_allclose(list(row["probabilities"].values()),
+                                   list(probabilities.values()), rtol=0, atol=1e-6)
+        assert row["label"] == max(probabilities, key=probabilities.__getitem__)
+    assert reply["usage"] == {"prompt_tokens": 4, "total_tokens": 4}  # a token a word
+    one = server.request("/v1/classify", {"model": "embedder", "input": "w8"})[1]
+    assert one["data"][0]["probabilities"] == reply["data"][1]["probabilities"]
+
+
+SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(server: Server) -> dict[tuple, float]:
+    """GET /metrics (no key: it is open) parsed: {(name, sorted labels): value}."""
+    request = urllib.request.Request(server.base + "/metrics")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert re.match(r"# (HELP|TYPE) zoo_\w+ ", line), line
+            continue
+        name, labels, value = SAMPLE.match(line).groups()  # type: ignore[union-attr]
+        samples[name, tuple(sorted(LABEL.findall(labels or "")))] = float(value)
+    return samples
+
+
+def test_metrics_move_by_exactly_the_requests_made(server: Server) -> None:
+    before = scrape(server)
+    start = time.perf_counter()
+    chat = server.request("/v1/chat/completions", {
+        "model": "chat", "messages": [{"role": "user", "content": "w5 w6"}], "max_tokens": 4,
+        "temperature": 0})[1]["usage"]
+    elapsed = time.perf_counter() - start
+    classified = server.request("/v1/classify", {"model": "embedder", "input": "w5 w6 w7"})
+    assert server.request("/v1/completions", {"model": "gpt-9", "prompt": "w5"})[0] == 404
+    assert server.request("/v1/classify", {"model": "embedder", "input": "w5"}, key=None)[0] \
+        == 401
+    assert server.request("/v1/nowhere", {})[0] == 404
+    after = scrape(server)
+
+    def requests(model: str, route: str, status: int) -> tuple:
+        return "zoo_requests_total", (("model", model), ("route", route),
+                                      ("status", str(status)))
+
+    def tokens(model: str, kind: str) -> tuple:
+        return "zoo_tokens_total", (("kind", kind), ("model", model))
+
+    ttft = ("model", "chat")
+    moved = {key: after[key] - before.get(key, 0) for key in after
+             if after[key] != before.get(key, 0)}
+    expected = {requests("chat", "/v1/chat/completions", 200): 1,
+                requests("embedder", "/v1/classify", 200): 1,
+                requests("", "/v1/completions", 404): 1, requests("", "/v1/classify", 401): 1,
+                requests("", "other", 404): 1, requests("", "/metrics", 200): 1,  # the first
+                tokens("chat", "prompt"): chat["prompt_tokens"],
+                tokens("chat", "completion"): chat["completion_tokens"],
+                tokens("embedder", "prompt"): classified[1]["usage"]["prompt_tokens"],
+                ("zoo_time_to_first_token_seconds_count", (ttft,)): 1,
+                ("zoo_time_to_first_token_seconds_bucket", (("le", "+Inf"), ttft)): 1}
+    ttft_sum = moved.pop(("zoo_time_to_first_token_seconds_sum", (ttft,)))
+    assert 0 < ttft_sum <= elapsed
+    buckets = {key: value for key, value in moved.items()
+               if key[0] == "zoo_time_to_first_token_seconds_bucket" and key not in expected}
+    assert set(buckets.values()) <= {1}  # the buckets at or past the time, none before it
+    assert {key: value for key, value in moved.items() if key not in buckets} == expected
+    for model in ("chat", "embedder"):  # idle now
+        assert after["zoo_queue_length", (("model", model),)] == 0
+        assert after["zoo_batch_size", (("model", model),)] == 0
+
+
+def test_batch_size_and_queue_length_while_requests_run(server: Server) -> None:
+    body = {"model": "chat", "prompt": "w5", "max_tokens": 120, "temperature": 0}
+    threads = [threading.Thread(target=server.request, args=("/v1/completions", body))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    seen = set()
+    while any(thread.is_alive() for thread in threads):
+        samples = scrape(server)
+        seen.add((samples["zoo_batch_size", (("model", "chat"),)],
+                  samples["zoo_queue_length", (("model", "chat"),)]))
+    for thread in threads:
+        thread.join()
+    assert all(batch in (0, 1) and 0 <= queue <= 2 for batch, queue in seen), seen
+    assert any(batch == 1 for batch, _ in seen), seen  # one runs at a time, for now

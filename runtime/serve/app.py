@@ -1,6 +1,7 @@
 """The OpenAI-compatible routes over served exports (runtime/serve/models.py):
-POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /health (open to
-all, for a load balancer; the /v1 routes need the API key when one is set).
+POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/classify (ours: OpenAI has no
+classifier route); GET /v1/models, /health and /metrics (those two open to all, for a load
+balancer and a Prometheus scraper; the /v1 routes need the API key when one is set).
 
 Every refusal is OpenAI's error object naming the field, checked before any work is queued;
 an unexpected fault is logged here with its traceback and reaches the client as one line.
@@ -26,6 +27,7 @@ from starlette.routing import Route
 
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError
+from runtime.serve.metrics import Metrics
 from runtime.serve.models import Completion, Served
 
 LOG = logging.getLogger("zoo.serve")
@@ -36,6 +38,7 @@ def make_app(models: dict[str, Served], api_key: str | None) -> Starlette:
     def route(path: str, handler: Handler, method: str, keyed: bool = True) -> Route:
         async def endpoint(request: Request) -> Response:
             start, tokens = time.perf_counter(), 0
+            request.state.start, request.state.model = start, ""
             try:
                 if keyed and api_key is not None and not authorized(request, api_key):
                     raise ApiError(401, "a valid API key is needed: send `Authorization: "
@@ -46,6 +49,9 @@ def make_app(models: dict[str, Served], api_key: str | None) -> Starlette:
             except Exception:  # a fault of the server, never of the request: logged, not sent
                 LOG.exception("%s %s: internal error", request.method, path)
                 response = JSONResponse(ApiError(500, "internal server error").body(), 500)
+            # the model's label only once it names a served export: a client's made-up names
+            # never become series of their own
+            metrics.request(request.state.model, path, response.status_code)
             if isinstance(response, StreamingResponse):
                 return response  # its stream logs its line when it ends
             log_line(request, response.status_code, tokens, start)
@@ -55,9 +61,16 @@ def make_app(models: dict[str, Served], api_key: str | None) -> Starlette:
     routes = [route("/v1/chat/completions", chat, "POST"),
               route("/v1/completions", completions, "POST"),
               route("/v1/embeddings", embeddings, "POST"),
+              route("/v1/classify", classify, "POST"),
               route("/v1/models", listing, "GET"),
-              route("/health", health, "GET", keyed=False)]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+              route("/health", health, "GET", keyed=False),
+              # open like /health: Prometheus' scrapers rarely carry a bearer token, and the
+              # figures name only the served exports, which /health lists anyway
+              route("/metrics", scrape, "GET", keyed=False)]
+    metrics = Metrics()
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.metrics = metrics
+    return app
 
 
 def authorized(request: Request, key: str) -> bool:
@@ -71,6 +84,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own refusals (an unknown path, a wrong method) as OpenAI error objects."""
     status = getattr(exc, "status_code", 400)
     log_line(request, status, 0, time.perf_counter())
+    request.app.state.metrics.request("", "other", status)  # not the path: a client's words
     return JSONResponse(ApiError(status, f"{request.method} {request.url.path}: "
                                  f"{getattr(exc, 'detail', '')}").body(), status)
 
@@ -94,17 +108,22 @@ async def read_body(request: Request, route: str) -> dict[str, Any]:
     return bodies.parse_body(bytes(raw), route)
 
 
-def model_of(body: dict[str, Any], models: dict[str, Served], wants: str) -> Served:
+def model_of(request: Request, body: dict[str, Any], models: dict[str, Served], wants: str
+             ) -> Served:
     name = bodies.read(body, "model", str, ApiError, "a model's name (GET /v1/models)")
     if name not in models:
         raise ApiError(404, f"model: {name!r} is not served here (served: "
                        f"{', '.join(models)})", "model", "model_not_found")
     served = models[name]
+    request.state.model = name
     card, spec = served.exported.card, served.exported.runtime.spec
     if wants == "embeddings" and card["pooling"] is None:
         raise ApiError(400, f"model: {name} has no sentence vector (its card sets no pooling)",
                        "model", "invalid_value")
-    if wants != "embeddings" and not spec.generates:
+    if wants == "classify" and not card["num_labels"]:
+        raise ApiError(400, f"model: {name} is not a classifier (its card sets no num_labels)",
+                       "model", "invalid_value")
+    if wants in ("chat", "completions") and not spec.generates:
         raise ApiError(400, f"model: a {card.family} export does not generate", "model",
                        "invalid_value")
     return served
@@ -112,22 +131,22 @@ def model_of(body: dict[str, Any], models: dict[str, Served], wants: str) -> Ser
 
 async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "chat")
-    served = model_of(body, models, "chat")
+    served = model_of(request, body, models, "chat")
     sampled = bodies.sampled(body)
     ids = served.prompt_ids(bodies.messages(body), "messages")
-    return await answer(served, ids, sampled, "chat.completion")
+    return await answer(request, served, ids, sampled, "chat.completion")
 
 
 async def completions(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "completions")
-    served = model_of(body, models, "completions")
+    served = model_of(request, body, models, "completions")
     sampled = bodies.sampled(body)
     ids = served.prompt_ids(bodies.prompt(body), "prompt")
-    return await answer(served, ids, sampled, "text_completion")
+    return await answer(request, served, ids, sampled, "text_completion")
 
 
-async def answer(served: Served, ids: list[int], sampled: bodies.Sampled, kind: str
-                 ) -> tuple[Response, int]:
+async def answer(request: Request, served: Served, ids: list[int], sampled: bodies.Sampled,
+                 kind: str) -> tuple[Response, int]:
     options = served.options(ids, sampled)
 
     def work() -> tuple[Completion, list[str]]:  # the stream's pieces decoded off the loop too
@@ -135,6 +154,11 @@ async def answer(served: Served, ids: list[int], sampled: bodies.Sampled, kind: 
         return completion, served.deltas(completion) if sampled.stream else []
 
     completion, pieces = await served.run(work)
+    # the whole answer is generated before its first token is sent, for now: this is the time
+    # a client waits for it, from the request's arrival
+    metrics: Metrics = request.app.state.metrics
+    metrics.first_token(served.name, time.perf_counter() - request.state.start)
+    metrics.counted(served.name, completion.prompt_tokens, len(completion.ids))
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
     tokens = completion.usage()["total_tokens"]
@@ -194,14 +218,29 @@ def sse(data: dict[str, Any]) -> str:
 
 async def embeddings(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "embeddings")
-    served = model_of(body, models, "embeddings")
+    served = model_of(request, body, models, "embeddings")
     prompts = bodies.inputs(body)
     vectors, tokens = await served.run(lambda: served.embed(prompts))
+    request.app.state.metrics.counted(served.name, tokens, 0)
     if body.get("encoding_format") == "base64":  # the openai client's default: float32 bytes
         vectors = [base64.b64encode(np.asarray(row, np.float32).tobytes()).decode()
                    for row in vectors]
     data = [{"object": "embedding", "index": index, "embedding": vector}
             for index, vector in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": served.name,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}), tokens
+
+
+async def classify(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
+    """Our own route for a classifier export: per text its most likely label and every
+    label's probability (most likely first), as `zoo.load(OUT).classify` gives them."""
+    body = await read_body(request, "classify")
+    served = model_of(request, body, models, "classify")
+    texts = bodies.texts(body)
+    rows, tokens = await served.run(lambda: served.classify(texts))
+    request.app.state.metrics.counted(served.name, tokens, 0)
+    data = [{"object": "classification", "index": index, "label": next(iter(row)),
+             "probabilities": row} for index, row in enumerate(rows)]
     return JSONResponse({"object": "list", "data": data, "model": served.name,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}), tokens
 
@@ -213,3 +252,9 @@ async def listing(request: Request, models: dict[str, Served]) -> tuple[Response
 
 async def health(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     return JSONResponse({"status": "ok", "models": list(models)}), 0
+
+
+async def scrape(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
+    text = request.app.state.metrics.text((name, *served.gauges())
+                                          for name, served in models.items())
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8"), 0

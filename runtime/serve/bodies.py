@@ -21,6 +21,7 @@ FIELDS = {
     "chat": {"model", "messages", "max_completion_tokens"} | SAMPLING,
     "completions": {"model", "prompt"} | SAMPLING,
     "embeddings": {"model", "input", "encoding_format", "user"},
+    "classify": {"model", "input", "user"},
 }
 
 
@@ -152,3 +153,14 @@ def inputs(body: dict[str, Any]) -> list[str] | list[list[int]]:
             for row in given)):
         return given
     raise wrong("input", "a string, a list of strings, or token ids")
+
+
+def texts(body: dict[str, Any]) -> list[str]:
+    """/v1/classify's input: a string or a non-empty list of strings."""
+    given = read(body, "input", (str, list), ApiError, "a string or a list of strings")
+    read(body, "user", str, None)
+    if isinstance(given, str):
+        return [given]
+    if not given or not all(isinstance(text, str) for text in given):
+        raise wrong("input", "a string or a non-empty list of strings")
+    return given

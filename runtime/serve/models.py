@@ -1,10 +1,11 @@
-"""One served export: its generation and embedding work, run in the export's own worker thread
-one request at a time, behind a bounded count of admitted requests (429 past it)."""
+"""One served export: its generation, embedding and classifying work, run in the export's own
+worker thread one request at a time, behind a bounded count of admitted requests (429 past it)."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ class Served:
         self.name, self.exported, self.max_queue = name, exported, max_queue
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
         self.admitted = 0
+        # for /metrics: requests queued and running, changed by the loop and the worker
+        self.lock = threading.Lock()
+        self.waiting = self.running = 0
 
     async def run(self, work: Callable[[], T]) -> T:
         """`work` in the worker thread once the requests before it are done; 429 when the
@@ -52,9 +56,26 @@ class Served:
                            "retry later", None, "queue_full")
         loop = asyncio.get_running_loop()
         self.admitted += 1
-        future = self.worker.submit(work)
+        with self.lock:
+            self.waiting += 1
+
+        def job() -> T:
+            with self.lock:
+                self.waiting, self.running = self.waiting - 1, self.running + 1
+            try:
+                return work()
+            finally:
+                with self.lock:
+                    self.running -= 1
+
+        future = self.worker.submit(job)
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
         return await asyncio.wrap_future(future)
+
+    def gauges(self) -> tuple[int, int]:
+        """(queue length, batch size): one request runs at a time for now."""
+        with self.lock:
+            return self.waiting, self.running
 
     def _release(self) -> None:
         self.admitted -= 1
@@ -130,3 +151,12 @@ class Served:
         except ZooError as exc:
             raise ApiError(400, str(exc), "input", "invalid_value") from None
         return vectors.tolist(), tokens
+
+    def classify(self, texts: list[str]) -> tuple[list[dict[str, float]], int]:
+        """({label: probability}, most likely first, per text; prompt tokens), as
+        `zoo.load(OUT).classify` and `zoo run --text --json` compute them."""
+        try:
+            tokens = sum(len(ids) for ids in self.exported.tokens(texts, "input", whole=True))
+            return self.exported.classify(texts), tokens
+        except ZooError as exc:
+            raise ApiError(400, str(exc), "input", "invalid_value") from None

@@ -460,5 +460,6 @@ def test_batch_size_and_queue_length_while_requests_run(server: Server) -> None:
                   samples["zoo_queue_length", (("model", "chat"),)]))
     for thread in threads:
         thread.join()
-    assert all(batch in (0, 1) and 0 <= queue <= 2 for batch, queue in seen), seen
+    # a request waits from its admission until the worker takes it: all three may wait at once
+    assert all(batch in (0, 1) and 0 <= queue <= 3 - batch for batch, queue in seen), seen
     assert any(batch == 1 for batch, _ in seen), seen  # one runs at a time, for now

@@ -411,6 +411,7 @@ def test_metrics_move_by_exactly_the_requests_made(server: Server) -> None:
         "temperature": 0})[1]["usage"]
     elapsed = time.perf_counter() - start
     classified = server.request("/v1/classify", {"model": "embedder", "input": "w5 w6 w7"})
+    embedded = server.request("/v1/embeddings", {"model": "embedder", "input": ["w5", "w6 w7"]})
     assert server.request("/v1/completions", {"model": "gpt-9", "prompt": "w5"})[0] == 404
     assert server.request("/v1/classify", {"model": "embedder", "input": "w5"}, key=None)[0] \
         == 401
@@ -429,11 +430,13 @@ def test_metrics_move_by_exactly_the_requests_made(server: Server) -> None:
              if after[key] != before.get(key, 0)}
     expected = {requests("chat", "/v1/chat/completions", 200): 1,
                 requests("embedder", "/v1/classify", 200): 1,
+                requests("embedder", "/v1/embeddings", 200): 1,
                 requests("", "/v1/completions", 404): 1, requests("", "/v1/classify", 401): 1,
                 requests("", "other", 404): 1, requests("", "/metrics", 200): 1,  # the first
                 tokens("chat", "prompt"): chat["prompt_tokens"],
                 tokens("chat", "completion"): chat["completion_tokens"],
-                tokens("embedder", "prompt"): classified[1]["usage"]["prompt_tokens"],
+                tokens("embedder", "prompt"): classified[1]["usage"]["prompt_tokens"]
+                + embedded[1]["usage"]["prompt_tokens"],
                 ("zoo_time_to_first_token_seconds_count", (ttft,)): 1,
                 ("zoo_time_to_first_token_seconds_bucket", (("le", "+Inf"), ttft)): 1}
     ttft_sum = moved.pop(("zoo_time_to_first_token_seconds_sum", (ttft,)))

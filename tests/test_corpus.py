@@ -26,13 +26,18 @@ TEXTS = ["ROMEO: what light", "a", "Is this a dagger which I see before me, the 
          "to be", "O, été", "Friends, Romans, countrymen", "xy", "lend me your ears; I come"]
 
 
+def with_byte_tokenizer(export: Path, where: Path) -> Path:
+    """A copy of an export in `where`, given the byte tokenizer its card's vocabulary is."""
+    copy = where / "export"
+    shutil.copytree(export, copy)
+    (copy / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
+    return copy
+
+
 @pytest.fixture(scope="module")
 def folder(classifier_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shared classifier export with the byte tokenizer its card's vocabulary is."""
-    copy = tmp_path_factory.mktemp("corpus") / "export"
-    shutil.copytree(classifier_export, copy)
-    (copy / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
-    return copy
+    return with_byte_tokenizer(classifier_export, tmp_path_factory.mktemp("corpus"))
 
 
 def lines_file(path: Path, texts: list[str]) -> Path:

@@ -22,9 +22,10 @@ import export.bench.run
 import export.commands.corpus
 import export.inspect.attention
 from runtime.files.texts import read_texts
-from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from runtime.files.tokenizer import BYTE_TOKENIZER
 from tests.conftest import ON_CLASSIFIER
 from tests.helpers import assert_error_after_progress, assert_one_line_error, zoo
+from tests.test_corpus import lines_file, with_byte_tokenizer
 from zoo import load
 
 pytestmark = ON_CLASSIFIER  # the worker that makes classifier_export once
@@ -37,15 +38,7 @@ LOCKED = "another zoo run is writing it"
 @pytest.fixture(scope="module")
 def folder(classifier_export: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shared classifier export (it has a sentence vector) with a byte tokenizer."""
-    copy = tmp_path_factory.mktemp("hostile-data") / "export"
-    shutil.copytree(classifier_export, copy)
-    (copy / BYTE_TOKENIZER).write_text(ByteTokenizer().to_json())
-    return copy
-
-
-def lines_file(path: Path, texts: list[str]) -> Path:
-    path.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
-    return path
+    return with_byte_tokenizer(classifier_export, tmp_path_factory.mktemp("hostile-data"))
 
 
 def python(code: str, *args: str | Path, **kwargs: object) -> subprocess.Popen:

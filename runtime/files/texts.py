@@ -25,16 +25,23 @@ class TextRow:
     line: int  # in its file, for errors
 
 
-def text_lines(path: Path, expected: str) -> list[str]:
-    """The file's lines (split at "\n" only, as line numbers count them), refusing a missing
-    file, text that is not UTF-8 (with its line) and no rows; `expected` says what rows the
-    command wanted."""
+def file_text(path: Path, empty_note: str = "") -> str:
+    """A data file's whole text, refusing a missing file, text that is not UTF-8 (with its
+    line) and a file with nothing in it (`empty_note` says what was wanted)."""
     where = display_path(path)
     if not path.is_file():
         raise ZooError(f"{where}: no such data file")
     text = decoded(path.read_bytes(), where)
     if not text.strip():
-        raise ZooError(f"{where}: data file is empty (expected {expected})")
+        raise ZooError(f"{where}: data file is empty{empty_note}")
+    return text
+
+
+def text_lines(path: Path, expected: str) -> list[str]:
+    """The file's lines (split at "\n" only, as line numbers count them), refusing a missing
+    file, text that is not UTF-8 (with its line) and no rows; `expected` says what rows the
+    command wanted."""
+    text = file_text(path, f" (expected {expected})")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()  # the newline that ends the last line
@@ -191,11 +198,7 @@ def read_labels(path: Path, column: str) -> list[TextRow]:
 def read_token_ids(path: Path, tokenizer: Tokenizer, min_tokens: int) -> list[int]:
     """The whole file as token ids, refusing files that cannot make one batch."""
     where = display_path(path)
-    if not path.is_file():
-        raise ZooError(f"{where}: no such data file")
-    text = decoded(path.read_bytes(), where)
-    if not text.strip():
-        raise ZooError(f"{where}: data file is empty")
+    text = file_text(path)
     ids = tokenizer.encode(text)
     if len(ids) < min_tokens:
         raise ZooError(f"{where}: {len(ids)} tokens is shorter than one batch "

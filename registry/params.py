@@ -29,11 +29,14 @@ def norm_params(card: dict[str, Any]) -> int:
     return {"layernorm": 2 * d, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
 
 
+GATED = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
+
+
 def ffn_params(card: dict[str, Any]) -> int:
     d, f, bias = card["d_model"], card["d_ff"], effective_bias(card, "mlp_bias")
     if card["activation"] in ("relu", "gelu", "gelu_tanh", "silu"):
         return 2 * d * f + (f + d if bias else 0)
-    if card["activation"] == "swiglu":
+    if card["activation"] in GATED:
         return 3 * d * f + (2 * f + d if bias else 0)
     return _plugin_count("activation", card)
 

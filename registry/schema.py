@@ -78,6 +78,15 @@ FIELDS: dict[str, Field] = {
                           "beta_slow, attention_factor, mscale, mscale_all_dim, truncate} "
                           "(null: none)",
                           nullable=True),
+    "attention_pattern": Field(str, "G", "each layer's attention, the pattern cycled over the "
+                               "layers: G global, L local (a sliding window); LLLLLG is Gemma "
+                               "3's, LG Gemma 2's, GLL ModernBERT's"),
+    "sliding_window": Field(int, None, "local layers' window: a causal query sees itself and the "
+                            "sliding_window - 1 tokens before it; a bidirectional one "
+                            "sliding_window // 2 on either side (null: no local layers)",
+                            minimum=1, maximum=MAX_POSITIONS, nullable=True),
+    "rope_theta_local": Field(float, None, "rotary base of the local layers (null: rope_theta)",
+                              minimum=0.0, exclusive_minimum=True, nullable=True),
     "tie_embeddings": Field(bool, True, "output head (and enc-dec source/target) share embeddings"),
     "scale_embeddings": Field(bool, False, "multiply token embeddings by sqrt(d_model)"),
     "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
@@ -281,6 +290,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
                         f"got a head size of {attention_sizes(card).head_dim}")
     if card["rope_scaling"] is not None:
         _check_rope_scaling(card, where)
+    _check_local_attention(card, where)
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
@@ -300,6 +310,28 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["family"] == "encoder-decoder" and card["bos_token_id"] is None:
         raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
                         "(the decoder's start token)")
+
+
+def _check_local_attention(card: dict[str, Any], where: str) -> None:
+    """attention_pattern, sliding_window and rope_theta_local (zoo/blocks/windows.py)."""
+    pattern = card["attention_pattern"]
+    if not pattern or set(pattern) - {"G", "L"}:
+        raise CardError(f"{where}: attention_pattern={pattern!r} should be letters G (global) "
+                        "and L (local), e.g. LLLLLG")
+    local = "L" in pattern[:card["n_layers"]]
+    if local and card["family"] == "encoder-decoder":
+        raise CardError(f"{where}: attention_pattern with local layers (L) applies only to "
+                        "families encoder and decoder")
+    if local and card["sliding_window"] is None:
+        raise CardError(f"{where}: attention_pattern={pattern!r} has local layers (L) and "
+                        "needs sliding_window")
+    for name in ("sliding_window", "rope_theta_local"):
+        if card[name] is not None and not local:
+            raise CardError(f"{where}: {name} applies only to local layers (an L in "
+                            f"attention_pattern, now {pattern!r})")
+    if card["rope_theta_local"] is not None and card["position"] != "rotary":
+        raise CardError(f"{where}: rope_theta_local applies only to position rotary, not "
+                        f"{card['position']}")
 
 
 def _check_sequence_heads(card: dict[str, Any], where: str) -> None:

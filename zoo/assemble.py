@@ -14,6 +14,7 @@ from zoo.blocks.classes import build_block
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
 from zoo.blocks.layer import Layer
+from zoo.blocks.windows import LocalAttention
 from zoo.models.decoder import Decoder
 from zoo.models.encoder import Encoder
 from zoo.models.encoder_decoder import EncoderDecoder
@@ -61,12 +62,13 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
     if family == "decoder":  # with a pooling: a sequence model, its heads instead of the LM's
         sequence = {spec.name: spec.build(card, parts) for spec in sequence_heads(card)}
         return Decoder(parts.embeddings(parts.position()), parts.layers(), parts.final_norm(),
-                       None if sequence else parts.lm_head(), sequence)
+                       None if sequence else parts.lm_head(), sequence,
+                       LocalAttention.from_card(card))
     if family == "encoder":
         embeddings, layers, final_norm = (parts.embeddings(parts.position()), parts.layers(),
                                           parts.final_norm())
         heads = {spec.name: spec.build(card, parts) for spec in encoder_heads(card)}
-        return Encoder(embeddings, layers, final_norm, heads)
+        return Encoder(embeddings, layers, final_norm, heads, LocalAttention.from_card(card))
     position = parts.position()  # shared by both stacks: a function of position only
     target = target_vocab_size(card)
     # One matrix for source, target and output, unless untied or the vocabularies differ

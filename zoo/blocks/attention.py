@@ -26,6 +26,7 @@ KeyValue = tuple[torch.Tensor, torch.Tensor]
 def build_mask(
     key_padding: torch.Tensor | None, query_length: int, key_length: int, causal: bool,
     device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """Additive mask (B|1, 1, T, S): 0 where a query may attend a key, the dtype's lowest
     value where it may not. Built once per forward and added to every layer's scores: one Add
@@ -35,12 +36,21 @@ def build_mask(
     the S positions (the first S - T are the cache), so query i sees keys j <= S - T + i.
     A large finite value, not -inf: a row with every key masked (a padding query) becomes
     uniform instead of NaN.
+
+    `window` (a local layer's, zoo/blocks/windows.py): causal, query i sees keys j with
+    i - window < j <= i; otherwise keys with |i - j| <= window // 2. Padding is contiguous at
+    one end, so distances between real tokens are distances between their indices.
     """
     allowed = None
-    if causal:
+    if causal or window is not None:
         query_positions = torch.arange(query_length, device=device) + (key_length - query_length)
         key_positions = torch.arange(key_length, device=device)
+    if causal:
         allowed = (key_positions[None, :] <= query_positions[:, None])[None, None]  # (1,1,T,S)
+    if window is not None:
+        distance = query_positions[:, None] - key_positions[None, :]
+        near = distance < window if causal else distance.abs() <= window // 2
+        allowed = near[None, None] if allowed is None else allowed & near[None, None]
     if key_padding is not None:
         padding = key_padding.bool()[:, None, None, :]  # (B, 1, 1, S)
         allowed = padding if allowed is None else allowed & padding

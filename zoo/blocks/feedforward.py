@@ -79,8 +79,10 @@ class SiluFeedForward(FeedForward):
     activation = staticmethod(F.silu)
 
 
-class SwiGLUFeedForward(CardFeedForward, nn.Module):
-    """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x))."""
+class GatedFeedForward(CardFeedForward, nn.Module):
+    """A gated linear unit (Shazeer 2020): down(activation(gate(x)) * up(x))."""
+
+    gate_activation: staticmethod
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, bias: bool) -> None:
         super().__init__()
@@ -90,7 +92,26 @@ class SwiGLUFeedForward(CardFeedForward, nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.dropout(F.silu(self.gate(x)) * self.up(x)))
+        return self.down(self.dropout(self.gate_activation(self.gate(x)) * self.up(x)))
+
+
+class SwiGLUFeedForward(GatedFeedForward):
+    """SwiGLU: the gate through SiLU, as Llama."""
+
+    gate_activation = staticmethod(F.silu)
+
+
+class GeGLUFeedForward(GatedFeedForward):
+    """GeGLU: the gate through exact (erf) GELU, as ModernBERT."""
+
+    gate_activation = staticmethod(gelu_erf)
+
+
+class GeGLUTanhFeedForward(GatedFeedForward):
+    """GeGLU with GELU's tanh approximation, as Gemma and T5 v1.1 (gelu_pytorch_tanh,
+    gelu_new)."""
+
+    gate_activation = staticmethod(gelu_tanh)
 
 
 FEED_FORWARDS: dict[str, type[nn.Module]] = {
@@ -99,4 +120,6 @@ FEED_FORWARDS: dict[str, type[nn.Module]] = {
     "gelu_tanh": GeluTanhFeedForward,
     "silu": SiluFeedForward,
     "swiglu": SwiGLUFeedForward,
+    "geglu": GeGLUFeedForward,
+    "geglu_tanh": GeGLUTanhFeedForward,
 }

@@ -12,6 +12,7 @@ from torch import nn
 from zoo.blocks.attention import Attention, KeyValue
 from zoo.blocks.classes import build_block
 from zoo.blocks.positions import Rotary
+from zoo.blocks.windows import layer_is_local
 
 
 class Layer(nn.Module):
@@ -23,8 +24,10 @@ class Layer(nn.Module):
         dropout: float,
         pre_norm: bool,
         cross_attention: Attention | None = None,
+        local: bool = False,
     ) -> None:
         super().__init__()
+        self.local = local  # attends within the sliding window (zoo/blocks/windows.py)
         self.self_attention = self_attention
         self.cross_attention = cross_attention
         self.feed_forward = feed_forward
@@ -32,7 +35,7 @@ class Layer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
-    reads = ("dropout", "norm_placement")  # and what its blocks read
+    reads = ("dropout", "norm_placement", "attention_pattern")  # and what its blocks read
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int, cross: bool = False) -> Layer:
@@ -44,6 +47,7 @@ class Layer(nn.Module):
             dropout=card["dropout"],
             pre_norm=card["norm_placement"] == "pre",
             cross_attention=Attention.from_card(card, layer) if cross else None,
+            local=layer_is_local(card, layer),
         )
 
     def _residual(self, index: int, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:

@@ -13,6 +13,7 @@ from zoo.blocks.attention import KeyValue, build_mask, padded_positions, with_po
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead
 from zoo.blocks.layer import Layer
+from zoo.blocks.windows import LocalAttention
 from zoo.models.sequence import run_sequence
 
 
@@ -24,9 +25,11 @@ class Decoder(nn.Module):
         final_norm: nn.Module | None,
         head: LMHead | None,
         heads: dict[str, nn.Module] | None = None,
+        local_attention: LocalAttention | None = None,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
+        self.local_attention = local_attention  # the local layers' window, if it has any
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         self.head = head
@@ -61,10 +64,16 @@ class Decoder(nn.Module):
                           device=input_ids.device, dtype=x.dtype)  # once, added in every layer
         mask = with_position_bias(self.embeddings.position, mask, length, past_length + length)
         rotary = self.embeddings.position.rotary(position_ids)
+        contexts = {False: (mask, rotary)}
+        if self.local_attention is not None:
+            contexts[True] = self.local_attention.context(
+                self.embeddings.position, attention_mask, length, past_length + length, True,
+                position_ids, rotary, x.dtype)
         presents = []
         for index, layer in enumerate(self.layers):
             past = past_key_values[index] if past_key_values else None
-            x, present = layer(x, mask, past=past, rotary=rotary)
+            layer_mask, layer_rotary = contexts[layer.local]
+            x, present = layer(x, layer_mask, past=past, rotary=layer_rotary)
             presents.append(present)
         if self.final_norm is not None:
             x = self.final_norm(x)

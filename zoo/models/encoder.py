@@ -8,6 +8,7 @@ from torch import nn
 
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.layer import Layer
+from zoo.blocks.windows import LocalAttention
 from zoo.models.sequence import run_sequence
 
 
@@ -18,9 +19,11 @@ class Encoder(nn.Module):
         layers: list[Layer],
         final_norm: nn.Module | None,
         heads: dict[str, nn.Module],
+        local_attention: LocalAttention | None = None,
     ) -> None:
         super().__init__()
         self.embeddings = embeddings
+        self.local_attention = local_attention  # the local layers' window, if it has any
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
         for name, head in heads.items():  # by name, so weights keep their names (pooler.*)

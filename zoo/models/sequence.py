@@ -22,8 +22,14 @@ def run_sequence(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
                       dtype=x.dtype)  # once per forward, added in every layer
     mask = with_position_bias(model.embeddings.position, mask, length, length)
     rotary = model.embeddings.position.rotary(position_ids)
+    contexts = {False: (mask, rotary)}
+    local = getattr(model, "local_attention", None)
+    if local is not None:
+        contexts[True] = local.context(model.embeddings.position, attention_mask, length,
+                                       length, causal, position_ids, rotary, x.dtype)
     for layer in model.layers:
-        x, _ = layer(x, mask, rotary=rotary)
+        layer_mask, layer_rotary = contexts[layer.local]
+        x, _ = layer(x, layer_mask, rotary=layer_rotary)
     if model.final_norm is not None:
         x = model.final_norm(x)
     return run_heads(model, model.head_names, x,

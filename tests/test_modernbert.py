@@ -174,3 +174,86 @@ def test_hub_style_config_reads_every_third_layer_global(sources: dict, tmp_path
     _, built = load_built(tmp_path / "out")
     assert (built["attention_pattern"], built["rope_theta"], built["rope_theta_local"]) == (
         "GL", 7.0, 3.0)
+
+
+def test_sentence_transformers_folder_on_modernbert(sources: dict, tmp_path: Path) -> None:
+    """modules.json over a ModernBertModel body with mean pooling and Normalize: the vector is
+    sentence-transformers' formula on transformers' hidden states."""
+    import shutil
+
+    folder, reference = sources["model"]
+    root = tmp_path / "st"
+    shutil.copytree(folder, root)
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize"}]
+    (root / "modules.json").write_text(json.dumps(modules))
+    (root / "1_Pooling").mkdir()
+    (root / "2_Normalize").mkdir()
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}))
+    from zoo.files.importers import import_checkpoint
+
+    import_checkpoint(root, tmp_path / "out")
+    model, _ = load_built(tmp_path / "out")
+    ids, mask = _padded_batch()
+    with torch.no_grad():
+        ours = model(ids, mask)["sentence_embedding"]
+        hidden = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+    weights = mask.unsqueeze(-1).float()
+    expected = torch.nn.functional.normalize((hidden * weights).sum(1) / weights.sum(1), dim=-1)
+    torch.testing.assert_close(ours, expected, atol=ATOL, rtol=0)
+
+
+def test_local_layers_attend_within_the_window() -> None:
+    """What `zoo attention` draws: a local layer's maps are zero beyond window // 2 either
+    side, a global layer's are not."""
+    from zoo.blocks.attention import recorded_attentions
+
+    tiny = card("modernbert-tiny")
+    model = build_model(tiny)
+    ids = torch.randint(3, 250, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), recorded_attentions(model.attention_groups()) as maps:
+        model(ids)
+    distance = (torch.arange(40)[:, None] - torch.arange(40)[None, :]).abs()
+    beyond = distance > tiny["sliding_window"] // 2
+    layers = [calls[0][0] for calls in maps["attentions"]]  # (heads, T, T) each
+    assert layers[0][:, beyond].abs().max() > 0  # layer 0: global
+    for local in layers[1:]:
+        assert local[:, beyond].abs().max() == 0
+
+
+def test_mlm_trains_modernbert_tiny(tmp_path: Path) -> None:
+    import numpy as np
+
+    from zoo.training.train import TrainOptions, train
+
+    tiny = card("modernbert-tiny")
+    result = train(build_model(tiny), tiny, TrainOptions(
+        task="mlm", out=tmp_path / "mlm", steps=40, batch_size=8, block_size=48, lr=3e-3,
+        checkpoint_every=40, seed=3))
+    assert np.mean(result["losses"][-5:]) < np.mean(result["losses"][:5]) - 0.5
+
+
+def test_imported_modernbert_becomes_a_classifier(imported: dict, tmp_path: Path) -> None:
+    """Fine-tuning an import: the body kept tensor for tensor, the MLM head dropped, and
+    ModernBERT's classifier head (dense, norm, linear) new."""
+    from zoo.training.classify import prepare_classifier
+
+    rows = [{"text": text, "label": label} for text, label in
+            (("aa", "x"), ("bb", "y"), ("ab", "x"), ("ba", "y"))]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    source, source_card = load_built(imported["mlm"])
+    theirs = {name: tensor.clone() for name, tensor in source.state_dict().items()}
+    model, new_card, record = prepare_classifier(source, source_card, data, 1, "mlm")
+    assert (new_card["num_labels"], new_card["pooling"]) == (2, "cls")
+    assert sorted(record["initialised"]) == [
+        "classifier.linear.bias", "classifier.linear.weight", "classifier.norm.weight",
+        "classifier.transform.weight"]
+    assert all(name.startswith("mlm_head.") for name in record["dropped"])
+    ours = model.state_dict()
+    assert record["kept"] and all(torch.equal(ours[n], theirs[n]) for n in record["kept"])

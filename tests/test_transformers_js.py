@@ -80,7 +80,7 @@ def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, dtype: str | Non
 
 
 @pytest.mark.parametrize("key, dtype", [("embedder", None), ("embedder-q8", "q8"),
-                                        ("embedder-q8", None)])
+                                        ("embedder-q8", None), ("modernbert-embedder", None)])
 def test_feature_extraction_gives_the_sentence_embedding(key: str, dtype: str | None,
                                                          exports: Lazy) -> None:
     expected = np.vstack(alone(load(exports[key]).embed))
@@ -92,7 +92,8 @@ def test_feature_extraction_gives_the_sentence_embedding(key: str, dtype: str | 
 
 
 @pytest.mark.parametrize("key, dtype", [("classifier", None), ("pooler-classifier", None),
-                                        ("classifier-q8", "q8")])
+                                        ("classifier-q8", "q8"), ("modernbert-classifier", None),
+                                        ("modernbert-classifier-q8", "q8")])
 def test_text_classification_gives_zoo_runs_labels(key: str, dtype: str | None,
                                                    exports: Lazy) -> None:
     expected = [row for rows in alone(load(exports[key]).classify) for row in rows]

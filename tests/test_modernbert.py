@@ -257,3 +257,24 @@ def test_imported_modernbert_becomes_a_classifier(imported: dict, tmp_path: Path
     assert all(name.startswith("mlm_head.") for name in record["dropped"])
     ours = model.state_dict()
     assert record["kept"] and all(torch.equal(ours[n], theirs[n]) for n in record["kept"])
+
+
+@pytest.mark.parametrize(("overrides", "architecture"), [
+    ({}, "ModernBertForMaskedLM"),
+    ({"mlm_head": False, "pooling": "mean", "num_labels": 2},
+     "ModernBertForSequenceClassification"),
+])
+def test_config_json_is_transformers_modernbert(overrides: dict, architecture: str) -> None:
+    """The config.json an export carries, read by transformers' own ModernBertConfig."""
+    from zoo.files.hf_config import hf_config
+
+    tiny = card("modernbert-tiny", **overrides)
+    written = hf_config(tiny).config
+    assert written["architectures"] == [architecture]
+    config = transformers.ModernBertConfig(**written)
+    assert config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    assert config.sliding_window == tiny["sliding_window"] // 2  # transformers' half window
+    assert config.rope_parameters["full_attention"]["rope_theta"] == tiny["rope_theta"]
+    assert config.rope_parameters["sliding_attention"]["rope_theta"] == tiny["rope_theta_local"]
+    assert not config.norm_bias and config.hidden_activation == "gelu"
+    assert config.classifier_pooling == tiny["pooling"] or not tiny["num_labels"]

@@ -20,7 +20,7 @@ from registry.families import spec_of
 from registry.layouts import LayoutMap, known_maps
 from registry.schema import FIELDS, effective_bias
 from registry.sizes import attention_sizes
-from zoo.files.importers import LAYER_TYPES, card_fields, make_card
+from zoo.files.importers import EVERY_N, LAYER_TYPES, card_fields, make_card
 
 # Card fields that are not the computation: the names, training settings, token ids (written,
 # but filled by the importer from its own fallbacks) and the sentence heads, checked apart.
@@ -30,7 +30,6 @@ NOT_ARCHITECTURE = {"family", "description", "dropout", "pad_token_id", "bos_tok
 STANDARD_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 WHERE = "config.json (written from the card)"
 POOLING_KEY_VALUES = ("cls", "mean")  # what a map's classifier pooling_key may say
-EVERY_N = "global_attn_every_n_layers"  # ModernBERT's pattern before layer_types
 
 
 @dataclass

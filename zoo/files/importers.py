@@ -166,6 +166,7 @@ def _rope_scaling(key: str, value: Any, where: str) -> Any:
 
 # transformers' layer_types -> the letters of the card's attention_pattern
 LAYER_TYPES = {"full_attention": "G", "sliding_attention": "L"}
+EVERY_N = "global_attn_every_n_layers"  # ModernBERT's pattern before layer_types: G, then L's
 
 
 def shortest_period(letters: str) -> str:
@@ -184,7 +185,7 @@ def _attention_pattern(key: str, value: Any, where: str) -> Any:
             raise CheckpointError(f"{where}: {key} has {', '.join(unknown) or 'no layers'} "
                                   f"(the zoo computes {', '.join(LAYER_TYPES)})")
         return shortest_period("".join(LAYER_TYPES[kind] for kind in value))
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if key == EVERY_N and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return "G" + "L" * (value - 1)
     return value  # the card's validation names it
 

@@ -28,9 +28,8 @@ MODELS = {
                                  "labels": ["low", "mid", "high"]}),
     "pooler-classifier": ("bert-tiny", {"pooling": "pooler", "num_labels": 2,
                                         "mlm_head": False}),
-    # ModernBERT (issue #35): ModernBertForMaskedLM, a mean-pooled embedder and
-    # ModernBertForSequenceClassification (its classifier_pooling: mean)
-    "modernbert-mlm": ("modernbert-tiny", {}),
+    # ModernBERT (issue #35): a mean-pooled embedder that keeps its MLM head (config.json:
+    # ModernBertForMaskedLM) and ModernBertForSequenceClassification (classifier_pooling mean)
     "modernbert-embedder": ("modernbert-tiny", {"pooling": "mean", "normalize": True}),
     "modernbert-classifier": ("modernbert-tiny", {"pooling": "mean", "num_labels": 3,
                                                   "mlm_head": False,

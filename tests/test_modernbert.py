@@ -278,3 +278,16 @@ def test_config_json_is_transformers_modernbert(overrides: dict, architecture: s
     assert config.rope_parameters["sliding_attention"]["rope_theta"] == tiny["rope_theta_local"]
     assert not config.norm_bias and config.hidden_activation == "gelu"
     assert config.classifier_pooling == tiny["pooling"] or not tiny["num_labels"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"norm": "rmsnorm", "norm_bias": False}, "norm_bias=false applies only to norm layernorm"),
+    ({"first_attention_norm": False}, "first_attention_norm=false applies only to "
+                                      "norm_placement pre"),
+])
+def test_norm_options_are_refused_where_they_mean_nothing(overrides: dict, message: str
+                                                          ) -> None:
+    from registry.errors import CardError
+
+    with pytest.raises(CardError, match=message):
+        card("bert-tiny", **overrides)  # bert-tiny: post-norm

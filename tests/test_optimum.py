@@ -42,7 +42,7 @@ GENERATORS = ("gpt", "llama", "gpt-q4")
 CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8", "modernbert-classifier",
                "modernbert-classifier-q8")
 EMBEDDERS = ("embedder", "embedder-q8", "modernbert-embedder")
-MASKED = ("modernbert-mlm",)
+MASKED = ("modernbert-embedder",)  # its MLM head's logits beside the sentence vector
 TRANSLATORS = (TRANSLATOR, "translator-int8")
 pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
 

@@ -31,6 +31,7 @@ UNDO_SHAPES = {
     "transpose": lambda shapes: [shape[::-1] for shape in shapes],
     "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
     "row": lambda shapes: [(1, *shape) for shape in shapes],  # (1, n) -> (n,)
+    "split_halves": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
 }
 
 
@@ -223,6 +224,12 @@ class LayoutMap:
             if found:
                 return rule, found.groupdict()
         return None
+
+    def matches(self, name: str) -> list[tuple[Rule, dict[str, str]]]:
+        """Every rule for source `name`, in the map's order (ModernBERT's `head.dense` is the
+        MLM head's or the classifier's, whichever the model has)."""
+        return [(rule, found.groupdict()) for rule in self.rules
+                if (found := rule.pattern.fullmatch(name))]
 
     def source_of(self, target: str) -> str:
         """The source tensor name that would fill zoo tensor `target`, for error messages."""

@@ -26,7 +26,8 @@ def _plugin_count(kind: str, card: dict[str, Any]) -> int:
 
 def norm_params(card: dict[str, Any]) -> int:
     d = card["d_model"]
-    return {"layernorm": 2 * d, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
+    layernorm = 2 * d if card.get("norm_bias", True) else d
+    return {"layernorm": layernorm, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
 
 
 GATED = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
@@ -77,13 +78,14 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         embeddings += target * d  # a separate target embedding
     parts["embeddings"] = embeddings
 
+    first = 0 if card.get("first_attention_norm", True) else norm  # ModernBERT's layer 0: none
     if family == "encoder":
-        parts["encoder layers"] = n * encoder_layer
+        parts["encoder layers"] = n * encoder_layer - first
     elif family == "decoder":
-        parts["decoder layers"] = n * encoder_layer  # causal self-attention + feed-forward
+        parts["decoder layers"] = n * encoder_layer - first  # causal self-attention + FFN
     else:
-        parts["encoder layers"] = n * encoder_layer
-        parts["decoder layers"] = n * (encoder_layer + attention_params(card) + norm)
+        parts["encoder layers"] = n * encoder_layer - first
+        parts["decoder layers"] = n * (encoder_layer + attention_params(card) + norm) - first
     stacks = 2 if family == "encoder-decoder" else 1
     parts["final norm"] = stacks * norm if card["final_norm"] else 0
 
@@ -92,8 +94,11 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         heads += d * d + d
     if card["mlm_head"]:
         heads += d * d + d + norm + vocab  # transform, norm, output bias
+        heads -= 0 if card.get("head_bias", True) else d
     if card["num_labels"]:
         heads += d * card["num_labels"] + card["num_labels"]  # the classifier's linear
+    if card["num_labels"] and card.get("classifier_transform"):  # ModernBERT's dense and norm
+        heads += d * d + (d if card.get("head_bias", True) else 0) + norm
     # A decoder with a pooling is a sequence model: no LM head (zoo/assemble.py).
     has_output = (family == "encoder-decoder" or card["mlm_head"]
                   or (family == "decoder" and card["pooling"] is None))

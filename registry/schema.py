@@ -116,6 +116,13 @@ FIELDS: dict[str, Field] = {
     "num_labels": Field(int, 0, "classifier classes on the sentence vector (0 = none)",
                         minimum=0, maximum=MAX_LABELS),
     "labels": Field(list, None, "the classes' names, in id order (optional)", nullable=True),
+    "norm_bias": Field(bool, True, "a bias in each layernorm (ModernBERT's have none)"),
+    "first_attention_norm": Field(bool, True, "pre-norm: a norm before the first layer's "
+                                  "attention (ModernBERT has none: its embedding norm just ran)"),
+    "head_bias": Field(bool, True, "a bias on the dense transform of the MLM head and of the "
+                       "classifier's (ModernBERT's classifier_bias)"),
+    "classifier_transform": Field(bool, False, "the classifier reads the sentence vector through "
+                                  "dense, GELU and norm (ModernBertForSequenceClassification)"),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
 
@@ -291,6 +298,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["rope_scaling"] is not None:
         _check_rope_scaling(card, where)
     _check_local_attention(card, where)
+    _check_norm_options(card, where)
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
@@ -332,6 +340,16 @@ def _check_local_attention(card: dict[str, Any], where: str) -> None:
     if card["rope_theta_local"] is not None and card["position"] != "rotary":
         raise CardError(f"{where}: rope_theta_local applies only to position rotary, not "
                         f"{card['position']}")
+
+
+def _check_norm_options(card: dict[str, Any], where: str) -> None:
+    """norm_bias and first_attention_norm (ModernBERT's norms)."""
+    if not card["norm_bias"] and card["norm"] != "layernorm":
+        raise CardError(f"{where}: norm_bias=false applies only to norm layernorm, not "
+                        f"{card['norm']}")
+    if not card["first_attention_norm"] and card["norm_placement"] != "pre":
+        raise CardError(f"{where}: first_attention_norm=false applies only to "
+                        "norm_placement pre")
 
 
 def _check_sequence_heads(card: dict[str, Any], where: str) -> None:

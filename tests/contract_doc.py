@@ -38,7 +38,9 @@ def _sections(text: str) -> dict[tuple[str, str], list[str]]:
         elif family and re.match(r"^`[\w./]+\.onnx`", line):
             file = NAME.match(line).group(1)
         elif family and file and line.startswith(("| `", "| → `")):
-            tables.setdefault((family, file), []).append(line.split("|")[1].strip())
+            condition = CONDITION.search(line)  # in the meaning column: kept with the name
+            tables.setdefault((family, file), []).append(
+                line.split("|")[1].strip() + (f" {condition.group(0)}" if condition else ""))
     return tables
 
 

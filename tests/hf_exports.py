@@ -28,6 +28,12 @@ MODELS = {
                                  "labels": ["low", "mid", "high"]}),
     "pooler-classifier": ("bert-tiny", {"pooling": "pooler", "num_labels": 2,
                                         "mlm_head": False}),
+    # ModernBERT (issue #35): a mean-pooled embedder that keeps its MLM head (config.json:
+    # ModernBertForMaskedLM) and ModernBertForSequenceClassification (classifier_pooling mean)
+    "modernbert-embedder": ("modernbert-tiny", {"pooling": "mean", "normalize": True}),
+    "modernbert-classifier": ("modernbert-tiny", {"pooling": "mean", "num_labels": 3,
+                                                  "mlm_head": False,
+                                                  "labels": ["low", "mid", "high"]}),
 }
 TRANSLATOR = "translator"  # the MarianMT import
 # name: (a key of MODELS or TRANSLATOR, --quantize): the same built model exported quantized,
@@ -40,6 +46,7 @@ QUANTIZED = {
     "embedder-q8": ("embedder", "int8-dynamic"),
     "classifier-q8": ("classifier", "int8-dynamic"),
     "translator-int8": (TRANSLATOR, "int8"),
+    "modernbert-classifier-q8": ("modernbert-classifier", "int8-dynamic"),
 }
 KEYS = (*MODELS, TRANSLATOR, *QUANTIZED)
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]

@@ -19,10 +19,12 @@ from tests.helpers import assert_one_line_error, zoo
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "llama-tiny",
+           "modernbert-base", "modernbert-large", "modernbert-tiny",
            "qwen2.5-0.5b", "qwen3-0.6b", "smollm2-135m",
            "transformer-base", "transformer-big", "transformer-tiny"]
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
+    "modernbert-base": "encoder", "modernbert-large": "encoder", "modernbert-tiny": "encoder",
     "gpt-tiny": "decoder", "gpt2-small": "decoder", "llama-tiny": "decoder",
     "llama-3.2-1b": "decoder", "qwen2.5-0.5b": "decoder", "qwen3-0.6b": "decoder",
     "smollm2-135m": "decoder",
@@ -347,6 +349,7 @@ def test_list_shows_every_shipped_card() -> None:
     assert rows["gpt-tiny"][1] == "124.9K"
     assert rows["gpt2-small"][1] == "124.4M"  # GPT-2 small: 124,439,808
     assert rows["bert-base"][1] == "110.1M"
+    assert rows["modernbert-base"][1] == "149.7M"  # ModernBertForMaskedLM: 149,655,232
 
 
 def test_list_pattern() -> None:

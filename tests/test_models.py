@@ -53,7 +53,7 @@ def test_forward_shapes_no_nan_and_backward_reaches_every_parameter(name: str) -
     if tiny.family == "encoder":
         out = model(ids, torch.ones_like(ids), torch.zeros_like(ids))
         assert out["last_hidden_state"].shape == (2, 7, tiny["d_model"])
-        assert out["pooler_output"].shape == (2, tiny["d_model"])
+        assert not tiny["pooler"] or out["pooler_output"].shape == (2, tiny["d_model"])
         assert out["logits"].shape == (2, 7, tiny["vocab_size"])
         loss = sum(t.sum() for t in out.values())
     else:
@@ -97,7 +97,9 @@ def test_extra_padding_leaves_unpadded_outputs_unchanged(name: str) -> None:
         left = model(padded.roll(5, dims=1), mask.roll(5, dims=1))
     torch.testing.assert_close(extra["last_hidden_state"][:, :6], plain["last_hidden_state"],
                                atol=1e-5, rtol=0)
-    torch.testing.assert_close(extra["pooler_output"], plain["pooler_output"], atol=1e-5, rtol=0)
+    if tiny["pooler"]:  # BERT's; ModernBERT has none
+        torch.testing.assert_close(extra["pooler_output"], plain["pooler_output"], atol=1e-5,
+                                   rtol=0)
     torch.testing.assert_close(left["last_hidden_state"][:, 5:], plain["last_hidden_state"],
                                atol=1e-5, rtol=0)
 

@@ -1,9 +1,10 @@
 """Optimum's ORTModelForCausalLM / ORTModelForFeatureExtraction / ORTModelForSequenceClassification
-and sentence-transformers (`backend="onnx"`) load fresh `zoo export` folders as they are and
-agree with `zoo run` on them: the same greedy tokens, hidden states and sentence vectors within
-1e-4, the same labels and probabilities within 1e-4; ORTModelForSeq2SeqLM (and
-`pipeline("translation")`) on a translation model (a MarianMT import): the same source ids
-(MarianTokenizer on its sentencepiece files), greedy tokens and text. Quantized exports too,
+/ ORTModelForMaskedLM (ModernBERT's) and sentence-transformers (`backend="onnx"`) load fresh
+`zoo export` folders as they are and agree with `zoo run` on them: the same greedy tokens,
+hidden states, MLM logits and sentence vectors within 1e-4, the same labels and probabilities
+within 1e-4; ORTModelForSeq2SeqLM (and `pipeline("translation")`) on a translation model (a
+MarianMT import): the same source ids (MarianTokenizer on its sentencepiece files), greedy
+tokens and text. Quantized exports too,
 whose client graphs are stored under transformers.js's dtype names (onnx/model_q4.onnx,
 model_quantized.onnx, encoder_model_int8.onnx): Optimum takes the folder's one ONNX file (a
 translation model's: the one encoder and merged decoder under onnx/),
@@ -38,8 +39,10 @@ RUNNER = ROOT / "examples" / "optimum" / "run.py"
 PYTHON = ROOT / "examples" / "optimum" / ".venv" / "bin" / "python"
 STEPS = 24
 GENERATORS = ("gpt", "llama", "gpt-q4")
-CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8")
-EMBEDDERS = ("embedder", "embedder-q8")
+CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8", "modernbert-classifier",
+               "modernbert-classifier-q8")
+EMBEDDERS = ("embedder", "embedder-q8", "modernbert-embedder")
+MASKED = ("modernbert-embedder",)  # its MLM head's logits beside the sentence vector
 TRANSLATORS = (TRANSLATOR, "translator-int8")
 pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
 
@@ -68,6 +71,7 @@ def clients(hf_client_exports: Lazy, tmp_path_factory: pytest.TempPathFactory
     # one text a job: int8-dynamic's results depend on the batch (tests/hf_exports.py: alone)
     jobs += [(key, "sentence-transformers", text) for key in EMBEDDERS for text in TEXTS]
     jobs += [(key, "sequence-classification", "") for key in CLASSIFIERS]
+    jobs += [(key, "masked-lm", "") for key in MASKED]
     jobs += [(key, "translation", "") for key in TRANSLATORS]
     spec = [{"folder": str(hf_client_exports[key]), "task": task,
              "texts": [text] if text else [*TRANSLATIONS, *TEXTS] if key in TRANSLATORS else TEXTS,
@@ -109,6 +113,18 @@ def test_ort_model_for_feature_extraction_gives_the_hidden_states(
         ids = np.array([tokenizer.encode(text)])
         expected = runtime.run(MODEL_GRAPH, encoder_feeds(runtime.card, ids))["last_hidden_state"]
         np.testing.assert_allclose(np.array(states), expected[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key", MASKED)
+def test_ort_model_for_masked_lm_gives_the_logits(key: str, clients: dict,
+                                                  hf_client_exports: Lazy) -> None:
+    runtime = open_export(hf_client_exports[key])
+    tokenizer = load(hf_client_exports[key]).tokenizer
+    got = clients[key, "masked-lm", ""]["logits"]
+    for text, logits in zip(TEXTS, got, strict=True):
+        ids = np.array([tokenizer.encode(text)])
+        expected = runtime.run(MODEL_GRAPH, encoder_feeds(runtime.card, ids))["logits"]
+        np.testing.assert_allclose(np.array(logits), expected[0], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("key", EMBEDDERS)

@@ -2,7 +2,8 @@
 folders as they are and agrees with `zoo run` on them (the zoo's Python API: the same code):
 the same greedy tokens (text-generation, from text through the export's own tokenizer files),
 sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
-1e-4 (text-classification), and for a translation model (a MarianMT import) the same source
+1e-4 (text-classification), a masked LM's five likeliest tokens and probabilities
+(fill-mask, ModernBERT's), and for a translation model (a MarianMT import) the same source
 ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
 onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
 Quantized exports too, opened by the `dtype` their files are named for (q4, int8, q8), or with
@@ -21,6 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from export.opening import open_export
+from runtime.contract import MODEL_GRAPH
+from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
@@ -80,7 +84,7 @@ def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, dtype: str | Non
 
 
 @pytest.mark.parametrize("key, dtype", [("embedder", None), ("embedder-q8", "q8"),
-                                        ("embedder-q8", None)])
+                                        ("embedder-q8", None), ("modernbert-embedder", None)])
 def test_feature_extraction_gives_the_sentence_embedding(key: str, dtype: str | None,
                                                          exports: Lazy) -> None:
     expected = np.vstack(alone(load(exports[key]).embed))
@@ -92,7 +96,8 @@ def test_feature_extraction_gives_the_sentence_embedding(key: str, dtype: str | 
 
 
 @pytest.mark.parametrize("key, dtype", [("classifier", None), ("pooler-classifier", None),
-                                        ("classifier-q8", "q8")])
+                                        ("classifier-q8", "q8"), ("modernbert-classifier", None),
+                                        ("modernbert-classifier-q8", "q8")])
 def test_text_classification_gives_zoo_runs_labels(key: str, dtype: str | None,
                                                    exports: Lazy) -> None:
     expected = [row for rows in alone(load(exports[key]).classify) for row in rows]
@@ -102,6 +107,23 @@ def test_text_classification_gives_zoo_runs_labels(key: str, dtype: str | None,
         assert scores.keys() == row.keys()
         np.testing.assert_allclose([scores[label] for label in row], list(row.values()),
                                    atol=1e-4, rtol=0)
+
+
+def test_fill_mask_gives_the_mlm_heads_likeliest_tokens(exports: Lazy) -> None:
+    """ModernBERT's masked LM (ModernBertForMaskedLM in config.json): the fill-mask pipeline's
+    five tokens and probabilities at the mask are the export's own logits' softmax."""
+    key = "modernbert-embedder"  # an embedder that kept its MLM head
+    runtime = open_export(exports[key])
+    tokenizer = load(exports[key]).tokenizer
+    mask = runtime.card["mask_token_id"]
+    got = transformers_js(exports[key], "fill-mask", "--text", "ROMEO: <|mask|> art thou")
+    ids = tokenizer.encode("ROMEO: ") + [mask] + tokenizer.encode(" art thou")
+    logits = runtime.run(MODEL_GRAPH, encoder_feeds(runtime.card, np.array([ids])))["logits"]
+    at = logits[0, ids.index(mask)].astype(np.float64)
+    probabilities = np.exp(at - at.max()) / np.exp(at - at.max()).sum()
+    best = list(np.argsort(-probabilities)[:5])
+    assert got["tokens"][0] == best
+    np.testing.assert_allclose(got["scores"][0], probabilities[best], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("key, dtype", [(TRANSLATOR, None), ("translator-int8", None),

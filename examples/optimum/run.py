@@ -4,12 +4,14 @@ optimum-onnx needs an older transformers than the zoo's own environment has.
 
     .venv/bin/python run.py FOLDER causal-lm --text "ROMEO:" [--max-new-tokens 32]
     .venv/bin/python run.py FOLDER feature-extraction --text A --text B
+    .venv/bin/python run.py FOLDER masked-lm --text A --text B
     .venv/bin/python run.py FOLDER sequence-classification --text A --text B
     .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
     .venv/bin/python run.py FOLDER translation --text A --text B [--max-new-tokens 32]
 
 Prints one JSON object: `tokens` (prompt and new ids) for causal-lm; `last_hidden_state` (one
-(T, D) list per text) for feature-extraction; `labels` and `scores` ({label: probability} per
+(T, D) list per text) for feature-extraction; `logits` (one (T, V) list per text) for
+masked-lm; `labels` and `scores` ({label: probability} per
 text) for sequence-classification; `vectors` for sentence-transformers; `inputs` (each text's
 source ids), `tokens` (its new ids, from ORTModelForSeq2SeqLM.generate) and `texts`
 (`pipeline("translation")`'s) for translation.
@@ -48,6 +50,16 @@ def feature_extraction(folder: str, texts: list[str]) -> dict[str, Any]:
     states = [model(**tokenizer(text, return_tensors="pt")).last_hidden_state[0].tolist()
               for text in texts]
     return {"last_hidden_state": states}
+
+
+def masked_lm(folder: str, texts: list[str]) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForMaskedLM
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = ORTModelForMaskedLM.from_pretrained(folder)
+    logits = [model(**tokenizer(text, return_tensors="pt")).logits[0].tolist() for text in texts]
+    return {"logits": logits}
 
 
 def sequence_classification(folder: str, texts: list[str]) -> dict[str, Any]:
@@ -92,7 +104,7 @@ def sentence_transformers(folder: str, texts: list[str]) -> dict[str, Any]:
     return {"vectors": model.encode(texts).tolist()}
 
 
-TASKS = {"causal-lm": causal_lm, "feature-extraction": feature_extraction,
+TASKS = {"causal-lm": causal_lm, "feature-extraction": feature_extraction, "masked-lm": masked_lm,
          "sequence-classification": sequence_classification,
          "sentence-transformers": sentence_transformers, "translation": translation}
 GENERATING = ("causal-lm", "translation")

@@ -5,6 +5,7 @@
 //   node run.mjs FOLDER feature-extraction --text A --text B [--pooling mean] [--normalize]
 //   node run.mjs FOLDER text-classification --text A --text B
 //   node run.mjs FOLDER translation --text A --text B [--max-new-tokens 32]
+//   node run.mjs FOLDER fill-mask --text "A <|mask|> B"
 //
 // `--dtype q4` (or q8, int8, fp32) is handed to transformers.js, which then opens
 // onnx/model_q4.onnx (a translation model: onnx/encoder_model_q4.onnx and
@@ -14,7 +15,8 @@
 // Prints one JSON object: generation's `tokens` (prompt and new ids) and `text`; the
 // embeddings' `vectors`; the classifier's `labels` (each text's best) and `scores` (every
 // label's probability, by label); translation's `inputs` (each text's source ids), `tokens`
-// (its new ids, from AutoModelForSeq2SeqLM.generate) and `texts` (the `translation` pipeline's).
+// (its new ids, from AutoModelForSeq2SeqLM.generate) and `texts` (the `translation` pipeline's);
+// fill-mask's `tokens` and `scores` (each text's five likeliest ids at the mask, best first).
 // Errors: one line on stderr, exit 1.
 
 import { basename, dirname, resolve } from 'node:path';
@@ -22,7 +24,8 @@ import {
   AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, env, pipeline,
 } from '@huggingface/transformers';
 
-const TASKS = ['text-generation', 'feature-extraction', 'text-classification', 'translation'];
+const TASKS = ['text-generation', 'feature-extraction', 'text-classification', 'translation',
+               'fill-mask'];
 
 function parse(argv) {
   const [folder, task, ...rest] = argv;
@@ -76,6 +79,18 @@ async function classify(id, { texts, options }) {
   return { labels, scores };
 }
 
+async function fillMask(id, { texts, options }) {
+  const unmasker = await pipeline('fill-mask', id, options);
+  const tokens = [];
+  const scores = [];
+  for (const text of texts) { // each text holds the tokenizer's mask token once
+    const ranked = await unmasker(text, { top_k: 5 });
+    tokens.push(ranked.map(({ token }) => token));
+    scores.push(ranked.map(({ score }) => score));
+  }
+  return { tokens, scores };
+}
+
 async function translate(id, { texts, maxNewTokens, options }) {
   const tokenizer = await AutoTokenizer.from_pretrained(id);
   const model = await AutoModelForSeq2SeqLM.from_pretrained(id, options);
@@ -101,7 +116,8 @@ async function main() {
   env.localModelPath = `${dirname(args.folder)}/`;
   const id = basename(args.folder);
   const run = { 'text-generation': generate, 'feature-extraction': embed,
-               'text-classification': classify, translation: translate }[args.task];
+               'text-classification': classify, translation: translate,
+               'fill-mask': fillMask }[args.task];
   const result = await run(id, args);
   process.stdout.write(`${JSON.stringify(result)}\n`);
 }

@@ -26,6 +26,7 @@ from runtime.contract import (
 from runtime.decoding import empty_past
 from runtime.encode import encoder_feeds
 from runtime.engine import Engine
+from zoo.blocks.windows import has_local_layers
 
 LONGEST = 1024  # the grid's longest sequence: eager attention over 8k-32k positions (Llama,
 # Qwen) would need tens of GB for one (B, H, T, T) score tensor; 1024 is GPT-2's whole context
@@ -108,6 +109,9 @@ def encoder_cases(engine: Engine, rng: np.random.Generator, file: str,
     shapes = [(1, 1, False), (3, middle, False), (1, limit, False), (3, middle, True)]
     if engine.card["pooling"] is not None:  # a sentence vector must ignore padding on either side
         shapes.append((3, middle, "left"))
+    window = engine.card["sliding_window"]
+    if window is not None and has_local_layers(engine.card):  # padded rows that really slide
+        shapes.append((3, min(limit, 2 * window + 3), True))
     for batch, length, padded in shapes:
         pad = left_padding if padded == "left" else right_padding
         mask = pad(batch, length) if padded else np.ones((batch, length), np.int64)

@@ -26,7 +26,8 @@ from registry.catalog import Card
 from registry.sizes import attention_sizes
 
 MS_DOMAIN = "com.microsoft"
-ACTIVATION_FUSIONS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",)}
+ACTIVATION_FUSIONS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",),
+                      "geglu": ("Gelu", "BiasGelu")}  # GeGLU: the gate, without a bias
 
 
 @dataclass

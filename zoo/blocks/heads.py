@@ -51,9 +51,10 @@ class MLMHead(nn.Module):
 
     graph_output = "logits"
 
-    def __init__(self, d_model: int, vocab_size: int, norm: nn.Module, tied: bool) -> None:
+    def __init__(self, d_model: int, vocab_size: int, norm: nn.Module, tied: bool,
+                 transform_bias: bool = True) -> None:
         super().__init__()
-        self.transform = nn.Linear(d_model, d_model)
+        self.transform = nn.Linear(d_model, d_model, bias=transform_bias)
         self.norm = norm
         self.output = LMHead(d_model, vocab_size, tied, bias=True)
 
@@ -111,17 +112,26 @@ class SentenceEmbedding(nn.Module):
 
 
 class Classifier(nn.Module):
-    """Dropout and a linear layer on the sentence vector: (B, num_labels) class scores."""
+    """Dropout and a linear layer on the sentence vector: (B, num_labels) class scores. Given a
+    `norm`, the vector goes through dense, GELU and that norm first (ModernBERT's head,
+    `classifier_transform`), the dense with a bias where `transform_bias`."""
 
     graph_output = "logits"
 
-    def __init__(self, d_model: int, num_labels: int, dropout: float) -> None:
+    def __init__(self, d_model: int, num_labels: int, dropout: float,
+                 norm: nn.Module | None = None, transform_bias: bool = True) -> None:
         super().__init__()
+        self.transform = None if norm is None else nn.Linear(d_model, d_model,
+                                                             bias=transform_bias)
+        self.norm = norm
         self.dropout = nn.Dropout(dropout)
         self.linear = nn.Linear(d_model, num_labels)
 
     def forward(self, x: torch.Tensor, inputs: HeadInputs) -> torch.Tensor:
-        return self.linear(self.dropout(inputs.outputs[SentenceEmbedding.graph_output]))
+        vector = inputs.outputs[SentenceEmbedding.graph_output]
+        if self.transform is not None:
+            vector = self.norm(gelu_erf(self.transform(vector)))
+        return self.linear(self.dropout(vector))
 
 
 @dataclass(frozen=True)
@@ -142,15 +152,16 @@ SEQUENCE_HEADS: list[HeadSpec] = [
     HeadSpec("pooling", SentenceEmbedding, lambda card: card["pooling"] is not None,
              lambda card, parts: SentenceEmbedding(card["pooling"], card["normalize"])),
     HeadSpec("classifier", Classifier, lambda card: card["num_labels"] > 0,
-             lambda card, parts: Classifier(card["d_model"], card["num_labels"],
-                                            card["dropout"])),
+             lambda card, parts: Classifier(
+                 card["d_model"], card["num_labels"], card["dropout"],
+                 parts.norm() if card["classifier_transform"] else None, card["head_bias"])),
 ]
 ENCODER_HEADS: list[HeadSpec] = [
     HeadSpec("pooler", Pooler, lambda card: card["pooler"],
              lambda card, parts: Pooler(card["d_model"])),
     HeadSpec("mlm_head", MLMHead, lambda card: card["mlm_head"],
              lambda card, parts: MLMHead(card["d_model"], card["vocab_size"], parts.norm(),
-                                         card["tie_embeddings"])),
+                                         card["tie_embeddings"], card["head_bias"])),
     *SEQUENCE_HEADS,
 ]
 

@@ -35,15 +35,19 @@ class Layer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
 
-    reads = ("dropout", "norm_placement", "attention_pattern")  # and what its blocks read
+    reads = ("dropout", "norm_placement", "attention_pattern",
+             "first_attention_norm")  # and what its blocks read
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int, cross: bool = False) -> Layer:
         """Layer `layer` of a stack: each block built from the card at this index."""
+        norms = [build_block("norm", card, layer) for _ in range(3 if cross else 2)]
+        if layer == 0 and not card["first_attention_norm"]:  # ModernBERT's: the embedding norm
+            norms[0] = nn.Identity()
         return cls(
             self_attention=Attention.from_card(card, layer),
             feed_forward=build_block("activation", card, layer),
-            norms=[build_block("norm", card, layer) for _ in range(3 if cross else 2)],
+            norms=norms,
             dropout=card["dropout"],
             pre_norm=card["norm_placement"] == "pre",
             cross_attention=Attention.from_card(card, layer) if cross else None,

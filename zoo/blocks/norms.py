@@ -22,10 +22,18 @@ class CardNorm:
 
 
 class LayerNorm(CardNorm, nn.LayerNorm):
-    """torch's LayerNorm, so real checkpoints load without numerical drift."""
+    """torch's LayerNorm, so real checkpoints load without numerical drift; without a bias
+    where the card says (`norm_bias: false`, ModernBERT's)."""
 
-    def __init__(self, d_model: int, eps: float) -> None:
-        super().__init__(d_model, eps=eps)
+    reads = (*CardNorm.reads, "norm_bias")
+
+    def __init__(self, d_model: int, eps: float, bias: bool = True) -> None:
+        super().__init__(d_model, eps=eps, bias=bias)
+
+    @classmethod
+    def from_card(cls, card: Mapping[str, Any], layer: int | None, size: int | None = None
+                  ) -> nn.Module:
+        return cls(size or card["d_model"], card["norm_eps"], card["norm_bias"])
 
 
 class RMSNorm(CardNorm, nn.Module):

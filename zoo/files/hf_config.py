@@ -20,7 +20,7 @@ from registry.families import spec_of
 from registry.layouts import LayoutMap, known_maps
 from registry.schema import FIELDS, effective_bias
 from registry.sizes import attention_sizes
-from zoo.files.importers import card_fields, make_card
+from zoo.files.importers import EVERY_N, LAYER_TYPES, card_fields, make_card
 
 # Card fields that are not the computation: the names, training settings, token ids (written,
 # but filled by the importer from its own fallbacks) and the sentence heads, checked apart.
@@ -29,6 +29,7 @@ NOT_ARCHITECTURE = {"family", "description", "dropout", "pad_token_id", "bos_tok
                     "labels"}
 STANDARD_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
 WHERE = "config.json (written from the card)"
+POOLING_KEY_VALUES = ("cls", "mean")  # what a map's classifier pooling_key may say
 
 
 @dataclass
@@ -64,6 +65,10 @@ def _value(layout: LayoutMap, card: Card, field: str) -> Any:
         return sizes.head_dim
     if field in ("attention_bias", "mlp_bias"):
         return effective_bias(card, field)
+    if field == "attention_pattern":  # transformers 5's layer_types, one per layer
+        kinds = {letter: kind for kind, letter in LAYER_TYPES.items()}
+        pattern = card["attention_pattern"]
+        return [kinds[pattern[i % len(pattern)]] for i in range(card["n_layers"])]
     if field == "activation":  # the first config.json name the map reads as this activation
         return next((name for name, ours in layout["activations"].items()
                      if ours == card["activation"]), card["activation"])
@@ -78,11 +83,16 @@ def _written(layout: LayoutMap, card: Card) -> dict[str, Any]:
     config: dict[str, Any] = {"model_type": layout.data["model_type"]}
     for field, keys in layout["config"].items():
         config[_first_key(keys)] = _value(layout, card, field)
-    config.update(layout["requires"])
+    config.update({key: value for key, value in layout["requires"].items()
+                   if "." not in key})  # a dotted key checks inside an object transformers fills
     for key, other in layout["equal"].items():
         config[key] = config.get(other)
     for key, want in layout["each"].items():
         config[key] = [want] * card["n_layers"]
+    pattern = card["attention_pattern"]
+    if EVERY_N in (layout["config"].get("attention_pattern") or []) and pattern == "G" + "L" * (
+            len(pattern) - 1):  # transformers 4 reads this, not layer_types (Optimum's)
+        config[EVERY_N] = len(pattern)
     for field, spec in layout["tokens"].items():
         if "config" in spec and card[field] is not None:
             config[_first_key(spec["config"])] = card[field]
@@ -93,6 +103,8 @@ def _written(layout: LayoutMap, card: Card) -> dict[str, Any]:
         labels = _labels(card)
         config["id2label"] = {str(i): label for i, label in enumerate(labels)}
         config["label2id"] = {label: i for i, label in enumerate(labels)}
+        if "pooling_key" in layout["classifier"]:  # ModernBERT's classifier_pooling
+            config[layout["classifier"]["pooling_key"]] = card["pooling"]
     return config
 
 
@@ -110,8 +122,11 @@ def _classifier_claimed(layout: LayoutMap, card: Card) -> bool:
     """A classifier is the layout's class only where its head reads the same sentence vector
     (BertForSequenceClassification: the pooler's, not normalized)."""
     classifier = layout["classifier"]
-    return bool(card["num_labels"] and classifier and card["pooling"] == classifier["pooling"]
-                and not card["normalize"])
+    if not classifier:
+        return False
+    poolings = (classifier["pooling"], *(POOLING_KEY_VALUES if "pooling_key" in classifier
+                                          else ()))
+    return bool(card["num_labels"] and card["pooling"] in poolings and not card["normalize"])
 
 
 def _reproduces(layout: LayoutMap, card: Card, config: dict[str, Any]) -> bool:

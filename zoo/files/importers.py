@@ -56,6 +56,7 @@ TRANSFORMS = {
     "transpose": lambda tensor: [tensor.t().contiguous()],  # Conv1D (in, out) -> Linear (out, in)
     "split_qkv": lambda tensor: [part.contiguous() for part in tensor.chunk(3, dim=0)],
     "row": lambda tensor: [tensor.reshape(-1)],  # a (1, n) buffer -> (n,)
+    "split_halves": lambda tensor: [part.contiguous() for part in tensor.chunk(2, dim=0)],
 }
 
 
@@ -163,12 +164,40 @@ def _rope_scaling(key: str, value: Any, where: str) -> Any:
     return scaling
 
 
+# transformers' layer_types -> the letters of the card's attention_pattern
+LAYER_TYPES = {"full_attention": "G", "sliding_attention": "L"}
+EVERY_N = "global_attn_every_n_layers"  # ModernBERT's pattern before layer_types: G, then L's
+
+
+def shortest_period(letters: str) -> str:
+    """The shortest pattern that, cycled, gives `letters` ("GLLGLLG" -> "GLL")."""
+    return next(letters[:size] for size in range(1, len(letters) + 1)
+                if all(letters[i] == letters[i % size] for i in range(len(letters))))
+
+
+def _attention_pattern(key: str, value: Any, where: str) -> Any:
+    """config.json's layer pattern as the card's letters: a list of layer types (transformers
+    5), or every n-th layer global, the first among them (ModernBERT's
+    global_attn_every_n_layers). Another layer type is refused by name."""
+    if isinstance(value, list):
+        unknown = sorted({str(kind) for kind in value} - set(LAYER_TYPES))
+        if unknown or not value:
+            raise CheckpointError(f"{where}: {key} has {', '.join(unknown) or 'no layers'} "
+                                  f"(the zoo computes {', '.join(LAYER_TYPES)})")
+        return shortest_period("".join(LAYER_TYPES[kind] for kind in value))
+    if key == EVERY_N and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return "G" + "L" * (value - 1)
+    return value  # the card's validation names it
+
+
 def _converted(layout: LayoutMap, field: str, key: str, value: Any, where: str) -> Any:
     """A config.json value in the card's terms, for the fields spelled otherwise there."""
     if field == "activation":
         return _activation(layout, key, value, where)
     if field == "rope_scaling":
         return _rope_scaling(key, value, where)
+    if field == "attention_pattern":
+        return _attention_pattern(key, value, where)
     return value
 
 
@@ -264,7 +293,8 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
     classifier = layout["classifier"]
     if classifier and any(name.startswith(classifier["prefix"]) for name in names):
         labels = _labels(config, where)
-        fields.update(num_labels=len(labels), labels=labels, pooling=classifier["pooling"])
+        pooling = config.get(classifier.get("pooling_key", "")) or classifier["pooling"]
+        fields.update(num_labels=len(labels), labels=labels, pooling=pooling)
         origins.update({key: f"{where} (id2label)" for key in ("num_labels", "labels")})
         origins["pooling"] = f"{where} (tensors {classifier['prefix']}*)"
     vocab_size = fields.get("vocab_size", parent["vocab_size"])
@@ -308,6 +338,16 @@ def _check_tied(layout: LayoutMap, named: dict[str, torch.Tensor], original: dic
     return tied
 
 
+def _first_fitting(layout: LayoutMap, name: str, expected: dict[str, torch.Tensor]
+                   ) -> tuple[Rule, list[str]] | None:
+    """The first rule for `name` whose every target the model has, with those targets."""
+    for rule, groups in layout.matches(name):
+        targets = [target.format(**groups) for target in rule.targets]
+        if all(target in expected for target in targets):
+            return rule, targets
+    return None
+
+
 def map_tensors(layout: LayoutMap, named: dict[str, torch.Tensor], original: dict[str, str],
                 expected: dict[str, torch.Tensor], where: str) -> Mapped:
     """Rename and transform every tensor; refuse in one line listing every mismatch."""
@@ -321,15 +361,11 @@ def map_tensors(layout: LayoutMap, named: dict[str, torch.Tensor], original: dic
         if any(pattern.fullmatch(name) for pattern in layout.ignore):
             ignored.append(original[name])
             continue
-        found = layout.match(name)
-        if found is None:
+        found = _first_fitting(layout, name, expected)
+        if found is None:  # no rule, or none whose targets the model has (a layer too many)
             unexpected.append(original[name])
             continue
-        rule, groups = found
-        targets = [target.format(**groups) for target in rule.targets]
-        if any(target not in expected for target in targets):  # e.g. a layer beyond n_layers
-            unexpected.append(original[name])
-            continue
+        rule, targets = found
         covered.update(targets)
         needed = rule.source_shape([tuple(expected[target].shape) for target in targets])
         if tuple(tensor.shape) != needed:

@@ -41,6 +41,10 @@ KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "object[str]": ("an object of strings",
                     lambda value: isinstance(value, dict) and all(isinstance(v, str)
                                                                   for v in value.values())),
+    # a layer pattern: each layer's type, or every n-th layer global (ModernBERT's)
+    "pattern": ("a list of layer types or a whole number",
+                lambda value: _whole(value) or (isinstance(value, list)
+                                                and all(isinstance(v, str) for v in value))),
     # a token id: Llama 3 lists several end-of-sequence ids
     "id": ("a token id or a list of them",
            lambda value: _whole(value) or (isinstance(value, list)
@@ -87,11 +91,14 @@ def config_kinds(layout: LayoutMap) -> dict[str, str]:
     kinds = dict(CONFIG)
     for field, keys in layout["config"].items():
         kind = CARD_KINDS.get(FIELDS[field].type) if field in FIELDS else None
+        kind = "pattern" if field == "attention_pattern" else kind
         for key in keys if isinstance(keys, list) else [keys]:
             if kind is not None:
                 kinds.setdefault(key, kind)
             if field == "rope_scaling":
                 kinds.update({f"{key}.{name}": "str" for name in SCALING_KEYS})
+    if "pooling_key" in layout["classifier"]:
+        kinds[layout["classifier"]["pooling_key"]] = "str"
     for spec in layout["tokens"].values():
         keys = spec.get("config", [])
         kinds.update({key: "id" for key in (keys if isinstance(keys, list) else [keys])})

@@ -100,3 +100,34 @@ def test_a_cancelled_row_leaves_at_the_next_step(shared_export: SharedExport) ->
     assert len(long_job.tokens) < 100
     assert stays.finished.wait(60) and stays.events[-1][0] == "done"
     assert stays.events[-1][1].ids == alone(runtime, [9, 8], 30, Sampling())
+
+
+def test_a_stream_gets_each_piece_as_its_token_is_decoded(shared_export: SharedExport) -> None:
+    """A word a token: one piece per token, each sent when the answer had only the tokens up
+    to it (not after the whole generation); a stop string cuts the text and ends the answer,
+    and its first word, which might have begun the stop, waits until it does not."""
+    runtime = open_export(shared_export("gpt-tiny")[0])
+    words = lambda ids: " ".join(f"w{t}" for t in ids if t < 256)  # noqa: E731
+    scheduler = Scheduler(runtime, 4, words, "test")
+    sink = Collected()
+    job = Job([5, 6, 7], 12, Sampling(), (), True, sink)
+    seen: list[int] = []
+    sink_call = sink.__call__
+    sink_events = lambda event: (seen.append(len(job.tokens)), sink_call(event))  # noqa: E731
+    job.emit = sink_events
+    scheduler.submit(job)
+    assert sink.finished.wait(60)
+    pieces = [value for name, value in sink.events if name == "piece"]
+    completion = sink.events[-1][1]
+    expected = alone(runtime, [5, 6, 7], 12, Sampling())
+    assert completion.ids == expected and "".join(pieces) == words(expected)
+    assert seen[:len(pieces)] == list(range(1, len(pieces) + 1))  # piece k after token k
+    full, stop = words(expected), words(expected[3:5])  # the 4th and 5th words
+    stopped = Collected()
+    scheduler.submit(Job([5, 6, 7], 12, Sampling(), (stop,), True, stopped))
+    assert stopped.finished.wait(60)
+    cut = stopped.events[-1][1]
+    assert cut.text == full[:full.index(stop)] and cut.finish_reason == "stop"
+    assert "".join(v for n, v in stopped.events if n == "piece") == cut.text
+    # it stopped at the first token whose text holds the stop, not at max_tokens
+    assert len(cut.ids) == min(k for k in range(13) if stop in words(expected[:k])) < 12

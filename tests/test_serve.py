@@ -477,3 +477,28 @@ def test_batch_size_and_queue_length_while_requests_run(server: Server) -> None:
     assert any(batch >= 2 for batch, _ in seen), seen  # decoded together, not one at a time
     after = scrape(server)
     assert after["zoo_batch_size_max", (("model", "chat"),)] >= 2
+
+
+def test_concurrent_embeddings_are_each_their_own(server: Server) -> None:
+    """Requests gathered into one length-sorted batch (runtime/serve/embedder.py) each get
+    their own rows back, in order, as the request alone gets them."""
+    inputs = [[" ".join(f"w{5 + (i * 7 + j) % 200}" for j in range(n)) for n in (i % 5 + 1,
+              9 - i % 4)] for i in range(8)]
+    alone = [server.request("/v1/embeddings", {"model": "embedder", "input": texts})[1]
+             for texts in inputs]
+    got: dict[int, dict[str, Any]] = {}
+
+    def ask(index: int) -> None:
+        got[index] = server.request("/v1/embeddings", {"model": "embedder",
+                                                       "input": inputs[index]})[1]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, reply in enumerate(alone):
+        assert got[index]["usage"] == reply["usage"]
+        np.testing.assert_allclose([row["embedding"] for row in got[index]["data"]],
+                                   [row["embedding"] for row in reply["data"]], rtol=0,
+                                   atol=1e-6)

@@ -141,6 +141,7 @@ def served(server: Server, prompts: list[list[int]], users: int, tokens: int) ->
                 results.append(result)
 
     steps, rows = server.metric("zoo_decode_steps_total"), server.metric("zoo_decoded_rows_total")
+    ttft = server.metric("zoo_time_to_first_token_seconds_sum")
     start = time.perf_counter()
     threads = [threading.Thread(target=user, args=(index,)) for index in range(users)]
     for thread in threads:
@@ -150,12 +151,17 @@ def served(server: Server, prompts: list[list[int]], users: int, tokens: int) ->
     seconds = time.perf_counter() - start
     steps = server.metric("zoo_decode_steps_total") - steps
     rows = server.metric("zoo_decoded_rows_total") - rows
+    ttft = server.metric("zoo_time_to_first_token_seconds_sum") - ttft
     firsts = np.array([first for first, _ in results])
     produced = sum(used for _, used in results)
     return {"users": users, "requests": len(results), "tokens": produced,
             "seconds": round(seconds, 3), "tokens_per_second": round(produced / seconds, 2),
-            "ttft_median_s": round(float(np.median(firsts)), 4),
-            "ttft_p90_s": round(float(np.percentile(firsts, 90)), 4),
+            # the server's: from a request's arrival to its first token picked
+            "ttft_mean_s": round(ttft / len(results), 4),
+            # the client's: to the first text received (the whole answer where an export
+            # has no tokenizer and so sends no text)
+            "first_text_median_s": round(float(np.median(firsts)), 4),
+            "first_text_p90_s": round(float(np.percentile(firsts, 90)), 4),
             "mean_batch": round(rows / steps, 2) if steps else 0,
             "largest_batch": server.metric("zoo_batch_size_max")}
 

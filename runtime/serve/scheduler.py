@@ -1,18 +1,20 @@
 """Continuous batching for a decoder export: one thread per export owns its decoding session
 and decodes one token for every active row at a time.
 
-A step: rows whose client left are dropped; waiting requests join (each prefilled alone, in
-a session of its own, exactly as `zoo run` prefills it, then its cache rows appended to the
-batch); every row is fed its last token at once; each row picks its next token with its own
-settings and generator; rows that finished (eos, max_tokens, a stop string) leave. So a long
-answer never holds up a short one, and a newcomer waits at most one step to start.
+A step: rows whose client left are dropped; waiting requests join (prefilled together in a
+session of their own, left-padded as `zoo run` pads a batch of prompts, then their cache rows
+appended to the batch); every row is fed its last token at once; each row picks its next
+token with its own settings and generator; rows that finished (eos, max_tokens, a stop
+string) leave. So a long answer never holds up a short one, and a newcomer waits at most one
+step to start.
 
-Prefill stalls the others: a step admits newcomers while their prompts total at most
-PREFILL_TOKENS tokens (always at least one), so the rows already decoding wait at most that
-much prefill (or one prompt longer than it) between two of their tokens.
+Prefill stalls the others: a step admits newcomers while their padded prefill (rows x longest
+prompt) stays within PREFILL_TOKENS (always at least one), so the rows already decoding wait
+at most that much prefill (or one prompt longer than it) between two of their tokens; the
+other newcomers join at the next steps.
 
-A row's greedy tokens are those of its prompt alone: its prefill is the same run, and in the
-batch its cache is left-padded and masked out (runtime/decoding.py) or held in its own slots
+A row's greedy tokens are those of its prompt alone: in its prefill and in the batch its
+cache is left-padded and masked out (runtime/decoding.py) or held in its own slots
 (runtime/shared_cache.py), as rows of `zoo run`'s own batches are; its sampler draws from its
 own generator seeded as `zoo run --seed` seeds it.
 """
@@ -30,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from runtime.engine import Engine
-from runtime.generate import open_session
+from runtime.generate import left_padded, open_session
 from runtime.sampling import Sampling, pick_one
 
 LOG = logging.getLogger("zoo.serve")
-PREFILL_TOKENS = 512  # prompt tokens prefilled per step at most (one longer prompt passes)
+PREFILL_TOKENS = 512  # padded prompt tokens prefilled a step (one longer prompt passes)
 
 Event = tuple[str, Any]  # ("piece", text), ("done", Completion) or ("error", message)
 
@@ -114,10 +116,12 @@ class Scheduler:
             with self.wake:
                 while not self.inbox and not self.rows:
                     self.wake.wait()
-                newcomers, budget = [], PREFILL_TOKENS
-                while self.inbox and len(self.rows) + len(newcomers) < self.max_batch and (
-                        not newcomers or len(self.inbox[0].prompt) <= budget):
-                    budget -= len(self.inbox[0].prompt)
+                newcomers: list[Job] = []
+                longest = 0
+                while self.inbox and len(self.rows) + len(newcomers) < self.max_batch:
+                    longest = max(longest, len(self.inbox[0].prompt))
+                    if newcomers and (len(newcomers) + 1) * longest > PREFILL_TOKENS:
+                        break
                     newcomers.append(self.inbox.popleft())
             try:
                 self._step(newcomers)
@@ -135,8 +139,7 @@ class Scheduler:
             for job in (job for job, left in zip(self.rows, gone, strict=True) if left):
                 job.end(("gone", None))
             self._keep(~gone)
-        for job in newcomers:
-            self._join(job)
+        self._join(newcomers)
         if not self.rows:
             return
         self.session.make_room()
@@ -152,23 +155,34 @@ class Scheduler:
         if finished.any():
             self._keep(~finished)
 
-    def _join(self, job: Job) -> None:
-        """Prefill the newcomer alone, pick its first token; its rows join unless it is done."""
-        if job.cancelled:
-            job.end(("gone", None))
+    def _join(self, newcomers: list[Job]) -> None:
+        """Prefill the step's newcomers together, left-padded as `zoo run` pads a batch of
+        prompts, pick their first tokens; the rows of those not done join the batch."""
+        for job in newcomers:
+            if job.cancelled:
+                job.end(("gone", None))
+        jobs = [job for job in newcomers if not job.ended]
+        if not jobs:
             return
-        session = open_session(self.engine, len(job.prompt) + 1)
-        logits = session.prefill(np.array([job.prompt], np.int64), None)
-        token = pick_one(logits[0], job.sampling, job.rng)
-        if self._advance(job, token):
+        ids, mask = left_padded([job.prompt for job in jobs],
+                                self.engine.card["pad_token_id"] or 0)
+        session = open_session(self.engine, ids.shape[1] + 1)
+        logits = session.prefill(ids, mask)
+        tokens = np.array([pick_one(row, job.sampling, job.rng)
+                           for row, job in zip(logits, jobs, strict=True)], np.int64)
+        going = np.array([not self._advance(job, int(token))
+                          for job, token in zip(jobs, tokens, strict=True)])
+        if not going.any():
             return
+        if not going.all():
+            session.reorder(np.flatnonzero(going))
         with self.wake:
             if self.session is None:
                 self.session = session
             else:
                 self.session.append(session)
-            self.rows.append(job)
-            self.pending = np.append(self.pending, token)
+            self.rows += [job for job, goes in zip(jobs, going, strict=True) if goes]
+            self.pending = np.concatenate([self.pending, tokens[going]])
 
     def _keep(self, keep: np.ndarray) -> None:
         """Only the rows in `keep` go on; no row left: the session goes (its buffers too)."""

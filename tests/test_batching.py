@@ -131,3 +131,28 @@ def test_a_stream_gets_each_piece_as_its_token_is_decoded(shared_export: SharedE
     assert "".join(v for n, v in stopped.events if n == "piece") == cut.text
     # it stopped at the first token whose text holds the stop, not at max_tokens
     assert len(cut.ids) == min(k for k in range(13) if stop in words(expected[:k])) < 12
+
+
+class Counting:
+    """The plain graph of a runtime, recording each run's input_ids shape."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime, self.card, self.spec, self.shapes = runtime, runtime.card, runtime.spec, []
+
+    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.shapes.append(feeds["input_ids"].shape)
+        return self.runtime.run(file, feeds)
+
+
+def test_a_step_prefills_at_most_its_budget(shared_export: SharedExport) -> None:
+    """Twelve 100-token prompts at once: a step prefills 5 (5 x 100 padded tokens <= 512), so
+    the rows decoding wait for at most that much; the rest join at the next steps."""
+    from runtime.serve.scheduler import PREFILL_TOKENS
+
+    engine = Counting(open_export(shared_export("gpt-tiny")[0]))
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 250, 100).tolist() for _ in range(12)]
+    got, _ = run_batched(engine, prompts, [(6, Sampling())] * 12, max_batch=16)
+    prefills = [rows for rows, width in engine.shapes if width > 1]
+    assert max(prefills) == PREFILL_TOKENS // 100 == 5 and sum(prefills) == 12
+    assert got == [alone(engine.runtime, prompt, 6, Sampling()) for prompt in prompts]

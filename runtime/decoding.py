@@ -68,6 +68,35 @@ class DecoderSession:
     def expand(self, beams: int) -> None:
         self.reorder(np.repeat(np.arange(len(self.mask)), beams))
 
+    def append(self, other: DecoderSession) -> None:
+        """The rows of another session (a newcomer's prefill, `zoo serve`) join this batch
+        after its own. The shorter side's cache and mask are padded on the left, masked out as
+        a left-padded prompt is, so every row goes on computing what it computed alone."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        self.past = [np.concatenate([_left_pad(mine, width, 2), _left_pad(theirs, width, 2)])
+                     for mine, theirs in zip(self.past, other.past, strict=True)]
+        self.mask = np.concatenate([_left_pad(self.mask, width, 1),
+                                    _left_pad(other.mask, width, 1)])
+        self.last_position = np.concatenate([self.last_position, other.last_position])
+
+    def make_room(self) -> None:
+        """Its cache grows by one column a step: there is always room for the next token."""
+
+    def trim(self) -> None:
+        """Drop the leading columns no row attends to (left by rows that left the batch), so
+        a long answer gone does not keep its width in every later step."""
+        start = int(np.argmax(self.mask.any(axis=0)))
+        if start:
+            self.past = [p[:, :, start:] for p in self.past]
+            self.mask = self.mask[:, start:]
+
+
+def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
+    """`array` padded with zeros before its first column along `axis` to `width` columns."""
+    pad = [(0, 0)] * array.ndim
+    pad[axis] = (width - array.shape[axis], 0)
+    return np.pad(array, pad) if pad[axis][0] else array
+
 
 class Seq2SeqSession:
     """The source is encoded once, and its cross-attention keys/values (`present.*.encoder.*`

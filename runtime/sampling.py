@@ -62,6 +62,14 @@ def _pick(logits: np.ndarray, sampling: Sampling, uniforms: np.ndarray) -> np.nd
                                                                           strict=True)])
 
 
+def pick_one(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
+    """One prompt's next token from its (vocab,) logits, drawn as `decode` draws for a batch
+    of one (one uniform a step when sampling): a row of `zoo serve`'s batch, which has its own
+    settings and generator, picks what `zoo run` picks for its prompt alone."""
+    uniforms = rng.random(1) if sampling.temperature > 0 else np.zeros(1)
+    return int(_pick(logits[None], sampling, uniforms)[0])
+
+
 def _compaction(keep: np.ndarray) -> np.ndarray:
     """The rows to keep, in an order that moves fewest: each dropped row's slot below the new
     batch size is refilled from a kept row above it (the shared cache copies only those)."""

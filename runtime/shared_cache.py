@@ -136,3 +136,42 @@ class SharedCacheSession:
 
     def expand(self, beams: int) -> None:
         self.reorder(np.repeat(np.arange(self.batch), beams))
+
+    def append(self, other: SharedCacheSession) -> None:
+        """The rows of another session of this graph (a newcomer's prefill, `zoo serve`)
+        join this batch after its own: each row's tokens are copied into the next free slot.
+        The buffers grow (rows and capacity doubled, up to max_positions) when they must."""
+        rows = self.batch + other.batch
+        longest = int(other.lengths.max())
+        if rows > self.held or longest + 1 > self.capacity:
+            self.grow(max(rows, 2 * self.held) if rows > self.held else self.held, longest + 1)
+        for mine, theirs in zip(self.buffers, other.buffers, strict=True):
+            mine[self.batch:rows] = 0
+            mine[self.batch:rows, :, :longest] = theirs[:other.batch, :, :longest]
+        lengths = np.concatenate([self.lengths, other.lengths])
+        self._bind(rows)
+        self.lengths[:] = lengths
+        self._bind_step_inputs()
+
+    def make_room(self) -> None:
+        """Room in every row for the next step's token (the capacity doubled if not)."""
+        longest = int(self.lengths.max())
+        if longest + 1 > self.capacity:
+            self.grow(self.held, longest + 1)
+
+    def grow(self, rows: int, capacity: int) -> None:
+        """Buffers of `rows` rows and at least `capacity` tokens (doubled from the present
+        capacity, so a row a token at a time reallocates rarely); the rows bound are kept."""
+        limit = self.card["max_positions"]
+        if capacity > limit:
+            raise ZooError(f"generation exceeds max_positions={limit}")
+        old, kept = (self.buffers, self.capacity) if self.held else ([], 0)
+        batch, lengths = self.batch, self.lengths if self.held else np.zeros(0, np.int64)
+        if capacity > self.capacity:
+            self.capacity = min(limit, max(capacity, 2 * self.capacity))
+        self._allocate(rows)
+        for buffer, before in zip(self.buffers, old, strict=False):
+            buffer[:batch, :, :kept] = before[:batch]
+        self._bind(batch)
+        self.lengths[:] = lengths[:batch]
+        self._bind_step_inputs()

@@ -302,9 +302,11 @@ def test_a_client_gone_mid_stream_leaves_the_server_serving(server: Server) -> N
 
 def test_a_full_queue_gets_429_and_sigterm_exits_0(exports: dict[str, Path],
                                                    tmp_path: Path) -> None:
-    """--max-queue 0: one request runs, one arriving meanwhile is refused; every request
-    gets 200 or 429, none is lost, and after SIGTERM the server exits 0 with no traceback."""
-    server = Server([exports["chat"]], tmp_path / "serve.log", "--max-queue", "0")
+    """--max-batch 1 --max-queue 0: one request runs, one arriving meanwhile is refused; every
+    request gets 200 or 429, none is lost, and after SIGTERM the server exits 0 with no
+    traceback."""
+    server = Server([exports["chat"]], tmp_path / "serve.log", "--max-queue", "0",
+                    "--max-batch", "1")
     try:
         body = {"model": "chat", "prompt": "w5", "max_tokens": 120, "temperature": 0}
         statuses: list[int] = []
@@ -350,6 +352,7 @@ def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None
                           "--name", "2 names for 1 exports")
     assert_one_line_error(serve(exports["chat"], exports["chat"]), "two exports", "--name")
     assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")
+    assert_one_line_error(serve(exports["chat"], "--max-batch", "0"), "--max-batch 0")
     assert_one_line_error(serve(exports["chat"], "--port", "70000"), "--port 70000")
 
 
@@ -439,6 +442,11 @@ def test_metrics_move_by_exactly_the_requests_made(server: Server) -> None:
                 + embedded[1]["usage"]["prompt_tokens"],
                 ("zoo_time_to_first_token_seconds_count", (ttft,)): 1,
                 ("zoo_time_to_first_token_seconds_bucket", (("le", "+Inf"), ttft)): 1}
+    # alone in its batch: a step a token after the first (which its prefill gives)
+    steps = chat["completion_tokens"] - 1
+    if steps:
+        expected |= {("zoo_decode_steps_total", (ttft,)): steps,
+                     ("zoo_decoded_rows_total", (ttft,)): steps}
     ttft_sum = moved.pop(("zoo_time_to_first_token_seconds_sum", (ttft,)))
     assert 0 < ttft_sum <= elapsed
     buckets = {key: value for key, value in moved.items()
@@ -464,6 +472,34 @@ def test_batch_size_and_queue_length_while_requests_run(server: Server) -> None:
                   samples["zoo_queue_length", (("model", "chat"),)]))
     for thread in threads:
         thread.join()
-    # a request waits from its admission until the worker takes it: all six may wait at once
-    assert all(batch in (0, 1) and 0 <= queue <= 6 - batch for batch, queue in seen), seen
-    assert any(batch == 1 for batch, _ in seen), seen  # one runs at a time, for now
+    # a request waits from its admission until the scheduler's next step takes it: all six
+    # may wait at once; all six may decode together (--max-batch 16)
+    assert all(0 <= batch <= 6 and 0 <= queue <= 6 - batch for batch, queue in seen), seen
+    assert any(batch >= 2 for batch, _ in seen), seen  # decoded together, not one at a time
+    after = scrape(server)
+    assert after["zoo_batch_size_max", (("model", "chat"),)] >= 2
+
+
+def test_concurrent_embeddings_are_each_their_own(server: Server) -> None:
+    """Requests gathered into one length-sorted batch (runtime/serve/embedder.py) each get
+    their own rows back, in order, as the request alone gets them."""
+    inputs = [[" ".join(f"w{5 + (i * 7 + j) % 200}" for j in range(n)) for n in (i % 5 + 1,
+              9 - i % 4)] for i in range(8)]
+    alone = [server.request("/v1/embeddings", {"model": "embedder", "input": texts})[1]
+             for texts in inputs]
+    got: dict[int, dict[str, Any]] = {}
+
+    def ask(index: int) -> None:
+        got[index] = server.request("/v1/embeddings", {"model": "embedder",
+                                                       "input": inputs[index]})[1]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, reply in enumerate(alone):
+        assert got[index]["usage"] == reply["usage"]
+        np.testing.assert_allclose([row["embedding"] for row in got[index]["data"]],
+                                   [row["embedding"] for row in reply["data"]], rtol=0,
+                                   atol=1e-6)

@@ -28,7 +28,8 @@ from starlette.routing import Route
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError
 from runtime.serve.metrics import Metrics
-from runtime.serve.models import Completion, Served
+from runtime.serve.models import Served, Ticket
+from runtime.serve.scheduler import Completion, Job
 
 LOG = logging.getLogger("zoo.serve")
 Handler = Callable[[Request, dict[str, Served]], Awaitable[tuple[Response, int]]]
@@ -148,24 +149,15 @@ async def completions(request: Request, models: dict[str, Served]) -> tuple[Resp
 async def answer(request: Request, served: Served, ids: list[int], sampled: bodies.Sampled,
                  kind: str) -> tuple[Response, int]:
     options = served.options(ids, sampled)
-
-    def work() -> tuple[Completion, list[str]]:  # the stream's pieces decoded off the loop too
-        completion = served.complete(ids, options, sampled.stops)
-        return completion, served.deltas(completion) if sampled.stream else []
-
-    completion, pieces = await served.run(work)
-    # the whole answer is generated before its first token is sent, for now: this is the time
-    # a client waits for it, from the request's arrival
-    metrics: Metrics = request.app.state.metrics
-    metrics.first_token(served.name, time.perf_counter() - request.state.start)
-    metrics.counted(served.name, completion.prompt_tokens, len(completion.ids))
+    ticket = served.generate(ids, options, sampled)  # 429 when full, before any work
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
-    tokens = completion.usage()["total_tokens"]
     if sampled.stream:
-        return StreamingResponse(events(completion, pieces, kind, head),
+        return StreamingResponse(events(request, served, ticket, kind, head),
                                  media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"}), tokens
+                                 headers={"Cache-Control": "no-cache"}), 0
+    completion = await ticket.completion()
+    answered(request, served, ticket.job, completion)
     if kind == "chat.completion":
         choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
                   "finish_reason": completion.finish_reason, "logprobs": None}
@@ -173,14 +165,23 @@ async def answer(request: Request, served: Served, ids: list[int], sampled: bodi
         choice = {"index": 0, "text": completion.text, "finish_reason":
                   completion.finish_reason, "logprobs": None}
     return JSONResponse({**head, "object": kind, "choices": [choice],
-                         "usage": completion.usage()}), tokens
+                         "usage": completion.usage()}), completion.usage()["total_tokens"]
 
 
-async def events(completion: Completion, pieces: list[str], kind: str, head: dict[str, Any]
-                 ) -> AsyncIterator[str]:
-    """Server-Sent Events: the text in pieces, the finish reason, a last chunk with the usage
-    and no choices (as OpenAI's stream_options.include_usage), then [DONE]."""
-    start, status = time.perf_counter(), "done"
+def answered(request: Request, served: Served, job: Job, completion: Completion) -> None:
+    """Time to first token (from the request's arrival to its first token picked) and the
+    tokens, once the answer is complete."""
+    metrics: Metrics = request.app.state.metrics
+    metrics.first_token(served.name, job.first_token_at - request.state.start)
+    metrics.counted(served.name, completion.prompt_tokens, len(completion.ids))
+
+
+async def events(request: Request, served: Served, ticket: Ticket, kind: str,
+                 head: dict[str, Any]) -> AsyncIterator[str]:
+    """Server-Sent Events: the text in pieces as its tokens are decoded, the finish reason, a
+    last chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
+    [DONE]. A client gone cancels this generator: its row leaves the batch at the next step."""
+    start, status, tokens = time.perf_counter(), "done", 0
     chat_kind = kind == "chat.completion"
     kind = "chat.completion.chunk" if chat_kind else "text_completion"
 
@@ -198,18 +199,26 @@ async def events(completion: Completion, pieces: list[str], kind: str, head: dic
     try:
         if chat_kind:
             yield chunk("", role=True)
-        for piece in pieces:
-            yield chunk(piece)
-        yield chunk(None, completion.finish_reason)
-        yield sse({**head, "object": kind, "choices": [], "usage": completion.usage()})
-        yield "data: [DONE]\n\n"
+        async for name, value in ticket.events():
+            if name == "piece":
+                yield chunk(value)
+            elif name == "done":
+                answered(request, served, ticket.job, value)
+                tokens = value.usage()["total_tokens"]
+                yield chunk(None, value.finish_reason)
+                yield sse({**head, "object": kind, "choices": [], "usage": value.usage()})
+                yield "data: [DONE]\n\n"
+            else:  # the headers are sent: the fault can only be told in the stream
+                status = "failed"
+                yield sse(ApiError(500, "internal server error").body())
     except BaseException:
         status = "client gone"
         raise
     finally:
+        ticket.cancel()  # no-op when it ended
         LOG.info("POST %s 200 %d tokens %.0f ms (stream %s)", "/v1/" + (
-            "chat/completions" if chat_kind else "completions"),
-            completion.usage()["total_tokens"], (time.perf_counter() - start) * 1000, status)
+            "chat/completions" if chat_kind else "completions"), tokens,
+            (time.perf_counter() - start) * 1000, status)
 
 
 def sse(data: dict[str, Any]) -> str:
@@ -219,8 +228,9 @@ def sse(data: dict[str, Any]) -> str:
 async def embeddings(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "embeddings")
     served = model_of(request, body, models, "embeddings")
-    prompts = bodies.inputs(body)
-    vectors, tokens = await served.run(lambda: served.embed(prompts))
+    prompts = served.embed_tokens(bodies.inputs(body))
+    tokens = sum(len(row) for row in prompts)
+    vectors = await served.embed_batched(prompts)
     request.app.state.metrics.counted(served.name, tokens, 0)
     if body.get("encoding_format") == "base64":  # the openai client's default: float32 bytes
         vectors = [base64.b64encode(np.asarray(row, np.float32).tobytes()).decode()

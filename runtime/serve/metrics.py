@@ -42,8 +42,9 @@ class Metrics:
                 counts[index] += seconds <= bound  # cumulative, as the format's buckets are
             self.ttft_sum[model] += seconds
 
-    def text(self, gauges: Iterable[tuple[str, int, int]]) -> str:
-        """The exposition; `gauges` is (model, queue length, batch size) per export."""
+    def text(self, gauges: Iterable[tuple[str, int, int, int, int, int]]) -> str:
+        """The exposition; `gauges` is (model, queue length, batch size, decoding steps, rows
+        decoded, largest batch) per export."""
         lines = ["# HELP zoo_requests_total Requests answered, by model, route and status.",
                  "# TYPE zoo_requests_total counter"]
         with self.lock:
@@ -68,8 +69,16 @@ class Metrics:
         lines += ["# HELP zoo_queue_length Requests waiting behind the running ones.",
                   "# TYPE zoo_queue_length gauge"]
         gauges = list(gauges)
-        lines += [f"zoo_queue_length{{model={label(m)}}} {queue}" for m, queue, _ in gauges]
+        lines += [f"zoo_queue_length{{model={label(m)}}} {g[0]}" for m, *g in gauges]
         lines += ["# HELP zoo_batch_size Requests being decoded together now.",
                   "# TYPE zoo_batch_size gauge"]
-        lines += [f"zoo_batch_size{{model={label(m)}}} {batch}" for m, _, batch in gauges]
+        lines += [f"zoo_batch_size{{model={label(m)}}} {g[1]}" for m, *g in gauges]
+        for name, index, what, kind in (
+                ("zoo_decode_steps_total", 2, "Decoding steps run (one token for every row).",
+                 "counter"),
+                ("zoo_decoded_rows_total", 3, "Rows decoded over all steps (over the steps: "
+                 "the mean batch size).", "counter"),
+                ("zoo_batch_size_max", 4, "The largest batch decoded so far.", "gauge")):
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} {kind}"]
+            lines += [f"{name}{{model={label(m)}}} {g[index]}" for m, *g in gauges]
         return "\n".join(lines) + "\n"

@@ -1,12 +1,17 @@
-"""One served export: its generation, embedding and classifying work, run in the export's own
-worker thread one request at a time, behind a bounded count of admitted requests (429 past it)."""
+"""One served export. A decoder's generation goes to its scheduler (continuous batching,
+runtime/serve/scheduler.py), a sentence vector's to its embedder (runtime/serve/embedder.py);
+an encoder-decoder's generation and classifying run in the export's worker thread one request
+at a time. Admission is bounded: max_batch rows decoding (1 in the worker) and max_queue
+waiting; past that a request gets 429."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,46 +21,109 @@ from runtime.exported import Exported, GenerateOptions
 from runtime.files.tokenizer import sequence_ids
 from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
+from runtime.serve.embedder import Embedder
 from runtime.serve.errors import ApiError
+from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
 T = TypeVar("T")
+LOG = logging.getLogger("zoo.serve")
+ENDS = ("done", "gone", "error")  # a job's last event
 
 
-@dataclass(frozen=True)
-class Completion:
-    """A generated answer: its prompt's length, the new tokens up to and with eos, the text
-    (cut at the first stop string) and why it ended."""
+@dataclass
+class Ticket:
+    """A generating request's events, delivered on the event loop as they come."""
 
-    prompt_tokens: int
-    ids: list[int]
-    text: str
-    finish_reason: str  # "stop" (eos or a stop string) or "length"
+    queue: asyncio.Queue[Event]
+    job: Job
 
-    def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.ids),
-                "total_tokens": self.prompt_tokens + len(self.ids)}
+    def cancel(self) -> None:
+        """The client left: its row is dropped at the next step (no-op once it ended)."""
+        self.job.cancelled = True
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self.queue.get()
+            yield event
+            if event[0] in ENDS:
+                return
+
+    async def completion(self) -> Completion:
+        async for name, value in self.events():
+            if name == "done":
+                return value
+        raise ApiError(500, "internal server error", None, "server_error")
 
 
 class Served:
     """An export under its name; `admitted` counts its requests running or waiting."""
 
-    def __init__(self, name: str, exported: Exported, max_queue: int) -> None:
+    def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1
+                 ) -> None:
         self.name, self.exported, self.max_queue = name, exported, max_queue
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
+        spec, card = exported.runtime.spec, exported.card
+        batched = spec.generates and not spec.cross_attention
+        self.scheduler = Scheduler(exported.runtime, max_batch, self.text, name) \
+            if batched else None
+        self.embedder = Embedder(exported.runtime, name) if card["pooling"] is not None \
+            else None
+        self.limit = (max_batch if batched else 1) + max_queue
         self.admitted = 0
-        # for /metrics: requests queued and running, changed by the loop and the worker
+        # for /metrics: worker requests queued and running, changed by the loop and the worker
         self.lock = threading.Lock()
         self.waiting = self.running = 0
 
-    async def run(self, work: Callable[[], T]) -> T:
-        """`work` in the worker thread once the requests before it are done; 429 when the
-        running one and max_queue waiting fill it. The count drops when the work ends, not
-        when a client leaves, so a gone client's work still holds its place while it runs."""
-        if self.admitted > self.max_queue:
+    def admit(self) -> None:
+        """Count a request in, or refuse it (429) when running and waiting ones fill it."""
+        if self.admitted >= self.limit:
             raise ApiError(429, f"{self.name}: the queue is full ({self.max_queue} waiting); "
                            "retry later", None, "queue_full")
-        loop = asyncio.get_running_loop()
         self.admitted += 1
+
+    def generate(self, ids: list[int], options: GenerateOptions, sampled: Sampled) -> Ticket:
+        """Queue a generation (on the event loop); its events come on the ticket."""
+        self.admit()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        def deliver(event: Event) -> None:
+            queue.put_nowait(event)
+            if event[0] in ENDS:
+                self.admitted -= 1
+
+        job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
+                  sampled.stream, lambda event: loop.call_soon_threadsafe(deliver, event))
+        if self.scheduler is not None:
+            self.scheduler.submit(job)
+        else:
+            with self.lock:
+                self.waiting += 1
+            self.worker.submit(self._alone, job, options)
+        return Ticket(queue, job)
+
+    def _alone(self, job: Job, options: GenerateOptions) -> None:
+        """An encoder-decoder's generation in the worker: whole, then sent in pieces."""
+        with self.lock:
+            self.waiting, self.running = self.waiting - 1, self.running + 1
+        try:
+            completion = self.complete(job.prompt, options, job.stops)
+            job.first_token_at = time.perf_counter()
+            for piece in self.deltas(completion) if job.stream else []:
+                job.emit(("piece", piece))
+            job.end(("done", completion))
+        except Exception:
+            LOG.exception("generation failed")
+            job.end(("error", "internal server error"))
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """`work` in the worker thread once the requests before it are done (429 when full).
+        The count drops when the work ends, not when a client leaves."""
+        self.admit()
+        loop = asyncio.get_running_loop()
         with self.lock:
             self.waiting += 1
 
@@ -72,10 +140,23 @@ class Served:
         future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
         return await asyncio.wrap_future(future)
 
-    def gauges(self) -> tuple[int, int]:
-        """(queue length, batch size): one request runs at a time for now."""
+    async def embed_batched(self, prompts: list[list[int]]) -> list[list[float]]:
+        """Sentence vectors of tokenized prompts, batched with other requests' by length."""
+        assert self.embedder is not None, "model_of checked the card's pooling"
+        self.admit()
+        try:
+            return (await asyncio.wrap_future(self.embedder.submit(prompts))).tolist()
+        finally:
+            self.admitted -= 1
+
+    def gauges(self) -> tuple[int, int, int, int, int]:
+        """(queue length, batch size, decoding steps, rows decoded, largest batch)."""
         with self.lock:
-            return self.waiting, self.running
+            worker = (self.waiting, self.running)
+        if self.scheduler is None:
+            return (*worker, 0, 0, 0)
+        waiting, rows, steps, decoded, largest = self.scheduler.gauges()
+        return waiting + worker[0], rows + worker[1], steps, decoded, largest
 
     def _release(self) -> None:
         self.admitted -= 1
@@ -143,14 +224,12 @@ class Served:
             pieces.append(completion.text[len(sent):])
         return pieces
 
-    def embed(self, prompts: list[Any]) -> tuple[list[list[float]], int]:
-        """(vectors, prompt tokens), as `zoo run --text --json` computes them."""
+    def embed_tokens(self, prompts: list[Any]) -> list[list[int]]:
+        """Each input's token ids, as `zoo run --text --json` reads them."""
         try:
-            tokens = sum(len(ids) for ids in self.exported.tokens(prompts, "input", whole=True))
-            vectors = self.exported.sequences(prompts, "input").embeddings
+            return self.exported.tokens(prompts, "input", whole=True)
         except ZooError as exc:
             raise ApiError(400, str(exc), "input", "invalid_value") from None
-        return vectors.tolist(), tokens
 
     def classify(self, texts: list[str]) -> tuple[list[dict[str, float]], int]:
         """({label: probability}, most likely first, per text; prompt tokens), as

@@ -18,8 +18,10 @@ class ServeOptions:
     port: int = option(8000)
     api_key: str | None = option(None, "Requests must send `Authorization: Bearer KEY` "
                                  f"[env {API_KEY_ENV}].")
-    max_queue: int = option(8, "Requests that may wait per export behind the one running; "
+    max_queue: int = option(64, "Requests that may wait per export behind the running ones; "
                             "past it a request gets 429.")
+    max_batch: int = option(16, "Requests a decoder export decodes together (continuous "
+                            "batching: one token for every row a step).")
     names: tuple[str, ...] = option((), "The name clients use for each OUT, in order [its "
                                     "folder's name].", flags=("--name",))
     provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)

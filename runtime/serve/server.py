@@ -35,8 +35,11 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
         raise ZooError(f"--port {options.port}: should be a port number, 0 to 65535")
     if options.max_queue < 0:
         raise ZooError(f"--max-queue {options.max_queue}: should be >= 0")
+    if options.max_batch < 1:
+        raise ZooError(f"--max-batch {options.max_batch}: should be >= 1")
     models = {name: Served(name, load(folder, options.provider, options.threads),
-                           options.max_queue) for name, folder in zip(names, folders, strict=True)}
+                           options.max_queue, options.max_batch)
+              for name, folder in zip(names, folders, strict=True)}
     api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     progress(f"serving {', '.join(names)} on http://{options.host}:{options.port}/v1"

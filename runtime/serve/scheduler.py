@@ -1,0 +1,228 @@
+"""Continuous batching for a decoder export: one thread per export owns its decoding session
+and decodes one token for every active row at a time.
+
+A step: rows whose client left are dropped; waiting requests join (prefilled together in a
+session of their own, left-padded as `zoo run` pads a batch of prompts, then their cache rows
+appended to the batch); every row is fed its last token at once; each row picks its next
+token with its own settings and generator; rows that finished (eos, max_tokens, a stop
+string) leave. So a long answer never holds up a short one, and a newcomer waits at most one
+step to start.
+
+Prefill stalls the others: a step admits newcomers while their padded prefill (rows x longest
+prompt) stays within PREFILL_TOKENS (always at least one), so the rows already decoding wait
+at most that much prefill (or one prompt longer than it) between two of their tokens; the
+other newcomers join at the next steps.
+
+A row's greedy tokens are those of its prompt alone: in its prefill and in the batch its
+cache is left-padded and masked out (runtime/decoding.py) or held in its own slots
+(runtime/shared_cache.py), as rows of `zoo run`'s own batches are; its sampler draws from its
+own generator seeded as `zoo run --seed` seeds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from runtime.engine import Engine
+from runtime.generate import left_padded, open_session
+from runtime.sampling import Sampling, pick_one
+
+LOG = logging.getLogger("zoo.serve")
+PREFILL_TOKENS = 512  # padded prompt tokens prefilled a step (one longer prompt passes)
+
+Event = tuple[str, Any]  # ("piece", text), ("done", Completion) or ("error", message)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A generated answer: its prompt's length, the new tokens up to and with eos, the text
+    (cut at the first stop string) and why it ended."""
+
+    prompt_tokens: int
+    ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (eos or a stop string) or "length"
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.ids),
+                "total_tokens": self.prompt_tokens + len(self.ids)}
+
+
+@dataclass
+class Job:
+    """One generating request. `emit` delivers an event to its client's queue from the
+    scheduler's thread; `cancelled` is set from the event loop when the client leaves."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: Sampling
+    stops: tuple[str, ...]
+    stream: bool
+    emit: Callable[[Event], None]
+    cancelled: bool = False
+    tokens: list[int] = field(default_factory=list)
+    sent: str = ""  # the text streamed so far
+    first_token_at: float = 0.0  # time.perf_counter() when its first token was picked
+    ended: bool = False  # its last event ("done", "gone" or "error") sent
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.sampling.seed)
+
+    def end(self, event: Event) -> None:
+        self.ended = True
+        self.emit(event)
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many characters at the end of `text` may begin a stop string (not sent yet)."""
+    return max((size for stop in stops for size in range(1, len(stop))
+                if text.endswith(stop[:size])), default=0)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_batch: int, decode_text: Callable[[list[int]], str],
+                 name: str) -> None:
+        self.engine, self.max_batch, self.decode_text = engine, max_batch, decode_text
+        self.eos: int | None = engine.card["eos_token_id"]
+        self.inbox: deque[Job] = deque()
+        self.wake = threading.Condition()
+        self.rows: list[Job] = []  # row i of the session generates rows[i]
+        self.session: Any = None
+        self.pending = np.zeros(0, np.int64)  # each row's last token, fed at the next step
+        self.steps = self.decoded = self.largest = 0  # for /metrics
+        self.thread = threading.Thread(target=self._loop, name=f"batch-{name}", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self.wake:
+            self.inbox.append(job)
+            self.wake.notify()
+
+    def gauges(self) -> tuple[int, int, int, int, int]:
+        """(waiting, decoding now, steps, rows decoded over all steps, largest batch)."""
+        with self.wake:
+            return len(self.inbox), len(self.rows), self.steps, self.decoded, self.largest
+
+    def _loop(self) -> None:
+        while True:
+            with self.wake:
+                while not self.inbox and not self.rows:
+                    self.wake.wait()
+                newcomers: list[Job] = []
+                longest = 0
+                while self.inbox and len(self.rows) + len(newcomers) < self.max_batch:
+                    longest = max(longest, len(self.inbox[0].prompt))
+                    if newcomers and (len(newcomers) + 1) * longest > PREFILL_TOKENS:
+                        break
+                    newcomers.append(self.inbox.popleft())
+            try:
+                self._step(newcomers)
+            except Exception:  # a fault of the server: every job in hand ends with an error
+                LOG.exception("decoding step failed")
+                for job in (*self.rows, *newcomers):
+                    if not job.ended:
+                        job.end(("error", "internal server error"))
+                with self.wake:
+                    self.rows, self.session, self.pending = [], None, np.zeros(0, np.int64)
+
+    def _step(self, newcomers: list[Job]) -> None:
+        gone = np.array([job.cancelled for job in self.rows], bool)
+        if gone.any():
+            for job in (job for job, left in zip(self.rows, gone, strict=True) if left):
+                job.end(("gone", None))
+            self._keep(~gone)
+        self._join(newcomers)
+        if not self.rows:
+            return
+        self.session.make_room()
+        logits = self.session.step(self.pending)
+        with self.wake:
+            self.steps += 1
+            self.decoded += len(self.rows)
+            self.largest = max(self.largest, len(self.rows))
+        finished = np.zeros(len(self.rows), bool)
+        for index, job in enumerate(self.rows):
+            self.pending[index] = token = pick_one(logits[index], job.sampling, job.rng)
+            finished[index] = self._advance(job, token)
+        if finished.any():
+            self._keep(~finished)
+
+    def _join(self, newcomers: list[Job]) -> None:
+        """Prefill the step's newcomers together, left-padded as `zoo run` pads a batch of
+        prompts, pick their first tokens; the rows of those not done join the batch."""
+        for job in newcomers:
+            if job.cancelled:
+                job.end(("gone", None))
+        jobs = [job for job in newcomers if not job.ended]
+        if not jobs:
+            return
+        ids, mask = left_padded([job.prompt for job in jobs],
+                                self.engine.card["pad_token_id"] or 0)
+        session = open_session(self.engine, ids.shape[1] + 1)
+        logits = session.prefill(ids, mask)
+        tokens = np.array([pick_one(row, job.sampling, job.rng)
+                           for row, job in zip(logits, jobs, strict=True)], np.int64)
+        going = np.array([not self._advance(job, int(token))
+                          for job, token in zip(jobs, tokens, strict=True)])
+        if not going.any():
+            return
+        if not going.all():
+            session.reorder(np.flatnonzero(going))
+        with self.wake:
+            if self.session is None:
+                self.session = session
+            else:
+                self.session.append(session)
+            self.rows += [job for job, goes in zip(jobs, going, strict=True) if goes]
+            self.pending = np.concatenate([self.pending, tokens[going]])
+
+    def _keep(self, keep: np.ndarray) -> None:
+        """Only the rows in `keep` go on; no row left: the session goes (its buffers too)."""
+        rows = np.flatnonzero(keep)
+        with self.wake:
+            if not len(rows):
+                self.rows, self.session, self.pending = [], None, np.zeros(0, np.int64)
+                return
+            self.session.reorder(rows)
+            if hasattr(self.session, "trim"):
+                self.session.trim()
+            self.rows = [self.rows[index] for index in rows]
+            self.pending = self.pending[rows]
+
+    def _advance(self, job: Job, token: int) -> bool:
+        """Add the token to the job's answer; send what text is final; True when it is done
+        (eos, its max_tokens, a stop string: cut there, as `zoo run`'s text cut there)."""
+        if not job.tokens:
+            job.first_token_at = time.perf_counter()
+        job.tokens.append(token)
+        eos = token == self.eos
+        done = eos or len(job.tokens) == job.max_tokens
+        if not (job.stops or job.stream or done):
+            return False
+        text = self.decode_text(job.tokens)
+        cuts = [text.find(stop) for stop in job.stops if stop in text]
+        if cuts:
+            text, done, reason = text[:min(cuts)], True, "stop"
+        else:
+            reason = "stop" if eos else "length"
+        if not done:
+            # a piece of a character waits for the rest; text that may begin a stop string
+            # waits to see whether it does
+            if job.stream and text.startswith(job.sent) and not text.endswith("\ufffd"):
+                ready = text[:len(text) - held_back(text, job.stops)]
+                if len(ready) > len(job.sent):
+                    job.emit(("piece", ready[len(job.sent):]))
+                    job.sent = ready
+            return False
+        if job.stream and text.startswith(job.sent) and len(text) > len(job.sent):
+            job.emit(("piece", text[len(job.sent):]))
+        job.end(("done", Completion(len(job.prompt), job.tokens, text, reason)))
+        return True

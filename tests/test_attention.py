@@ -37,6 +37,7 @@ from zoo.blocks.attention import recorded_attentions
 pytestmark = on_shared("gpt-tiny")
 
 GROUPS = {"gpt-tiny": ("attentions",), "llama-tiny": ("attentions",), "bert-tiny": ("attentions",),
+          "moe-tiny": ("attentions",),
           "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
 
 

@@ -4,6 +4,8 @@ weights (the plain export's parity grid runs in tests/test_export.py, as for eve
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
 import torch
@@ -19,18 +21,35 @@ PROMPTS = [[11, 52, 7, 80, 33, 19, 64], [40, 9, 71, 23]]
 STEPS = 12
 
 
-def test_the_shared_cache_graph_generates_pytorchs_tokens(shared_export: SharedExport) -> None:
+def test_the_shared_cache_graph_runs_onnx_runtimes_moe_and_gives_pytorchs_tokens(
+        shared_export: SharedExport) -> None:
     from export.onnx.shared_cache import KV_FILE
     from zoo import GenerateOptions, load
 
     folder, _ = shared_export("moe-tiny", "optimize")  # its parity grid passed to get here
     graph = onnx.load(str(folder / KV_FILE), load_external_data=False)
-    assert sum(n.op_type == "GroupQueryAttention" for n in graph.graph.node) == 2
+    # ONNX Runtime's own operators: attention, and each sparse layer's experts (top k only)
+    assert [n.op_type for n in graph.graph.node if n.op_type in ("GroupQueryAttention", "MoE")
+            ] == ["GroupQueryAttention", "MoE"] * 2
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["generation"]["experts"] == "com.microsoft.MoE"
     tiny = card("moe-tiny")
     ids, mask = left_padded(PROMPTS, tiny["pad_token_id"])
     expected = generate(open_model(build_model(tiny, seed=1), tiny), ids, mask, STEPS)
     got = load(folder).generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
     assert [row.ids for row in got] == expected.tolist()
+
+
+def test_genai_runs_the_shared_cache_graph_with_its_moe(shared_export: SharedExport) -> None:
+    """GenAI's own loop on --optimize's graph (MoE operator inside) gives the zoo's tokens."""
+    pytest.importorskip("onnxruntime_genai")
+    from tests.test_serving import genai_greedy
+    from zoo import GenerateOptions, load
+
+    folder, _ = shared_export("moe-tiny", "optimize")
+    prompts = [[40, 41, 42, 43], [7, 8]]
+    zoo = [row.ids for row in load(folder).generate(prompts, GenerateOptions(max_new_tokens=6))]
+    assert genai_greedy(folder, prompts, 6) == zoo
 
 
 @pytest.mark.parametrize("variant", ["int4", pytest.param("int8", marks=pytest.mark.slow)])

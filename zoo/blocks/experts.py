@@ -12,7 +12,7 @@ products: right for the tiny cards the zoo trains and checks, not for serving a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -50,6 +50,9 @@ class MixtureOfExperts(nn.Module):
         # The last training forward's router logits (tokens, n_experts), for the auxiliary
         # loss (zoo/training/experts.py); None in eval, so no graph is kept alive.
         self.router_logits: torch.Tensor | None = None
+        # Another computation of the same mixture, for one export (export/onnx/experts.py:
+        # ONNX Runtime's MoE operator); None: the dense sum below.
+        self.operator: Callable[[MixtureOfExperts, torch.Tensor], torch.Tensor] | None = None
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int | None) -> nn.Module:
@@ -61,6 +64,8 @@ class MixtureOfExperts(nn.Module):
                    effective_bias(card, "mlp_bias"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.operator is not None:
+            return self.operator(self, x)
         logits = self.router(x)
         self.router_logits = logits.reshape(-1, logits.shape[-1]) if self.training else None
         weights = route(logits, self.k, self.normalise)  # (..., n_experts)

@@ -61,10 +61,8 @@ def is_sparse(card: Any, layer: int | None) -> bool:
 
 
 def check_experts(card: dict[str, Any], where: str) -> None:
-    """The checks across the block's fields (registry/schema.py calls it for `moe` cards)."""
-    if card["family"] != "decoder":
-        raise CardError(f"{where}: activation=moe applies only to family decoder, not "
-                        f"{card['family']}")
+    """The checks across the block's fields (registry/schema.py calls it for `moe` cards, and
+    checks the family: a decoder's block)."""
     if card["n_experts_per_token"] > card["n_experts"]:
         raise CardError(f"{where}: n_experts_per_token={card['n_experts_per_token']} should be "
                         f"<= n_experts={card['n_experts']}")

@@ -307,6 +307,10 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
         raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
                         "(the decoder's start token)")
     if card["activation"] == experts.NAME:
+        family = card["family"]
+        if family != "decoder":  # the router's loss and the cache graphs are a decoder's
+            raise CardError(f"{where}: activation=moe applies only to family decoder, not "
+                            f"{family}")
         experts.check_experts(card, where)
     if card["qk_norm_scope"] != "head" and not card["qk_norm"]:
         raise CardError(f"{where}: qk_norm_scope={card['qk_norm_scope']!r} needs qk_norm: true")

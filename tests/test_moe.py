@@ -156,3 +156,14 @@ def test_expert_fields_apply_only_to_the_moe_block() -> None:
     with pytest.raises(CardError, match="qk_norm_scope='projection' needs qk_norm: true"):
         validate({**CATALOG.get("llama-tiny").fields, "qk_norm_scope": "projection"},
                  "test.yaml")
+
+
+def test_zoo_show_gives_the_parameters_active_per_token() -> None:
+    from tests.helpers import zoo
+
+    shown = zoo("show", "qwen3-30b-a3b")
+    assert shown.exit_code == 0, shown.output
+    assert "parameters: 30,532,122,624" in shown.stdout
+    assert "active per token: 3,353,032,704" in shown.stdout
+    dense = zoo("show", "qwen3-0.6b")
+    assert "active per token" not in dense.stdout

@@ -72,3 +72,27 @@ def test_zoo_train_writes_the_router_loss_and_the_experts_load(tmp_path: Path) -
     assert plain.exit_code == 0, plain.output
     dense = json.loads((tmp_path / "dense" / "metrics.jsonl").read_text().splitlines()[0])
     assert "router_loss" not in dense and "expert_load" not in dense
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_a_resumed_run_has_the_uninterrupted_losses_router_loss_included(tmp_path: Path) -> None:
+    tiny = card("moe-tiny")
+
+    def options(out: Path, **more: object) -> TrainOptions:
+        return TrainOptions(task="lm", out=out, steps=6, batch_size=4, block_size=32, seed=3,
+                            checkpoint_every=3, **more)
+
+    whole = train(build_model(tiny, seed=3), tiny, options(tmp_path / "whole"))
+
+    def stop_after_4(step: int, *rest: float) -> None:
+        if step >= 4:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(build_model(tiny, seed=3), tiny, options(tmp_path / "cut"), stop_after_4,
+              log_every=1)
+    resumed = train(build_model(tiny, seed=99), tiny, options(tmp_path / "cut", resume=True))
+    assert resumed["losses"] == whole["losses"]

@@ -167,3 +167,22 @@ def test_zoo_show_gives_the_parameters_active_per_token() -> None:
     assert "active per token: 3,353,032,704" in shown.stdout
     dense = zoo("show", "qwen3-0.6b")
     assert "active per token" not in dense.stdout
+
+
+@pytest.mark.parametrize("name, architecture", [("qwen3-30b-a3b", "Qwen3MoeForCausalLM"),
+                                                ("olmoe-1b-7b", "OlmoeForCausalLM")])
+def test_the_written_config_json_is_transformers_model_of_the_cards_count(
+        name: str, architecture: str) -> None:
+    """The card as config.json (the maps run backwards): transformers builds from it a model
+    of the card's parameter count; moe-tiny (llama-tiny's sizes, no qk-norm, d_ff apart from
+    moe_d_ff) is no layout's."""
+    from zoo.files.hf_config import hf_config
+
+    card = CATALOG.get(name)
+    config = hf_config(card).config
+    assert config is not None and config["architectures"] == [architecture]
+    settings = {key: value for key, value in config.items()
+                if key not in ("model_type", "architectures")}
+    theirs, _ = meta_count(architecture.removesuffix("ForCausalLM"), settings)
+    assert theirs == total_parameters(card.fields)
+    assert hf_config(CATALOG.get("moe-tiny")).config is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from registry import experts
 from registry.blocks import BLOCKS
 from registry.schema import effective_bias, target_vocab_size
 from registry.sizes import attention_sizes
@@ -39,6 +40,8 @@ def ffn_params(card: dict[str, Any]) -> int:
         return 2 * d * f + (f + d if bias else 0)
     if card["activation"] in GATED:
         return 3 * d * f + (2 * f + d if bias else 0)
+    if card["activation"] == experts.NAME:  # a dense layer's; the sparse: count_parameters
+        return ffn_params({**card, "activation": "swiglu"})
     return _plugin_count("activation", card)
 
 
@@ -49,6 +52,9 @@ def attention_params(card: dict[str, Any]) -> int:
     qkv_bias = effective_bias(card, "attention_bias")
     projections = sizes.query_width + 2 * sizes.kv_width if qkv_bias else 0
     qk_norms = 2 * norm_params({**card, "d_model": sizes.head_dim}) if card.get("qk_norm") else 0
+    if card.get("qk_norm") and card.get("qk_norm_scope") == "projection":  # OLMoE's
+        qk_norms = (norm_params({**card, "d_model": sizes.query_width})
+                    + norm_params({**card, "d_model": sizes.kv_width}))
     return weights + projections + (d if card["bias"] else 0) + qk_norms
 
 
@@ -86,6 +92,10 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     else:
         parts["encoder layers"] = n * encoder_layer - first
         parts["decoder layers"] = n * (encoder_layer + attention_params(card) + norm) - first
+    if card["activation"] == experts.NAME:  # dense and sparse layers (registry/experts.py)
+        bias = effective_bias(card, "mlp_bias")
+        parts["decoder layers"] += (experts.moe_feed_forward_params(card, ffn_params(card), bias)
+                                    - n * ffn_params(card))
     stacks = 2 if family == "encoder-decoder" else 1
     parts["final norm"] = stacks * norm if card["final_norm"] else 0
 
@@ -117,3 +127,12 @@ def total_parameters(card: dict[str, Any]) -> int | None:
         return sum(count_parameters(card).values())
     except UnknownCount:
         return None
+
+
+def active_parameters(card: dict[str, Any]) -> int | None:
+    """Parameters one token uses: the total less the experts it is not routed to (a
+    mixture-of-experts card's "active" count; the total for any other card)."""
+    total = total_parameters(card)
+    if total is None or card["activation"] != experts.NAME:
+        return total
+    return total - experts.inactive_params(card, effective_bias(card, "mlp_bias"))

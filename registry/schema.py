@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from registry import experts
 from registry.blocks import BLOCKS, block_fields, block_names, field_owner
 from registry.errors import CardError, ZooError
 from registry.families import POOLINGS, SPECS
@@ -96,6 +97,8 @@ FIELDS: dict[str, Field] = {
                             "(null: bias)", nullable=True),
     "mlp_bias": Field(bool, None, "biases in the feed-forward (null: bias)", nullable=True),
     "qk_norm": Field(bool, False, "a norm over each head's queries and keys (Qwen3, OLMo 2)"),
+    "qk_norm_scope": Field(str, "head", "qk_norm's reach: each head (Qwen3) or the whole query "
+                           "and key projections (OLMoE)", choices=("head", "projection")),
     "output_bias": Field(bool, False, "a bias on the output logits (MarianMT's final_logits_bias)"),
     "target_vocab_size": Field(int, None, "encoder-decoder: a target vocabulary of its own "
                                "(null: the source's, shared)", minimum=1, maximum=MAX_VOCAB,
@@ -125,6 +128,9 @@ FIELDS: dict[str, Field] = {
                                   "dense, GELU and norm (ModernBertForSequenceClassification)"),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
+# The mixture-of-experts feed-forward, a built-in block with card fields of its own
+# (registry/experts.py): they are resolved only in cards that select it.
+experts.register(Field)
 
 
 def target_vocab_size(card: dict[str, Any]) -> int:
@@ -318,6 +324,14 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["family"] == "encoder-decoder" and card["bos_token_id"] is None:
         raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
                         "(the decoder's start token)")
+    if card["activation"] == experts.NAME:
+        family = card["family"]
+        if family != "decoder":  # the router's loss and the cache graphs are a decoder's
+            raise CardError(f"{where}: activation=moe applies only to family decoder, not "
+                            f"{family}")
+        experts.check_experts(card, where)
+    if card["qk_norm_scope"] != "head" and not card["qk_norm"]:
+        raise CardError(f"{where}: qk_norm_scope={card['qk_norm_scope']!r} needs qk_norm: true")
 
 
 def _check_local_attention(card: dict[str, Any], where: str) -> None:

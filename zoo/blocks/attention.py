@@ -18,6 +18,7 @@ from torch import nn
 from registry.schema import effective_bias
 from registry.sizes import attention_sizes
 from zoo.blocks.classes import build_block
+from zoo.blocks.norms import ProjectionNorm
 from zoo.blocks.positions import Rotary, apply_rotary
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]
@@ -157,7 +158,7 @@ class Attention(nn.Module):
     projection is applied to whatever the core returns."""
 
     reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
-             "attention_bias", "qk_norm", "norm", "norm_eps")
+             "attention_bias", "qk_norm", "norm", "norm_eps", "qk_norm_scope")
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
@@ -189,8 +190,15 @@ class Attention(nn.Module):
         sizes = attention_sizes(card)
         head_norm = ((lambda size: build_block("norm", card, layer, size=size))
                      if card["qk_norm"] else None)
-        return cls(card["d_model"], sizes.heads, card["dropout"], card["bias"], sizes.kv_heads,
-                   sizes.head_dim, effective_bias(card, "attention_bias"), head_norm)
+        attention = cls(card["d_model"], sizes.heads, card["dropout"], card["bias"],
+                        sizes.kv_heads, sizes.head_dim, effective_bias(card, "attention_bias"),
+                        head_norm)
+        if card["qk_norm"] and card.get("qk_norm_scope") == "projection":  # OLMoE's
+            attention.query_norm = ProjectionNorm(
+                build_block("norm", card, layer, size=sizes.query_width))
+            attention.key_norm = ProjectionNorm(
+                build_block("norm", card, layer, size=sizes.kv_width))
+        return attention
 
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(B, T, heads * hd) -> (B, heads, T, hd); the query heads unless told."""

@@ -308,8 +308,10 @@ def make_card(parent: Card, name: str, fields: dict[str, Any], origins: dict[str
               where: str) -> tuple[Card, dict[str, Any]]:
     """The parent card with `fields` over it, validated: (card, fields that differ)."""
     resolved = validate({**parent.fields, **fields}, where, origins)
-    overrides = {key: value for key, value in resolved.items() if parent.fields[key] != value}
-    all_origins = {key: origins.get(key, parent.origins[key]) for key in resolved}
+    # a block's own fields (the experts') may be new to the parent
+    overrides = {key: value for key, value in resolved.items()
+                 if parent.fields.get(key, MISSING) != value}
+    all_origins = {key: origins.get(key, parent.origins.get(key, where)) for key in resolved}
     return Card(name, Path(where), resolved, all_origins), overrides
 
 

@@ -43,4 +43,20 @@ class RMSNorm(CardNorm, nn.Module):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight is an offset from one, x / rms(x) * (1 + w), and it is
+    computed in float32 whatever the model's dtype (as transformers' Gemma3RMSNorm); its weight
+    starts at zero, so the norm starts as the plain one."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__(d_model, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.float()
+        normed = wide / torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm,
+                                     "rmsnorm_gemma": GemmaRMSNorm}

@@ -64,6 +64,10 @@ def _value(layout: LayoutMap, card: Card, field: str) -> Any:
         return sizes.head_dim
     if field in ("attention_bias", "mlp_bias"):
         return effective_bias(card, field)
+    if field == "attention_pattern":  # layer_types: a kind per layer
+        kinds = {"L": "sliding_attention", "G": "full_attention"}
+        pattern = card["attention_pattern"]
+        return [kinds[pattern[i % len(pattern)]] for i in range(card["n_layers"])]
     if field == "activation":  # the first config.json name the map reads as this activation
         return next((name for name, ours in layout["activations"].items()
                      if ours == card["activation"]), card["activation"])

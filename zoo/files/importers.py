@@ -163,12 +163,46 @@ def _rope_scaling(key: str, value: Any, where: str) -> Any:
     return scaling
 
 
+LAYER_TYPES = {"sliding_attention": "L", "full_attention": "G"}  # transformers' layer_types
+
+
+def _attention_pattern(key: str, value: Any, where: str) -> str:
+    """layer_types (a kind per layer) as the card's letters, the shortest pattern that repeats
+    to them; an older file's sliding_window_pattern N: every Nth layer global."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return "L" * (value - 1) + "G"
+    if not isinstance(value, list) or not value or any(
+            not isinstance(kind, str) or kind not in LAYER_TYPES for kind in value):
+        raise CheckpointError(f"{where}: {key}={value!r} should list a kind per layer, each "
+                              f"one of {', '.join(LAYER_TYPES)}")
+    letters = "".join(LAYER_TYPES[kind] for kind in value)
+    period = next(size for size in range(1, len(letters) + 1)
+                  if all(letters[i] == letters[i % size] for i in range(len(letters))))
+    return letters[:period]
+
+
+def _local_base(key: str, value: Any, where: str) -> Any:
+    """The local layers' rotary base: a number, or transformers 5's rope_parameters entry,
+    which must be unscaled (the zoo scales only the global layers' frequencies)."""
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("rope_type", "default")
+    if kind != "default" or "rope_theta" not in value:
+        raise CheckpointError(f"{where}: {key} has rope_type={kind!r}: the zoo's local layers "
+                              "rotate unscaled, with a rope_theta")
+    return value["rope_theta"]
+
+
 def _converted(layout: LayoutMap, field: str, key: str, value: Any, where: str) -> Any:
     """A config.json value in the card's terms, for the fields spelled otherwise there."""
     if field == "activation":
         return _activation(layout, key, value, where)
     if field == "rope_scaling":
         return _rope_scaling(key, value, where)
+    if field == "attention_pattern":
+        return _attention_pattern(key, value, where)
+    if field == "rope_theta_local":
+        return _local_base(key, value, where)
     return value
 
 
@@ -251,6 +285,12 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
         key, value = found
         fields[field] = _converted(layout, field, key, value, where)
         origins[field] = f"{where} ({key})"
+    for field in layout["explicit_null"]:  # null there is the value (Gemma 2's caps off)
+        keys = layout["config"].get(field) or []
+        null = next((key for key in (keys if isinstance(keys, list) else [keys])
+                     if lookup(config, key) is None), None)
+        if null is not None and field not in fields:
+            fields[field], origins[field] = None, f"{where} ({null})"
     for field, value in layout["defaults"].items():  # transformers' value for an absent key
         fields.setdefault(field, value)
         origins.setdefault(field, display_path(layout.path))

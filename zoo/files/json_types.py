@@ -50,6 +50,9 @@ CARD_KINDS = {int: "int", float: "number", str: "str", bool: "bool", dict: "obje
 # Read from every config.json, whatever its layout: which map, and a classifier's classes.
 CONFIG = {"model_type": "str", "architectures": "list[str]", "id2label": "object[str]"}
 SCALING_KEYS = ("rope_type", "type")  # the kind of a rope_scaling object
+# Card fields whose config.json value has another shape, checked where it is converted
+# (zoo/files/importers.py): layer_types is a list, a local rotary base may be an object.
+CONVERTED = ("attention_pattern", "rope_theta_local")
 
 
 def read_json(path: Path) -> Any:
@@ -87,6 +90,8 @@ def config_kinds(layout: LayoutMap) -> dict[str, str]:
     kinds = dict(CONFIG)
     for field, keys in layout["config"].items():
         kind = CARD_KINDS.get(FIELDS[field].type) if field in FIELDS else None
+        if field in CONVERTED:
+            continue
         for key in keys if isinstance(keys, list) else [keys]:
             if kind is not None:
                 kinds.setdefault(key, kind)

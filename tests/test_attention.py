@@ -37,7 +37,8 @@ from zoo.blocks.attention import recorded_attentions
 pytestmark = on_shared("gpt-tiny")
 
 GROUPS = {"gpt-tiny": ("attentions",), "llama-tiny": ("attentions",), "bert-tiny": ("attentions",),
-          "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
+          "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions"),
+          "gemma-tiny": ("attentions",)}
 
 
 def run_recorded(name: str, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, list]:

@@ -20,7 +20,7 @@ import torch
 from export.opening import open_model
 from registry.params import count_parameters
 from runtime.generate import generate, left_padded
-from tests.conftest import card
+from tests.conftest import SharedExport, card, on_shared
 from tests.helpers import assert_one_line_error, zoo
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
@@ -161,6 +161,8 @@ def test_an_imported_gemma_exports_and_generates_transformers_tokens(
         assert windows == ([WINDOW, WINDOW, -1] if name == "gemma3" else [WINDOW, -1, WINDOW])
         assert all(a["scale"] == pytest.approx(24**-0.5) for a in attributes)
         assert all(a.get("softcap") == (None if name == "gemma3" else 2.0) for a in attributes)
+    if name == "gemma3":
+        check_config_json(out)
     exported = load(out)
     generated = exported.generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
     expected = transformers_greedy(sources[name][1])
@@ -170,12 +172,9 @@ def test_an_imported_gemma_exports_and_generates_transformers_tokens(
         assert row.ids[:end] == want[:end]
 
 
-def test_the_export_writes_a_config_json_transformers_loads_as_gemma3(imported: dict,
-                                                                      tmp_path: Path) -> None:
-    from zoo import ExportOptions, export_model
-
-    out = tmp_path / "onnx"
-    export_model(imported["gemma3"], out, ExportOptions())
+def check_config_json(out: Path) -> None:
+    """The export's config.json (the clients' layout) is one transformers loads as the
+    Gemma3ForCausalLM it came from; GenAI's config names its text-only Gemma 3."""
     config = transformers.AutoConfig.from_pretrained(out)
     assert config.architectures == ["Gemma3ForCausalLM"]
     assert config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
@@ -184,6 +183,26 @@ def test_the_export_writes_a_config_json_transformers_loads_as_gemma3(imported: 
     assert config.rope_parameters["full_attention"]["factor"] == 4.0
     genai = json.loads((out / "genai_config.json").read_text())["model"]
     assert genai["type"] == "gemma3_text"  # GenAI's text-only Gemma 3
+
+
+@on_shared("gemma-tiny")
+@pytest.mark.parametrize("variant", ["plain", "optimize"])
+def test_genai_generates_the_zoos_tokens_past_the_window(variant: str,
+                                                         shared_export: SharedExport) -> None:
+    """ONNX Runtime GenAI's own loop under its gemma3_text type, on a prompt past gemma-tiny's
+    window of 16 and 40 tokens after it (the plain graph, and --optimize's GroupQueryAttention
+    with local_window_size, which GenAI drives with its shared buffers)."""
+    pytest.importorskip("onnxruntime_genai")
+    from tests.test_serving import genai_greedy
+    from zoo import GenerateOptions, load
+
+    folder = shared_export("gemma-tiny", variant)[0]
+    assert json.loads((folder / "genai_config.json").read_text())["model"]["type"] == \
+        "gemma3_text"
+    prompts = [list(range(10, 40)), list(range(50, 62))]
+    zoo_tokens = [row.ids for row in load(folder).generate(prompts,
+                                                           GenerateOptions(max_new_tokens=40))]
+    assert genai_greedy(folder, prompts, 40) == zoo_tokens
 
 
 # --- the published cards -------------------------------------------------------------------

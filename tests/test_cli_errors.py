@@ -21,11 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "llama-tiny",
            "qwen2.5-0.5b", "qwen3-0.6b", "smollm2-135m",
            "transformer-base", "transformer-big", "transformer-tiny"]
+SHIPPED = sorted([*SHIPPED, "gemma-3-1b", "gemma-3-270m", "gemma-tiny"])
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
     "gpt-tiny": "decoder", "gpt2-small": "decoder", "llama-tiny": "decoder",
     "llama-3.2-1b": "decoder", "qwen2.5-0.5b": "decoder", "qwen3-0.6b": "decoder",
     "smollm2-135m": "decoder",
+    "gemma-3-1b": "decoder", "gemma-3-270m": "decoder", "gemma-tiny": "decoder",
     "transformer-base": "encoder-decoder", "transformer-big": "encoder-decoder",
     "transformer-tiny": "encoder-decoder",
 }

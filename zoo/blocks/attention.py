@@ -97,7 +97,9 @@ class AttentionCore(Protocol):
 
 
 class DotProductCore:
-    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation.
+    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation
+    (the module's own `scale` for 1 / sqrt(head_dim) where it has one, and its `softcap` on the
+    scores before the mask: Gemma's).
     Given a `record` list, it also appends each call's probabilities (B, nh, T, S) to it.
 
     The scale multiplies Q, which feeds the MatMul directly: ONNX Runtime folds a scalar Mul on

@@ -270,3 +270,30 @@ def test_an_explicit_null_cap_is_no_cap(sources: dict, tmp_path: Path) -> None:
     assert zoo("import", str(folder), "-o", str(tmp_path / "out")).exit_code == 0
     _, built = load_built(tmp_path / "out")
     assert (built["attn_logit_softcapping"], built["final_logit_softcapping"]) == (None, 30.0)
+
+
+def test_the_parity_grid_reaches_past_a_published_window() -> None:
+    """gemma-3-270m's longest grid case stops at 128 tokens (the token budget), short of its
+    window of 512: the window's own cases go past it (a prompt, and steps on a full window),
+    where no other card gets any."""
+    from export.checks.cases import longest, window_shapes
+
+    gemma = card("gemma-3-270m")
+    assert longest(gemma) < gemma["sliding_window"] == 512
+    reach = [length + past for _, length, past, _ in window_shapes(gemma)]
+    assert reach and min(reach) > 512 and max(reach) <= gemma["max_positions"]
+    assert window_shapes(card("llama-tiny")) == []
+
+
+@pytest.mark.parametrize("name, fields, message", [
+    ("gemma-tiny", {"norm_placement": "post"}, "sandwich_norm applies only to norm_placement pre"),
+    ("transformer-tiny", {"sandwich_norm": True}, "sandwich_norm applies only"),
+    ("bert-tiny", {"final_logit_softcapping": 30.0}, "final_logit_softcapping applies only"),
+    ("gemma-tiny", {"query_pre_attn_scalar": 0}, "query_pre_attn_scalar=0 should be >= 1"),
+])
+def test_cards_the_blocks_cannot_compute_are_refused(name: str, fields: dict,
+                                                     message: str) -> None:
+    from registry.errors import CardError
+
+    with pytest.raises(CardError, match=message):
+        card(name, **fields)

@@ -140,8 +140,10 @@ def test_greedy_tokens_across_the_window_match_transformers_generate(
     assert tokens.tolist() == transformers_greedy(reference)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("optimize", [False, True])
+@pytest.mark.parametrize("name, optimize", [
+    ("gemma3", False), ("gemma3", True), ("gemma2", True),
+    pytest.param("gemma2", False, marks=pytest.mark.slow),  # its caps are plain Tanh nodes
+])
 def test_an_imported_gemma_exports_and_generates_transformers_tokens(
         name: str, optimize: bool, sources: dict, imported: dict, tmp_path: Path) -> None:
     """The export's own parity grid (cases past the window) and its shared-cache check pass,

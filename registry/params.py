@@ -28,7 +28,8 @@ def _plugin_count(kind: str, card: dict[str, Any]) -> int:
 def norm_params(card: dict[str, Any]) -> int:
     d = card["d_model"]
     layernorm = 2 * d if card.get("norm_bias", True) else d
-    return {"layernorm": layernorm, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
+    return ({"layernorm": layernorm, "rmsnorm": d, "rmsnorm_gemma": d}.get(card["norm"])
+            or _plugin_count("norm", card))
 
 
 GATED = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
@@ -73,6 +74,8 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     family = card["family"]
     norm = norm_params(card)
     encoder_layer = attention_params(card) + ffn_params(card) + 2 * norm
+    if card.get("sandwich_norm"):  # a norm after attention and after the feed-forward too
+        encoder_layer += 2 * norm
     parts: dict[str, int] = {}
 
     embeddings = vocab * d + position_params(card) + card["type_vocab_size"] * d

@@ -88,6 +88,17 @@ FIELDS: dict[str, Field] = {
                             minimum=1, maximum=MAX_POSITIONS, nullable=True),
     "rope_theta_local": Field(float, None, "rotary base of the local layers (null: rope_theta)",
                               minimum=0.0, exclusive_minimum=True, nullable=True),
+    "sandwich_norm": Field(bool, False, "a norm after each sublayer too, before its residual "
+                           "add (Gemma 2 and 3: four norms a layer; needs norm_placement pre)"),
+    "query_pre_attn_scalar": Field(int, None, "attention scores scaled by "
+                                   "query_pre_attn_scalar^-0.5 (Gemma; null: head_dim^-0.5)",
+                                   minimum=1, maximum=MAX_D_MODEL, nullable=True),
+    "attn_logit_softcapping": Field(float, None, "attention scores capped as cap * tanh(s / "
+                                    "cap) before the mask (Gemma 2; null: none)", minimum=0.0,
+                                    exclusive_minimum=True, nullable=True),
+    "final_logit_softcapping": Field(float, None, "output logits capped as cap * tanh(l / "
+                                     "cap) (Gemma 2; decoder; null: none)", minimum=0.0,
+                                     exclusive_minimum=True, nullable=True),
     "tie_embeddings": Field(bool, True, "output head (and enc-dec source/target) share embeddings"),
     "scale_embeddings": Field(bool, False, "multiply token embeddings by sqrt(d_model)"),
     "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
@@ -305,6 +316,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
         _check_rope_scaling(card, where)
     _check_local_attention(card, where)
     _check_norm_options(card, where)
+    _check_gemma_fields(card, where)
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
@@ -364,6 +376,17 @@ def _check_norm_options(card: dict[str, Any], where: str) -> None:
     if not card["first_attention_norm"] and card["norm_placement"] != "pre":
         raise CardError(f"{where}: first_attention_norm=false applies only to "
                         "norm_placement pre")
+def _check_gemma_fields(card: dict[str, Any], where: str) -> None:
+    """sandwich_norm and final_logit_softcapping: where the zoo's blocks compute them."""
+    if card["sandwich_norm"] and (card["norm_placement"] != "pre"
+                                  or card["family"] == "encoder-decoder"):
+        raise CardError(f"{where}: sandwich_norm applies only to norm_placement pre in families "
+                        f"encoder and decoder, not {card['norm_placement']} in "
+                        f"{card['family']}")
+    if card["final_logit_softcapping"] is not None and (card["family"] != "decoder"
+                                                        or card["pooling"] is not None):
+        raise CardError(f"{where}: final_logit_softcapping applies only to a decoder's LM head "
+                        "(family decoder, no pooling)")
 
 
 def _check_sequence_heads(card: dict[str, Any], where: str) -> None:

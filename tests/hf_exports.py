@@ -23,6 +23,7 @@ from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 MODELS = {
     "gpt": ("gpt-tiny", {}),
     "llama": ("llama-tiny", {}),
+    "gemma": ("gemma-tiny", {}),  # local layers: a prompt of 23 bytes past its window of 16
     "embedder": ("bert-tiny", {"pooling": "mean", "normalize": True}),
     "classifier": ("bert-tiny", {"pooling": "mean", "num_labels": 3, "mlm_head": False,
                                  "labels": ["low", "mid", "high"]}),

@@ -39,6 +39,7 @@ pytestmark = on_shared("gpt-tiny")
 GROUPS = {"gpt-tiny": ("attentions",), "llama-tiny": ("attentions",), "bert-tiny": ("attentions",),
           "modernbert-tiny": ("attentions",),
           "moe-tiny": ("attentions",),
+          "gemma-tiny": ("attentions",),
           "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
 
 

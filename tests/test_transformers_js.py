@@ -69,7 +69,7 @@ def dtype_args(dtype: str | None) -> list[str]:
 
 
 @pytest.mark.parametrize("key, dtype", [("gpt", None), ("llama", None), ("gpt-q4", "q4"),
-                                        ("gpt-int8", "int8")])
+                                        ("gpt-int8", "int8"), ("gemma", None)])
 def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, dtype: str | None,
                                                       exports: Lazy) -> None:
     exported = load(exports[key])

@@ -53,7 +53,7 @@ class Parts:
     def lm_head(self, vocab_size: int | None = None) -> LMHead:
         c = self.card
         return LMHead(c["d_model"], vocab_size or c["vocab_size"], tied=c["tie_embeddings"],
-                      bias=c["output_bias"])
+                      bias=c["output_bias"], softcap=c["final_logit_softcapping"])
 
 
 def _assemble(card: dict[str, Any]) -> nn.Module:

@@ -98,7 +98,9 @@ class AttentionCore(Protocol):
 
 
 class DotProductCore:
-    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation.
+    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation
+    (the module's own `scale` for 1 / sqrt(head_dim) where it has one, and its `softcap` on the
+    scores before the mask: Gemma's).
     Given a `record` list, it also appends each call's probabilities (B, nh, T, S) to it.
 
     The scale multiplies Q, which feeds the MatMul directly: ONNX Runtime folds a scalar Mul on
@@ -118,7 +120,7 @@ class DotProductCore:
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
-        scale = 1.0 / math.sqrt(a.head_dim)
+        scale = a.scale
         if source is None and a.query_norm is None:  # cross-attention: scaled in the projection
             bias = None if a.query.bias is None else a.query.bias * scale
             query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
@@ -139,6 +141,8 @@ class DotProductCore:
                 value = torch.cat([past[1], value], dim=2)
         attended_key, attended_value = a.shared(key), a.shared(value)
         scores = query @ attended_key.transpose(-2, -1)  # (B, nh, T, S)
+        if a.softcap is not None:  # Gemma 2's cap on the scores, before the mask
+            scores = torch.tanh(scores / a.softcap) * a.softcap
         if mask is not None:
             scores = scores + mask
         probabilities = scores.softmax(dim=-1)
@@ -158,16 +162,20 @@ class Attention(nn.Module):
     projection is applied to whatever the core returns."""
 
     reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
-             "attention_bias", "qk_norm", "norm", "norm_eps", "qk_norm_scope")
+             "attention_bias", "qk_norm", "norm", "norm_eps", "query_pre_attn_scalar",
+             "attn_logit_softcapping", "qk_norm_scope")
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
-                 head_norm: Callable[[int], nn.Module] | None = None) -> None:
+                 head_norm: Callable[[int], nn.Module] | None = None,
+                 scale: float | None = None, softcap: float | None = None) -> None:
         """Sizes as registry/sizes.py derives them from a card (zoo/assemble.py passes them);
         `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
         `projection_bias`: the query/key/value biases (default `bias`, which the output
-        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys."""
+        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys;
+        `scale`: the queries' (default 1/sqrt(head_dim)); `softcap`: scores capped as
+        softcap * tanh(scores / softcap)."""
         super().__init__()
         derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
         self.n_heads = n_heads
@@ -183,6 +191,8 @@ class Attention(nn.Module):
         self.key_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.dropout = nn.Dropout(dropout)
         self.core: AttentionCore = DOT_PRODUCT
+        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else scale
+        self.softcap = softcap
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int | None) -> Attention:
@@ -190,9 +200,11 @@ class Attention(nn.Module):
         sizes = attention_sizes(card)
         head_norm = ((lambda size: build_block("norm", card, layer, size=size))
                      if card["qk_norm"] else None)
+        scalar = card["query_pre_attn_scalar"]  # Gemma's query scale
         attention = cls(card["d_model"], sizes.heads, card["dropout"], card["bias"],
                         sizes.kv_heads, sizes.head_dim, effective_bias(card, "attention_bias"),
-                        head_norm)
+                        head_norm, None if scalar is None else scalar**-0.5,
+                        card["attn_logit_softcapping"])
         if card["qk_norm"] and card.get("qk_norm_scope") == "projection":  # OLMoE's
             attention.query_norm = ProjectionNorm(
                 build_block("norm", card, layer, size=sizes.query_width))

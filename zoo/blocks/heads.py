@@ -36,14 +36,19 @@ class LMHead(nn.Module):
 
     graph_output = "logits"
 
-    def __init__(self, d_model: int, vocab_size: int, tied: bool, bias: bool = False) -> None:
+    def __init__(self, d_model: int, vocab_size: int, tied: bool, bias: bool = False,
+                 softcap: float | None = None) -> None:
         super().__init__()
         self.weight = None if tied else nn.Parameter(torch.empty(vocab_size, d_model))
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.softcap = softcap  # Gemma 2's: logits capped as softcap * tanh(logits / softcap)
 
     def forward(self, x: torch.Tensor, embedding_weight: torch.Tensor) -> torch.Tensor:
         weight = embedding_weight if self.weight is None else self.weight
-        return F.linear(x, weight, self.bias)
+        logits = F.linear(x, weight, self.bias)
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
 
 class MLMHead(nn.Module):

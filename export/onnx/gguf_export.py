@@ -175,7 +175,9 @@ def replace_joined(model: onnx.ModelProto, forms: dict[str, NBitsForm],
         parts = [forms[name] for name in names]
         prefix = "+".join(names)
         if _joinable(parts):
-            nodes, inits = nbits_nodes(joined(parts), node.input[0], node.output[0], prefix,
+            form = joined(parts)
+            check_exact(prefix, form, np.concatenate([weights[name] for name in names]))
+            nodes, inits = nbits_nodes(form, node.input[0], node.output[0], prefix,
                                        ACCURACY_LEVEL)
         else:  # one each, side by side again
             nodes, inits = [], []

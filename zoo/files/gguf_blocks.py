@@ -62,6 +62,7 @@ def write_blocks(store: BlockStore, folder: Path) -> None:
         return
     save_file({name: blocks.raw for name, blocks in store.found.items()},
               str(folder / BLOCKS_FILE))
+    (folder / BLOCKS_FILE).chmod(0o644)  # as the folder's other files (save_file: 0600)
     index = {name: {"type": blocks.ggml_type, "shape": list(blocks.shape),
                     "gguf": blocks.source} for name, blocks in store.found.items()}
     (folder / BLOCKS_INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")

@@ -234,8 +234,20 @@ def quantize_gguf(model: onnx.ModelProto, forms: dict[str, NBitsForm],
     if EMBEDDING in forms:
         replace_gathers(model, forms[EMBEDDING], weights[EMBEDDING])
     ensure_ms_opset(model)
+    _one_of_each_name(model.graph)
     drop_unused_initializers(model.graph)
     return model, sum(node.op_type == "MatMulNBits" for node in model.graph.node)
+
+
+def _one_of_each_name(graph: onnx.GraphProto) -> None:
+    """The shared blocksum matrices were added once per linear: keep the first of each name."""
+    seen, kept = set(), []
+    for tensor in graph.initializer:
+        if tensor.name not in seen:
+            seen.add(tensor.name)
+            kept.append(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],

@@ -40,7 +40,7 @@ from export.opening import open_export  # noqa: E402
 from runtime.generate import generate, open_session  # noqa: E402
 
 ZOO = Path(sys.executable).parent / "zoo"
-NODE_FOLDER = HERE / "node"  # setup.sh: npm i --ignore-scripts node-llama-cpp
+NODE_MODULES = HERE / "node_modules"  # setup.sh: npm i --ignore-scripts node-llama-cpp
 EXPORTS = {"zoo fp32": [], "zoo int4": ["--quantize", "int4"], "zoo gguf": ["--quantize", "gguf"]}
 
 
@@ -73,14 +73,16 @@ def llama_cpp(gguf: Path, threads: int, prompt: list[int], steps: int, prefill: 
     job = {"model": str(gguf), "threads": threads, "prompt": prompt, "tokens": steps,
            "prefill": prefill, "rounds": rounds}
     done = subprocess.run(["node", str(HERE / "llama_cpp.mjs"), json.dumps(job)],
-                          cwd=NODE_FOLDER, capture_output=True, text=True, check=True)
+                          capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"llama_cpp.mjs: {done.stderr.strip()[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def machine() -> dict:
     import onnxruntime
 
-    node = NODE_FOLDER / "node_modules" / "node-llama-cpp" / "package.json"
+    node = NODE_MODULES / "node-llama-cpp" / "package.json"
     return {"cpu": cpu_name(), "flags": cpu_flags(), "cores": os.cpu_count(),
             "load_1min": os.getloadavg()[0], "onnxruntime": onnxruntime.__version__,
             "node-llama-cpp": json.loads(node.read_text())["version"] if node.exists() else None}

@@ -290,3 +290,38 @@ def test_the_packaged_smollm2_exports_its_own_blocks_and_answers(tmp_path: Path)
     answer = zoo_ok("run", out, "--chat", "What is the capital of France?",
                     "--max-new-tokens", "16")
     assert "Paris" in answer
+
+
+def test_a_qwen2_file_with_biases_and_float_tensors_exports_its_blocks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen2 (query/key/value biases, untied head) written with Q8_0 where a row holds whole
+    32-blocks and F32 elsewhere (the feed-forward down projection, 48 inputs): the Q8_0
+    linears become MatMulNBits holding the file's weights, the F32 one stays a MatMul."""
+    from tests.test_gguf_architectures import hf_model, write_gguf
+
+    add_tensor = gguf.GGUFWriter.add_tensor
+
+    def quantized(self: object, name: str, array: np.ndarray, **kwargs: object) -> None:
+        if array.ndim == 2 and array.shape[1] % 32 == 0:
+            raw = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
+            return add_tensor(self, name, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        return add_tensor(self, name, array, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_tensor", quantized)
+    write_gguf(hf_model("qwen2", tie=False), tmp_path / "qwen2.gguf", "qwen2")
+    zoo_ok("import", tmp_path / "qwen2.gguf", "-o", tmp_path / "imported")
+    zoo_ok("export", tmp_path / "imported", "--onnx", "-o", tmp_path / "out", "--quantize",
+           "gguf")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())["quantization"]
+    assert manifest["types"] == {"Q8_0": 2 + 6 * 2}  # embedding, head; q, k, v, o, gate, up
+    model = onnx.load(str(tmp_path / "out" / "onnx" / "model_q4.onnx"))
+    state = load_built(tmp_path / "imported")[0].state_dict()
+    weights = dict(nbits_weights(model))
+    for prefix, weight in weights.items():
+        assert same_bits(weight, np.concatenate([state[n].numpy() for n in prefix.split("+")]))
+    assert sorted(n for prefix in weights for n in prefix.split("+")) == sorted(
+        name for name, entry in manifest["tensors"].items() if "Gather" not in entry["form"])
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    floats = [node for node in model.graph.node if node.op_type == "MatMul"
+              and inits.get(node.input[1], np.empty(0)).shape == (48, 32)]
+    assert len(floats) == 2  # each layer's down projection, as the file's F32

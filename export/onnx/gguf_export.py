@@ -262,15 +262,22 @@ def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
         "method": "the GGUF file's own blocks (export/onnx/gguf_blocks.py), no re-quantization",
         "types": dict(sorted(types.items())),
         "tensors": {name: {"gguf": found.source, "ggml_type": found.ggml_type,
-                           "form": form_label(forms[name]) + (
-                               "; gathered by GatherBlockQuantized" if name == EMBEDDING
-                               else "")}
+                           "form": form_label(forms[name]) + _embedding_note(name, forms,
+                                                                             blocks)}
                     for name, found in blocks.items()},
         "exact": "every form's (q - zero point) * scale + minimum equals the imported weight "
                  "(gguf's dequantize) bit for bit",
         "matmuls": counts,
         "check": "top-1 agreement with the fp32 dequantized model instead of the parity grid",
     }
+
+
+def _embedding_note(name: str, forms: dict[str, NBitsForm], blocks: dict[str, Blocks]) -> str:
+    if name != EMBEDDING:
+        return ""
+    tied = HEAD in forms and HEAD not in blocks
+    return "; gathered by GatherBlockQuantized" + (", the tied head's MatMulNBits from the "
+                                                   "same bytes" if tied else "")
 
 
 def type_counts_line(blocks: dict[str, Blocks]) -> str:

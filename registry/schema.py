@@ -116,8 +116,28 @@ FIELDS: dict[str, Field] = {
     "num_labels": Field(int, 0, "classifier classes on the sentence vector (0 = none)",
                         minimum=0, maximum=MAX_LABELS),
     "labels": Field(list, None, "the classes' names, in id order (optional)", nullable=True),
+    "relative_buckets": Field(int, 32, "position t5_relative: buckets of key-query offsets, "
+                              "per head (half each way in the encoder)", minimum=4,
+                              maximum=MAX_POSITIONS),
+    "relative_max_distance": Field(int, 128, "position t5_relative: offsets from here on "
+                                   "share the last bucket", minimum=2, maximum=MAX_POSITIONS),
+    "query_scale": Field(bool, True, "scale attention scores by 1/sqrt(head_dim) (false: T5, "
+                         "whose initialisation absorbs it)"),
+    "share_embeddings": Field(bool, None, "encoder-decoder: source and target share one "
+                              "embedding, whether or not the head is tied to it (T5 v1.1: "
+                              "shared, untied; null: as tie_embeddings)", nullable=True),
+    "head_scale": Field(bool, False, "multiply the final states by d_model^-0.5 before a tied "
+                        "output head (T5)"),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
+
+
+def shared_embeddings(card: dict[str, Any]) -> bool:
+    """Whether an encoder-decoder's source and target read one embedding matrix: as the card's
+    share_embeddings says, else where the head is tied too; never with two vocabularies."""
+    share = card.get("share_embeddings")
+    share = card["tie_embeddings"] if share is None else share
+    return share and card["target_vocab_size"] is None
 
 
 def target_vocab_size(card: dict[str, Any]) -> int:
@@ -291,6 +311,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["rope_scaling"] is not None:
         _check_rope_scaling(card, where)
     _check_local_attention(card, where)
+    _check_relative_bias(card, where)
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
@@ -332,6 +353,24 @@ def _check_local_attention(card: dict[str, Any], where: str) -> None:
     if card["rope_theta_local"] is not None and card["position"] != "rotary":
         raise CardError(f"{where}: rope_theta_local applies only to position rotary, not "
                         f"{card['position']}")
+
+
+def _check_relative_bias(card: dict[str, Any], where: str) -> None:
+    """T5's buckets (zoo/blocks/relative_bias.py): the exact offsets are the first half of
+    the causal buckets, and the logarithmic ones need a farther limit; the d_model^-0.5 head
+    scale is the tied head's."""
+    if card["relative_max_distance"] <= card["relative_buckets"] // 2:
+        raise CardError(f"{where}: relative_max_distance={card['relative_max_distance']} "
+                        f"should exceed relative_buckets // 2 = {card['relative_buckets'] // 2} "
+                        "(the offsets with a bucket each)")
+    if card["share_embeddings"] is not None and card["family"] != "encoder-decoder":
+        raise CardError(f"{where}: share_embeddings applies only to family encoder-decoder")
+    if card["share_embeddings"] and card["target_vocab_size"] is not None:
+        raise CardError(f"{where}: share_embeddings=true needs one vocabulary "
+                        "(target_vocab_size: null)")
+    if card["head_scale"] and not card["tie_embeddings"]:
+        raise CardError(f"{where}: head_scale applies only to a tied head (tie_embeddings: "
+                        "true)")
 
 
 def _check_sequence_heads(card: dict[str, Any], where: str) -> None:

@@ -117,15 +117,18 @@ class DotProductCore:
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
-        scale = 1.0 / math.sqrt(a.head_dim)
-        if source is None and a.query_norm is None:  # cross-attention: scaled in the projection
+        scale = 1.0 / math.sqrt(a.head_dim) if a.scaled else 1.0
+        if not a.scaled and source is None and a.query_norm is None:  # T5: nothing to scale
+            query = a.split_heads(a.query(x))
+        elif source is None and a.query_norm is None:  # cross-attention: scaled in the projection
             bias = None if a.query.bias is None else a.query.bias * scale
             query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
         else:
             query = a.split_heads(a.query(x))
             if a.query_norm is not None:
                 query = a.query_norm(query)
-            query = query * scale
+            if a.scaled:
+                query = query * scale
         if source is None:  # cross-attention: the source's keys and values, projected once
             assert past is not None
             key, value = past
@@ -157,16 +160,18 @@ class Attention(nn.Module):
     projection is applied to whatever the core returns."""
 
     reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
-             "attention_bias", "qk_norm", "norm", "norm_eps")
+             "attention_bias", "qk_norm", "norm", "norm_eps", "query_scale")
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
-                 head_norm: Callable[[int], nn.Module] | None = None) -> None:
+                 head_norm: Callable[[int], nn.Module] | None = None,
+                 scaled: bool = True) -> None:
         """Sizes as registry/sizes.py derives them from a card (zoo/assemble.py passes them);
         `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
         `projection_bias`: the query/key/value biases (default `bias`, which the output
-        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys."""
+        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys;
+        `scaled` False: the scores are not divided by sqrt(head_dim) (T5)."""
         super().__init__()
         derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
         self.n_heads = n_heads
@@ -181,6 +186,7 @@ class Attention(nn.Module):
         self.query_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.key_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.dropout = nn.Dropout(dropout)
+        self.scaled = scaled
         self.core: AttentionCore = DOT_PRODUCT
 
     @classmethod
@@ -190,7 +196,8 @@ class Attention(nn.Module):
         head_norm = ((lambda size: build_block("norm", card, layer, size=size))
                      if card["qk_norm"] else None)
         return cls(card["d_model"], sizes.heads, card["dropout"], card["bias"], sizes.kv_heads,
-                   sizes.head_dim, effective_bias(card, "attention_bias"), head_norm)
+                   sizes.head_dim, effective_bias(card, "attention_bias"), head_norm,
+                   card["query_scale"])
 
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(B, T, heads * hd) -> (B, heads, T, hd); the query heads unless told."""

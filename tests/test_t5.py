@@ -33,6 +33,8 @@ TEXTS = ["First Citizen: we are accounted poor citizens.",
          "What authority surfeits on would relieve us.",
          "Speak, speak."]
 STEPS = 10
+# mT5's card is T5 v1.1's (its map is `like: t5`): its export would prove nothing more
+EXPORTED = ("t5", "t5-v1.1")
 
 
 def transformers_count(config: object) -> int:
@@ -81,8 +83,10 @@ def t5(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
     result = zoo("import", str(source), "-o", str(built))
     assert result.exit_code == 0, result.output
     zoo_model, card = load_built(built)
-    exported = root / "exported"
-    export_and_verify(zoo_model, card, exported, source_folder=built)  # with its parity grid
+    exported = None
+    if request.param in EXPORTED:
+        exported = root / "exported"
+        export_and_verify(zoo_model, card, exported, source_folder=built)  # its parity grid
     return {"kind": request.param, "hf": model, "tokenizer": tokenizer, "source": source,
             "built": built, "exported": exported, "zoo": zoo_model, "card": card}
 
@@ -116,6 +120,8 @@ def test_encoder_states_and_logits_equal_transformers(t5: dict) -> None:
                                    rtol=0)
         np.testing.assert_allclose(t5["zoo"](ids, target, mask).numpy(), expected, atol=1e-4,
                                    rtol=0)
+    if t5["exported"] is None:
+        return
     runtime = open_export(t5["exported"])
     encoded = runtime.run("encoder.onnx", {"input_ids": ids.numpy(),
                                            "attention_mask": mask.numpy()})
@@ -145,7 +151,10 @@ def test_greedy_tokens_equal_transformers_generate(t5: dict) -> None:
                                do_sample=False, max_new_tokens=STEPS)
     expected = [until_eos(row[1:], eos) for row in hf.tolist()]  # row[0]: the start token
     assert len({tuple(row) for row in expected}) > 1  # the sources matter
-    for engine in (open_export(t5["exported"]), open_model(t5["zoo"], t5["card"])):
+    engines = [open_model(t5["zoo"], t5["card"])]
+    if t5["exported"] is not None:
+        engines.append(open_export(t5["exported"]))
+    for engine in engines:
         got = generate(engine, ids.numpy(), mask.numpy(), STEPS, eos=eos)
         assert [until_eos(row, eos) for row in got.tolist()] == expected
 
@@ -154,7 +163,7 @@ def test_tokenizer_equals_t5s_with_extra_ids(t5: dict) -> None:
     """A whole source ends with </s>, as T5's tokenizer (and so generation) encodes it."""
     from runtime.files.tokenizer import load_tokenizer, sequence_ids
 
-    ours = load_tokenizer(t5["exported"])
+    ours = load_tokenizer(t5["built"])
     for text in [*TEXTS, "a <extra_id_0> b <extra_id_19> c", "Zounds! qzx"]:
         ids = t5["tokenizer"](text)["input_ids"]
         assert sequence_ids(ours, text) == ids and ids[-1] == t5["card"]["eos_token_id"]
@@ -164,6 +173,8 @@ def test_tokenizer_equals_t5s_with_extra_ids(t5: dict) -> None:
 
 
 def test_zoo_run_generates_transformers_text(t5: dict) -> None:
+    if t5["exported"] is None:
+        pytest.skip("not exported")
     text = TEXTS[1]
     output = zoo_ok("run", str(t5["exported"]), "--text", text, "--max-new-tokens", str(STEPS))
     encoded = t5["tokenizer"]([text], return_tensors="pt")

@@ -19,11 +19,13 @@ from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
 from registry import open_catalog
 from registry.params import total_parameters
+from registry.sizes import attention_sizes
 from runtime.generate import generate
 from tests.helpers import assert_one_line_error, zoo, zoo_ok
 from tests.t5_folder import CONFIGS, t5_folder
 from zoo.assemble import build_model
 from zoo.blocks.relative_bias import relative_buckets
+from zoo.files.hf_config import hf_config
 from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
@@ -62,6 +64,29 @@ def test_card_counts_equal_transformers(name: str, config: dict, published: int)
     assert total_parameters(card.fields) == published
     model = build_model(card, meta=True)
     assert sum(parameter.numel() for parameter in model.parameters()) == published
+
+
+@pytest.mark.parametrize("name", ["t5-small", "flan-t5-small", "t5-tiny"])
+def test_config_json_is_read_by_transformers_as_the_card(name: str) -> None:
+    """An export's config.json (zoo/files/hf_config.py, the map run backwards) is a T5Config
+    of the card's sizes, and T5ForConditionalGeneration built from it has the card's count."""
+    from transformers import AutoConfig
+
+    card = open_catalog().get(name)
+    written = hf_config(card).config
+    assert written is not None and written["architectures"] == ["T5ForConditionalGeneration"]
+    config = AutoConfig.for_model(**written)
+    assert type(config).__name__ == "T5Config"
+    assert (config.d_model, config.num_layers, config.num_decoder_layers, config.num_heads,
+            config.d_kv, config.d_ff, config.vocab_size) == (
+        card["d_model"], card["n_layers"], card["n_layers"], card["n_heads"],
+        attention_sizes(card).head_dim, card["d_ff"], card["vocab_size"])
+    assert (config.relative_attention_num_buckets, config.relative_attention_max_distance) == (
+        card["relative_buckets"], card["relative_max_distance"])
+    assert config.is_gated_act == (card["activation"] == "geglu_tanh")
+    assert config.scale_decoder_outputs == card["head_scale"]
+    assert config.decoder_start_token_id == card["bos_token_id"] == config.pad_token_id
+    assert transformers_count(config) == total_parameters(card.fields)
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

@@ -2,7 +2,8 @@
 folders as they are and agrees with `zoo run` on them (the zoo's Python API: the same code):
 the same greedy tokens (text-generation, from text through the export's own tokenizer files),
 sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
-1e-4 (text-classification), and for a translation model (a MarianMT import) the same source
+1e-4 (text-classification), and for a translation model (a MarianMT import, and a T5 v1.1 one,
+which the text2text-generation and summarization pipelines run the same way) the same source
 ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
 onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
 Quantized exports too, opened by the `dtype` their files are named for (q4, int8, q8), or with
@@ -22,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
+from tests.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
 from zoo import GenerateOptions, load
 
@@ -105,7 +106,8 @@ def test_text_classification_gives_zoo_runs_labels(key: str, dtype: str | None,
 
 
 @pytest.mark.parametrize("key, dtype", [(TRANSLATOR, None), ("translator-int8", None),
-                                        ("translator-int8", "int8")])
+                                        ("translator-int8", "int8"), (T5, None),
+                                        ("t5-int8", "int8")])
 def test_translation_gives_zoo_runs_ids_greedy_tokens_and_text(key: str, dtype: str | None,
                                                                exports: Lazy) -> None:
     exported = load(exports[key])

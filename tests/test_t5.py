@@ -8,6 +8,7 @@ SentencePiece unigram with extra ids)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -229,3 +230,19 @@ def test_what_the_zoo_cannot_compute_is_refused_by_name(t5: dict, tmp_path: Path
                  str(tmp_path / "out"))
     assert_one_line_error(result, "config.json", expected)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse"])
+def test_t5_tiny_trains_on_the_sequence_tasks(task: str, tmp_path: Path) -> None:
+    """`zoo train t5-tiny --task copy|reverse` runs as the paper's card does, and learns."""
+    output = zoo_ok("train", "t5-tiny", "--task", task, "--steps", "60", "--warmup", "20",
+                    "--batch-size", "16", "--checkpoint-every", "60", "-o",
+                    str(tmp_path / "trained"))
+    found = re.search(r"loss ([\d.]+) -> ([\d.]+)", output)
+    assert found is not None, output
+    assert float(found[2]) < float(found[1]) - 0.3
+    trained, card = load_built(tmp_path / "trained")
+    assert card["position"] == "t5_relative" and card.name == "t5-tiny"
+    assert any(not torch.equal(parameter, fresh) for parameter, fresh in zip(
+        trained.parameters(), build_model(open_catalog().get("t5-tiny")).parameters(),
+        strict=True))

@@ -75,7 +75,10 @@ class GroupQueryAttentionCore:
             query = _per_head(a, query, a.n_heads, a.query_norm)
             key = _per_head(a, key, a.kv_heads, a.key_norm)
         seqlens_k, total, position_ids = mask
-        attributes: dict[str, int] = {"num_heads": a.n_heads, "kv_num_heads": a.kv_heads}
+        attributes: dict[str, int | float] = {"num_heads": a.n_heads,
+                                              "kv_num_heads": a.kv_heads}
+        if not a.scaled:  # a card with query_scale: false (T5's attention, unscaled)
+            attributes["scale"] = 1.0
         rotation: list[torch.Tensor] = []
         if rotary is not None and self.tables is not None:  # the kernel rotates
             rotation, attributes["do_rotary"] = [*self.tables, position_ids], 1

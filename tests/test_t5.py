@@ -246,3 +246,21 @@ def test_t5_tiny_trains_on_the_sequence_tasks(task: str, tmp_path: Path) -> None
     assert any(not torch.equal(parameter, fresh) for parameter, fresh in zip(
         trained.parameters(), build_model(open_catalog().get("t5-tiny")).parameters(),
         strict=True))
+
+
+@pytest.mark.parametrize(("name", "overrides", "expected"), [
+    ("t5-tiny", {"relative_max_distance": 8},
+     "relative_max_distance=8 should exceed relative_buckets // 2 = 8"),
+    ("t5-tiny", {"tie_embeddings": False}, "head_scale applies only to a tied head"),
+    ("t5-tiny", {"share_embeddings": True, "target_vocab_size": 32},
+     "share_embeddings=true needs one vocabulary"),
+    ("gpt-tiny", {"share_embeddings": True}, "share_embeddings applies only to family "
+                                             "encoder-decoder"),
+])
+def test_a_card_the_blocks_cannot_build_is_refused(name: str, overrides: dict,
+                                                   expected: str) -> None:
+    from registry.errors import CardError
+    from registry.schema import validate
+
+    with pytest.raises(CardError, match=re.escape(f"x.yaml: {expected}")):
+        validate({**open_catalog().get(name).fields, **overrides}, "x.yaml")

@@ -39,7 +39,8 @@ BLOCKS: dict[str, dict[str, BlockEntry]] = {
     "activation": _builtin("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu",
                            "geglu_tanh"),
     "norm": _builtin("layernorm", "rmsnorm", "rmsnorm_gemma"),
-    "position": _builtin("sinusoidal", "sinusoidal_halves", "learned", "rotary"),
+    "position": _builtin("sinusoidal", "sinusoidal_halves", "learned", "rotary",
+                         "t5_relative"),
 }
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from registry import experts
 from registry.blocks import BLOCKS
-from registry.schema import effective_bias, target_vocab_size
+from registry.schema import effective_bias, shared_embeddings, target_vocab_size
 from registry.sizes import attention_sizes
 
 
@@ -65,6 +65,9 @@ def position_params(card: dict[str, Any]) -> int:
         return card["max_positions"] * card["d_model"]
     if name in ("sinusoidal", "sinusoidal_halves", "rotary"):
         return 0
+    if name == "t5_relative":  # a table per stack (zoo/blocks/relative_bias.py)
+        stacks = 2 if card["family"] == "encoder-decoder" else 1
+        return stacks * card["relative_buckets"] * attention_sizes(card).heads
     return _plugin_count("position", card)
 
 
@@ -82,8 +85,7 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     if card["embedding_norm"]:
         embeddings += norm
     target = target_vocab_size(card)
-    if family == "encoder-decoder" and (not card["tie_embeddings"]
-                                        or card["target_vocab_size"] is not None):
+    if family == "encoder-decoder" and not shared_embeddings(card):
         embeddings += target * d  # a separate target embedding
     parts["embeddings"] = embeddings
 

@@ -121,14 +121,17 @@ class DotProductCore:
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
         scale = a.scale
-        if source is None and a.query_norm is None:  # cross-attention: scaled in the projection
+        if scale == 1.0 and source is None and a.query_norm is None:  # T5: nothing to scale
+            query = a.split_heads(a.query(x))
+        elif source is None and a.query_norm is None:  # cross-attention: scaled in the projection
             bias = None if a.query.bias is None else a.query.bias * scale
             query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
         else:
             query = a.split_heads(a.query(x))
             if a.query_norm is not None:
                 query = a.query_norm(query)
-            query = query * scale
+            if scale != 1.0:  # T5: unscaled
+                query = query * scale
         if source is None:  # cross-attention: the source's keys and values, projected once
             assert past is not None
             key, value = past
@@ -163,7 +166,7 @@ class Attention(nn.Module):
 
     reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
              "attention_bias", "qk_norm", "norm", "norm_eps", "query_pre_attn_scalar",
-             "attn_logit_softcapping", "qk_norm_scope")
+             "attn_logit_softcapping", "qk_norm_scope", "query_scale")
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
@@ -174,7 +177,7 @@ class Attention(nn.Module):
         `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
         `projection_bias`: the query/key/value biases (default `bias`, which the output
         projection has); `head_norm(head_dim)`: a norm over each head's queries and keys;
-        `scale`: the queries' (default 1/sqrt(head_dim)); `softcap`: scores capped as
+        `scale`: the queries' (default 1/sqrt(head_dim); T5's 1); `softcap`: scores capped as
         softcap * tanh(scores / softcap)."""
         super().__init__()
         derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
@@ -201,10 +204,11 @@ class Attention(nn.Module):
         head_norm = ((lambda size: build_block("norm", card, layer, size=size))
                      if card["qk_norm"] else None)
         scalar = card["query_pre_attn_scalar"]  # Gemma's query scale
+        scale = None if scalar is None else scalar**-0.5
+        scale = scale if card["query_scale"] else 1.0  # T5's scores are not scaled
         attention = cls(card["d_model"], sizes.heads, card["dropout"], card["bias"],
                         sizes.kv_heads, sizes.head_dim, effective_bias(card, "attention_bias"),
-                        head_norm, None if scalar is None else scalar**-0.5,
-                        card["attn_logit_softcapping"])
+                        head_norm, scale, card["attn_logit_softcapping"])
         if card["qk_norm"] and card.get("qk_norm_scope") == "projection":  # OLMoE's
             attention.query_norm = ProjectionNorm(
                 build_block("norm", card, layer, size=sizes.query_width))

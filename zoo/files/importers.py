@@ -348,10 +348,11 @@ class Mapped:
 
 def _check_tied(layout: LayoutMap, named: dict[str, torch.Tensor], original: dict[str, str],
                 where: str) -> list[str]:
-    """Tensors the zoo ties (an LM head = the embedding): dropped when equal, refused if not."""
+    """Tensors the zoo ties (an LM head = the embedding): dropped when equal, refused if not.
+    An entry a variant sets to null is not tied (T5 v1.1's head)."""
     tied = []
     for name, same_as in layout["tied"].items():
-        if name not in named:
+        if name not in named or same_as is None:
             continue
         other = named.get(same_as)
         if other is not None and (other.shape != named[name].shape

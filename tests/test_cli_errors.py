@@ -22,7 +22,8 @@ SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "
            "modernbert-base", "modernbert-large", "modernbert-tiny",
            "moe-tiny", "olmoe-1b-7b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen3-30b-a3b",
            "smollm2-135m", "transformer-base", "transformer-big", "transformer-tiny"]
-SHIPPED = sorted([*SHIPPED, "gemma-3-1b", "gemma-3-270m", "gemma-tiny"])
+SHIPPED = sorted([*SHIPPED, "gemma-3-1b", "gemma-3-270m", "gemma-tiny",
+                  "flan-t5-small", "t5-small", "t5-tiny"])
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
     "modernbert-base": "encoder", "modernbert-large": "encoder", "modernbert-tiny": "encoder",
@@ -33,6 +34,8 @@ FAMILIES = {
     "gemma-3-1b": "decoder", "gemma-3-270m": "decoder", "gemma-tiny": "decoder",
     "transformer-base": "encoder-decoder", "transformer-big": "encoder-decoder",
     "transformer-tiny": "encoder-decoder",
+    "flan-t5-small": "encoder-decoder", "t5-small": "encoder-decoder",
+    "t5-tiny": "encoder-decoder",
 }
 
 

@@ -23,6 +23,7 @@ from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
 from runtime.serve.errors import ApiError
+from runtime.serve.options import PREFILL_TOKENS
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
 T = TypeVar("T")
@@ -58,13 +59,14 @@ class Ticket:
 class Served:
     """An export under its name; `admitted` counts its requests running or waiting."""
 
-    def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1
-                 ) -> None:
+    def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1,
+                 prefill_chunk: int = PREFILL_TOKENS) -> None:
         self.name, self.exported, self.max_queue = name, exported, max_queue
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
         spec, card = exported.runtime.spec, exported.card
         batched = spec.generates and not spec.cross_attention
-        self.scheduler = Scheduler(exported.runtime, max_batch, self.text, name) \
+        self.scheduler = Scheduler(exported.runtime, max_batch, self.text, name,
+                                   prefill_chunk) \
             if batched else None
         self.embedder = Embedder(exported.runtime, name) if card["pooling"] is not None \
             else None

@@ -51,7 +51,7 @@ class Filling:
     """A long prompt being prefilled a chunk a step: its session and tokens fed so far."""
 
     job: Job
-    session: Any
+    session: Any = None  # opened with its first chunk
     fed: int = 0
 
 
@@ -138,9 +138,7 @@ class Scheduler:
                     budget -= min(self.chunk, len(self.filling.job.prompt) - self.filling.fed)
                 elif (self.inbox and len(self.inbox[0].prompt) > self.chunk
                       and len(self.rows) < self.max_batch):
-                    job = self.inbox.popleft()
-                    self.filling = Filling(job, open_session(self.engine, len(job.prompt) + 1))
-                    budget = 0
+                    self.filling, budget = Filling(self.inbox.popleft()), 0
                 newcomers = self._newcomers(budget)
             try:
                 self._step(newcomers)
@@ -222,6 +220,7 @@ class Scheduler:
         if filling.fed:
             logits = filling.session.extend(chunk)
         else:
+            filling.session = open_session(self.engine, len(job.prompt) + 1)
             logits = filling.session.prefill(chunk, None)
         filling.fed += chunk.shape[1]
         if filling.fed == len(job.prompt):

@@ -2,11 +2,13 @@
 chunk a step through its cache, between the decoding steps of the rows already running, and
 its greedy tokens are still those of its prompt alone through `zoo run`'s generate (one pass),
 in the plain loop (gpt-tiny) and the --optimize shared-cache loop (llama-tiny: grouped-query
-attention, rotary positions, GroupQueryAttention's subsequent prompt)."""
+attention, rotary positions, GroupQueryAttention's subsequent prompt). A client gone while
+its prompt is chunked stops the chunks."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -64,3 +66,32 @@ def test_a_prompt_fed_in_chunks_gives_the_logits_of_one_pass(
     chunked.prefill(prompt[:, :16], None)
     chunked.extend(prompt[:, 16:32])
     np.testing.assert_allclose(chunked.extend(prompt[:, 32:]), whole, atol=1e-4)
+
+
+class Slow:
+    """The plain graph of a runtime, each run taking 10 ms more."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime, self.card, self.spec = runtime, runtime.card, runtime.spec
+
+    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        threading.Event().wait(0.01)
+        return self.runtime.run(file, feeds)
+
+
+def test_a_client_gone_while_its_prompt_is_chunked_stops_its_prefill(
+        shared_export: SharedExport) -> None:
+    runtime = open_export(shared_export("gpt-tiny")[0])
+    scheduler = Scheduler(Slow(runtime), 4, lambda ids: "", "test", prefill_chunk=4)
+    sink = Collected()
+    job = Job(list(range(3, 103)), 5, Sampling(), (), False, sink)  # 25 chunks
+    scheduler.submit(job)
+    while scheduler.filling is None or scheduler.filling.fed < 8:
+        threading.Event().wait(0.002)
+    job.cancelled = True
+    assert sink.finished.wait(60) and sink.events == [("gone", None)]
+    assert not job.tokens and scheduler.filling is None
+    after = Collected()  # the scheduler goes on serving
+    scheduler.submit(Job([5, 6, 7], 4, Sampling(), (), False, after))
+    assert after.finished.wait(60) and after.events[-1][1].ids == alone(runtime, [5, 6, 7], 4,
+                                                                        Sampling())

@@ -212,9 +212,9 @@ class Scheduler:
             return
         job = filling.job
         if job.cancelled:
-            job.end(("gone", None))
             with self.wake:
                 self.filling = None
+            job.end(("gone", None))
             return
         chunk = np.array([job.prompt[filling.fed:filling.fed + self.chunk]], np.int64)
         if filling.fed:

@@ -56,6 +56,15 @@ class DecoderSession:
         self.last_position = positions[:, -1]
         return self._run(ids.astype(np.int64), positions)
 
+    def extend(self, ids: np.ndarray) -> np.ndarray:
+        """Feed the next (B, T) prompt tokens of every row after its cache (a prompt
+        prefilled in chunks, `zoo serve`): positions go on from each row's last one, and
+        the causal mask lets token i see the cache and the chunk up to i, as in one pass."""
+        self.mask = np.concatenate([self.mask, np.ones(ids.shape, np.int64)], axis=1)
+        positions = self.last_position[:, None] + 1 + np.arange(ids.shape[1])
+        self.last_position = positions[:, -1]
+        return self._run(ids.astype(np.int64), positions)
+
     def step(self, tokens: np.ndarray) -> np.ndarray:
         self.mask = np.concatenate([self.mask, np.ones((len(tokens), 1), np.int64)], axis=1)
         self.last_position = self.last_position + 1

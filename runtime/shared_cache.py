@@ -105,6 +105,28 @@ class SharedCacheSession:
         self._bind_step_inputs()
         return logits
 
+    def extend(self, ids: np.ndarray) -> np.ndarray:
+        """Feed the next T prompt tokens of a single row after its cache (a prompt prefilled
+        in chunks, `zoo serve`): GroupQueryAttention's subsequent prompt, which takes one
+        row only; the last token's logits."""
+        if self.batch != 1 or ids.shape[0] != 1:
+            raise ZooError("a prompt is extended one row at a time")
+        length, width = int(self.lengths[0]), ids.shape[1]
+        if length + width > self.capacity:
+            raise ZooError(f"prompt of {length + width} tokens exceeds the cache capacity "
+                           f"{self.capacity}")
+        self.prefill_inputs = {
+            "input_ids": ids.astype(np.int64),
+            "position_ids": (length + np.arange(width))[None].astype(np.int64),
+            "seqlens_k": np.array([length + width - 1], np.int32),
+            "total_sequence_length": np.array(length + width, np.int32)}
+        for name, value in self.prefill_inputs.items():
+            self.binding.bind_cpu_input(name, value)
+        logits = self._run()
+        self.lengths += width
+        self._bind_step_inputs()
+        return logits
+
     def step(self, tokens: np.ndarray) -> np.ndarray:
         if int(self.lengths.max()) >= self.capacity:
             raise ZooError(f"generation exceeds the cache capacity {self.capacity}")

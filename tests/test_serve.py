@@ -353,6 +353,7 @@ def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None
     assert_one_line_error(serve(exports["chat"], exports["chat"]), "two exports", "--name")
     assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")
     assert_one_line_error(serve(exports["chat"], "--max-batch", "0"), "--max-batch 0")
+    assert_one_line_error(serve(exports["chat"], "--prefill-chunk", "0"), "--prefill-chunk 0")
     assert_one_line_error(serve(exports["chat"], "--port", "70000"), "--port 70000")
 
 

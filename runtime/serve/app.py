@@ -9,6 +9,7 @@ One log line a request: method, path, status, tokens, milliseconds."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hmac
 import json
@@ -156,7 +157,11 @@ async def answer(request: Request, served: Served, ids: list[int], sampled: bodi
         return StreamingResponse(events(request, served, ticket, kind, head),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"}), 0
-    completion = await ticket.completion()
+    watcher = asyncio.ensure_future(cancel_when_gone(request, ticket))
+    try:
+        completion = await ticket.completion()
+    finally:
+        watcher.cancel()
     answered(request, served, ticket.job, completion)
     if kind == "chat.completion":
         choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
@@ -166,6 +171,15 @@ async def answer(request: Request, served: Served, ids: list[int], sampled: bodi
                   completion.finish_reason, "logprobs": None}
     return JSONResponse({**head, "object": kind, "choices": [choice],
                          "usage": completion.usage()}), completion.usage()["total_tokens"]
+
+
+async def cancel_when_gone(request: Request, ticket: Ticket) -> None:
+    """A non-streaming client that hangs up while its answer is generated: the server hears
+    it as the request's next message (the body is read), and its row leaves at the next step
+    as a stream's does."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    ticket.cancel()
 
 
 def answered(request: Request, served: Served, job: Job, completion: Completion) -> None:
@@ -246,8 +260,9 @@ async def classify(request: Request, models: dict[str, Served]) -> tuple[Respons
     label's probability (most likely first), as `zoo.load(OUT).classify` gives them."""
     body = await read_body(request, "classify")
     served = model_of(request, body, models, "classify")
-    texts = bodies.texts(body)
-    rows, tokens = await served.run(lambda: served.classify(texts))
+    prompts = served.embed_tokens(bodies.texts(body))
+    tokens = sum(len(row) for row in prompts)
+    rows = await served.classify_batched(prompts)
     request.app.state.metrics.counted(served.name, tokens, 0)
     data = [{"object": "classification", "index": index, "label": next(iter(row)),
              "probabilities": row} for index, row in enumerate(rows)]

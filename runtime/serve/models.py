@@ -1,8 +1,9 @@
 """One served export. A decoder's generation goes to its scheduler (continuous batching,
-runtime/serve/scheduler.py), a sentence vector's to its embedder (runtime/serve/embedder.py);
-an encoder-decoder's generation and classifying run in the export's worker thread one request
-at a time. Admission is bounded: max_batch rows decoding (1 in the worker) and max_queue
-waiting; past that a request gets 429."""
+runtime/serve/scheduler.py), a sentence vector's and a classifier's to its embedder
+(runtime/serve/embedder.py, batched by length); an encoder-decoder's generation runs in the
+export's worker thread one request at a time (whole, then streamed in pieces). Admission is
+bounded: max_batch rows decoding (1 in the worker) and max_queue waiting; past that a request
+gets 429."""
 
 from __future__ import annotations
 
@@ -11,21 +12,22 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from registry.errors import ZooError
+from runtime.classify import SequenceOutputs, label_names
 from runtime.exported import Exported, GenerateOptions
 from runtime.files.tokenizer import sequence_ids
 from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
 from runtime.serve.errors import ApiError
+from runtime.serve.options import PREFILL_TOKENS
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
-T = TypeVar("T")
 LOG = logging.getLogger("zoo.serve")
 ENDS = ("done", "gone", "error")  # a job's last event
 
@@ -52,19 +54,22 @@ class Ticket:
         async for name, value in self.events():
             if name == "done":
                 return value
+            if name == "gone":  # nginx's status for it: no one reads this answer
+                raise ApiError(499, "the client closed the request", None, "client_gone")
         raise ApiError(500, "internal server error", None, "server_error")
 
 
 class Served:
     """An export under its name; `admitted` counts its requests running or waiting."""
 
-    def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1
-                 ) -> None:
+    def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1,
+                 prefill_chunk: int = PREFILL_TOKENS) -> None:
         self.name, self.exported, self.max_queue = name, exported, max_queue
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
         spec, card = exported.runtime.spec, exported.card
         batched = spec.generates and not spec.cross_attention
-        self.scheduler = Scheduler(exported.runtime, max_batch, self.text, name) \
+        self.scheduler = Scheduler(exported.runtime, max_batch, self.text, name,
+                                   prefill_chunk) \
             if batched else None
         self.embedder = Embedder(exported.runtime, name) if card["pooling"] is not None \
             else None
@@ -119,35 +124,28 @@ class Served:
             with self.lock:
                 self.running -= 1
 
-    async def run(self, work: Callable[[], T]) -> T:
-        """`work` in the worker thread once the requests before it are done (429 when full).
-        The count drops when the work ends, not when a client leaves."""
-        self.admit()
-        loop = asyncio.get_running_loop()
-        with self.lock:
-            self.waiting += 1
-
-        def job() -> T:
-            with self.lock:
-                self.waiting, self.running = self.waiting - 1, self.running + 1
-            try:
-                return work()
-            finally:
-                with self.lock:
-                    self.running -= 1
-
-        future = self.worker.submit(job)
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
-        return await asyncio.wrap_future(future)
-
     async def embed_batched(self, prompts: list[list[int]]) -> list[list[float]]:
         """Sentence vectors of tokenized prompts, batched with other requests' by length."""
         assert self.embedder is not None, "model_of checked the card's pooling"
         self.admit()
         try:
-            return (await asyncio.wrap_future(self.embedder.submit(prompts))).tolist()
+            return (await asyncio.wrap_future(self.embedder.submit(prompts))).embeddings.tolist()
         finally:
             self.admitted -= 1
+
+    async def classify_batched(self, prompts: list[list[int]]) -> list[dict[str, float]]:
+        """Per tokenized prompt, {label: probability}, the most likely first, as
+        `zoo.load(OUT).classify` gives them; batched with other requests' as embeddings are."""
+        assert self.embedder is not None, "a classifier has a sentence vector"
+        self.admit()
+        try:
+            result = await asyncio.wrap_future(self.embedder.submit(prompts))
+        finally:
+            self.admitted -= 1
+        assert result.probabilities is not None, "model_of checked the card's num_labels"
+        rows = SequenceOutputs(result.embeddings, result.probabilities,
+                               label_names(self.exported.card))
+        return [dict(rows.top(row, len(rows.labels))) for row in range(len(prompts))]
 
     def gauges(self) -> tuple[int, int, int, int, int]:
         """(queue length, batch size, decoding steps, rows decoded, largest batch)."""
@@ -157,9 +155,6 @@ class Served:
             return (*worker, 0, 0, 0)
         waiting, rows, steps, decoded, largest = self.scheduler.gauges()
         return waiting + worker[0], rows + worker[1], steps, decoded, largest
-
-    def _release(self) -> None:
-        self.admitted -= 1
 
     def prompt_ids(self, prompt: str | list[int] | list[dict[str, str]], param: str) -> list[int]:
         """A chat's ids in the export's template, or a prompt's as `zoo run --text` / `--ids`
@@ -231,11 +226,4 @@ class Served:
         except ZooError as exc:
             raise ApiError(400, str(exc), "input", "invalid_value") from None
 
-    def classify(self, texts: list[str]) -> tuple[list[dict[str, float]], int]:
-        """({label: probability}, most likely first, per text; prompt tokens), as
-        `zoo.load(OUT).classify` and `zoo run --text --json` compute them."""
-        try:
-            tokens = sum(len(ids) for ids in self.exported.tokens(texts, "input", whole=True))
-            return self.exported.classify(texts), tokens
-        except ZooError as exc:
-            raise ApiError(400, str(exc), "input", "invalid_value") from None
+

@@ -9,6 +9,7 @@ from registry.options import option
 from runtime.sessions import PROVIDERS
 
 API_KEY_ENV = "ZOO_API_KEY"
+PREFILL_TOKENS = 512  # prompt tokens (padded) prefilled a step; longer prompts are chunked
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class ServeOptions:
                             "past it a request gets 429.")
     max_batch: int = option(16, "Requests a decoder export decodes together (continuous "
                             "batching: one token for every row a step).")
+    prefill_chunk: int = option(PREFILL_TOKENS, "Prompt tokens a decoder export prefills a "
+                                "step; a longer prompt is prefilled in chunks of it between "
+                                "the decoding steps of the others.")
     names: tuple[str, ...] = option((), "The name clients use for each OUT, in order [its "
                                     "folder's name].", flags=("--name",))
     provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)

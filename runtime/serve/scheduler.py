@@ -8,15 +8,20 @@ token with its own settings and generator; rows that finished (eos, max_tokens, 
 string) leave. So a long answer never holds up a short one, and a newcomer waits at most one
 step to start.
 
-Prefill stalls the others: a step admits newcomers while their padded prefill (rows x longest
-prompt) stays within PREFILL_TOKENS (always at least one), so the rows already decoding wait
-at most that much prefill (or one prompt longer than it) between two of their tokens; the
-other newcomers join at the next steps.
+Prefill stalls the others for at most `prefill_chunk` tokens a step (PREFILL_TOKENS unless
+`zoo serve --prefill-chunk` says): a prompt longer than that is prefilled in chunks of it, one
+chunk a step in a session of its own (its cache grown by each chunk, positions going on), and
+its row joins the batch after its last chunk, so the rows already decoding get a token between
+two chunks; one long prompt is chunked at a time, the requests behind it wait their turn. A
+step admits shorter newcomers while their padded prefill (rows x longest prompt) stays within
+what the chunk left of the budget (always at least one when no chunk ran); the other
+newcomers join at the next steps.
 
 A row's greedy tokens are those of its prompt alone: in its prefill and in the batch its
 cache is left-padded and masked out (runtime/decoding.py) or held in its own slots
-(runtime/shared_cache.py), as rows of `zoo run`'s own batches are; its sampler draws from its
-own generator seeded as `zoo run --seed` seeds it.
+(runtime/shared_cache.py), as rows of `zoo run`'s own batches are; a chunked prompt's cache
+is the one a single pass makes (causal attention over the cache and the chunk); its sampler
+draws from its own generator seeded as `zoo run --seed` seeds it.
 """
 
 from __future__ import annotations
@@ -34,11 +39,20 @@ import numpy as np
 from runtime.engine import Engine
 from runtime.generate import left_padded, open_session
 from runtime.sampling import Sampling, pick_one
+from runtime.serve.options import PREFILL_TOKENS
 
 LOG = logging.getLogger("zoo.serve")
-PREFILL_TOKENS = 512  # padded prompt tokens prefilled a step (one longer prompt passes)
 
 Event = tuple[str, Any]  # ("piece", text), ("done", Completion) or ("error", message)
+
+
+@dataclass
+class Filling:
+    """A long prompt being prefilled a chunk a step: its session and tokens fed so far."""
+
+    job: Job
+    session: Any = None  # opened with its first chunk
+    fed: int = 0
 
 
 @dataclass(frozen=True)
@@ -89,8 +103,10 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 
 class Scheduler:
     def __init__(self, engine: Engine, max_batch: int, decode_text: Callable[[list[int]], str],
-                 name: str) -> None:
+                 name: str, prefill_chunk: int = PREFILL_TOKENS) -> None:
         self.engine, self.max_batch, self.decode_text = engine, max_batch, decode_text
+        self.chunk = prefill_chunk
+        self.filling: Filling | None = None  # the long prompt being prefilled, if any
         self.eos: int | None = engine.card["eos_token_id"]
         self.inbox: deque[Job] = deque()
         self.wake = threading.Condition()
@@ -109,29 +125,48 @@ class Scheduler:
     def gauges(self) -> tuple[int, int, int, int, int]:
         """(waiting, decoding now, steps, rows decoded over all steps, largest batch)."""
         with self.wake:
-            return len(self.inbox), len(self.rows), self.steps, self.decoded, self.largest
+            waiting = len(self.inbox) + (self.filling is not None)
+            return waiting, len(self.rows), self.steps, self.decoded, self.largest
 
     def _loop(self) -> None:
         while True:
             with self.wake:
-                while not self.inbox and not self.rows:
+                while not self.inbox and not self.rows and self.filling is None:
                     self.wake.wait()
-                newcomers: list[Job] = []
-                longest = 0
-                while self.inbox and len(self.rows) + len(newcomers) < self.max_batch:
-                    longest = max(longest, len(self.inbox[0].prompt))
-                    if newcomers and (len(newcomers) + 1) * longest > PREFILL_TOKENS:
-                        break
-                    newcomers.append(self.inbox.popleft())
+                budget = self.chunk
+                if self.filling is not None:
+                    budget -= min(self.chunk, len(self.filling.job.prompt) - self.filling.fed)
+                elif (self.inbox and len(self.inbox[0].prompt) > self.chunk
+                      and len(self.rows) < self.max_batch):
+                    self.filling, budget = Filling(self.inbox.popleft()), 0
+                newcomers = self._newcomers(budget)
             try:
                 self._step(newcomers)
             except Exception:  # a fault of the server: every job in hand ends with an error
                 LOG.exception("decoding step failed")
-                for job in (*self.rows, *newcomers):
+                filling = [self.filling.job] if self.filling else []
+                for job in (*self.rows, *newcomers, *filling):
                     if not job.ended:
                         job.end(("error", "internal server error"))
                 with self.wake:
                     self.rows, self.session, self.pending = [], None, np.zeros(0, np.int64)
+                    self.filling = None
+
+    def _newcomers(self, budget: int) -> list[Job]:
+        """Waiting jobs (none longer than a chunk) whose padded prefill fits in `budget` (a
+        whole chunk when no chunk ran: one always fits); a row stays free for the prompt
+        being chunked."""
+        newcomers: list[Job] = []
+        longest = 0
+        taken = len(self.rows) + (self.filling is not None)
+        while self.inbox and taken + len(newcomers) < self.max_batch:
+            if len(self.inbox[0].prompt) > self.chunk:
+                break  # a long prompt's turn comes when the one being chunked is in
+            longest = max(longest, len(self.inbox[0].prompt))
+            if (len(newcomers) + 1) * longest > budget:
+                break
+            newcomers.append(self.inbox.popleft())
+        return newcomers
 
     def _step(self, newcomers: list[Job]) -> None:
         gone = np.array([job.cancelled for job in self.rows], bool)
@@ -139,6 +174,7 @@ class Scheduler:
             for job in (job for job, left in zip(self.rows, gone, strict=True) if left):
                 job.end(("gone", None))
             self._keep(~gone)
+        self._fill()
         self._join(newcomers)
         if not self.rows:
             return
@@ -167,7 +203,33 @@ class Scheduler:
         ids, mask = left_padded([job.prompt for job in jobs],
                                 self.engine.card["pad_token_id"] or 0)
         session = open_session(self.engine, ids.shape[1] + 1)
-        logits = session.prefill(ids, mask)
+        self._admit(jobs, session, session.prefill(ids, mask))
+
+    def _fill(self) -> None:
+        """The next chunk of the prompt being chunked; after its last one, its row joins."""
+        filling = self.filling
+        if filling is None:
+            return
+        job = filling.job
+        if job.cancelled:
+            with self.wake:
+                self.filling = None
+            job.end(("gone", None))
+            return
+        chunk = np.array([job.prompt[filling.fed:filling.fed + self.chunk]], np.int64)
+        if filling.fed:
+            logits = filling.session.extend(chunk)
+        else:
+            filling.session = open_session(self.engine, len(job.prompt) + 1)
+            logits = filling.session.prefill(chunk, None)
+        filling.fed += chunk.shape[1]
+        if filling.fed == len(job.prompt):
+            with self.wake:
+                self.filling = None
+            self._admit([job], filling.session, logits)
+
+    def _admit(self, jobs: list[Job], session: Any, logits: np.ndarray) -> None:
+        """Pick the first tokens of prefilled jobs; the rows of those not done join."""
         tokens = np.array([pick_one(row, job.sampling, job.rng)
                            for row, job in zip(logits, jobs, strict=True)], np.int64)
         going = np.array([not self._advance(job, int(token))

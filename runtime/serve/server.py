@@ -37,8 +37,10 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
         raise ZooError(f"--max-queue {options.max_queue}: should be >= 0")
     if options.max_batch < 1:
         raise ZooError(f"--max-batch {options.max_batch}: should be >= 1")
+    if options.prefill_chunk < 1:
+        raise ZooError(f"--prefill-chunk {options.prefill_chunk}: should be >= 1")
     models = {name: Served(name, load(folder, options.provider, options.threads),
-                           options.max_queue, options.max_batch)
+                           options.max_queue, options.max_batch, options.prefill_chunk)
               for name, folder in zip(names, folders, strict=True)}
     api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

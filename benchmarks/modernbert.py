@@ -244,8 +244,9 @@ def trained_tokenizer(texts: list[str], folder: Path) -> int:
     tokenizer.save(str(folder / "tokenizer.json"))
     names = dict(zip(("unk_token", "cls_token", "sep_token", "pad_token", "mask_token"),
                      SPECIALS, strict=True))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, **names}))
+    (folder / "tokenizer_config.json").write_text(json.dumps(  # no token_type_ids: ModernBERT's
+        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512,
+         "model_input_names": ["input_ids", "attention_mask"], **names}))
     (folder / "special_tokens_map.json").write_text(json.dumps(names))
     return tokenizer.get_vocab_size()
 

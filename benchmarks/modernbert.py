@@ -300,16 +300,17 @@ def embed_rows(work: Path, texts: list[str], rounds: int, threads: int) -> list[
     data.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
     vectors: dict[str, np.ndarray] = {}
 
-    def zoo_embed(kind: str) -> None:
+    def zoo_embed(name: str, kind: str) -> None:
         out = work / f"embed-{kind}.npy"
         embed_command(CorpusRequest(zoo[kind], data, out, force=True, threads=threads))
-        vectors[f"zoo embed {kind}"] = np.load(out)
+        vectors[name] = np.load(out)
 
     def st_encode(name: str, model: object) -> None:
         vectors[name] = model.encode(texts, convert_to_numpy=True)
 
-    runs = {"zoo embed --optimize": lambda: zoo_embed("optimize"),
-            "zoo embed int8-dynamic": lambda: zoo_embed("int8-dynamic"),
+    runs = {"zoo embed --optimize": lambda: zoo_embed("zoo embed --optimize", "optimize"),
+            "zoo embed int8-dynamic": lambda: zoo_embed("zoo embed int8-dynamic",
+                                                        "int8-dynamic"),
             "st encode (pytorch)": lambda: st_encode("st encode (pytorch)", torch_model),
             "st encode (onnx fp32)": lambda: st_encode("st encode (onnx fp32)", onnx_model),
             "st encode (onnx optimum int8)": lambda: st_encode("st encode (onnx optimum int8)",

@@ -37,3 +37,9 @@ import importlib.metadata as md
 for name in ("torch", "transformers", "onnxruntime", "onnxruntime-genai"):
     print(f"builder: {name}=={md.version(name)}")
 PY
+
+# llama.cpp for gguf_race.py: node-llama-cpp's prebuilt CPU binary (@node-llama-cpp/linux-x64),
+# installed without its scripts (no compile, no download); pinned, as newer releases' locks
+# name builds for other platforms that npm may refuse. Into benchmarks/node_modules, where
+# llama_cpp.mjs's import finds it.
+npm install --prefix "$here" --ignore-scripts --no-audit --no-fund -E node-llama-cpp@3.21.1

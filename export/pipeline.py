@@ -15,10 +15,13 @@ from export.checks.parity import Report
 from export.checks.quality import GateReport, calibration_batch
 from export.checks.verify import verify
 from export.families import family_of
+from export.onnx.gguf_export import GGUFWeights, gguf_weights
+from export.onnx.quantize import GGUF
 from export.onnx.writer import export_onnx
 from export.opening import open_staged
 from export.options import ExportOptions
 from registry.catalog import Card
+from registry.errors import ZooError
 from registry.paths import display_path
 from runtime.files.tokenizer import load_tokenizer, tokenizer_files
 
@@ -58,6 +61,7 @@ def export_and_verify(
     family.check_quantization(card, options.quantize)
     if options.optimize:
         family.check_optimize(card)
+    gguf = _gguf_weights(model, card, options, source_folder)
     if options.calibration is not None:  # every refusal of the file before the trace
         tokenizer = load_tokenizer(source_folder) if source_folder is not None else None
         calibration_batch(card, tokenizer, options.calibration_rows(),
@@ -72,5 +76,19 @@ def export_and_verify(
         return check
 
     extra = tokenizer_files(source_folder) if source_folder is not None else []
-    written = export_onnx(model, card, out, family, options, verify_staged, progress, extra)
+    written = export_onnx(model, card, out, family, options, verify_staged, progress, extra,
+                          gguf)
     return written.check if options.plain else VariantReport(written.notes, written.check)
+
+
+def _gguf_weights(model: nn.Module, card: Card, options: ExportOptions,
+                  source_folder: Path | None) -> GGUFWeights | None:
+    """--quantize gguf's blocks, read and checked before the trace; a card name (no imported
+    folder) is refused in one line."""
+    if options.quantize != GGUF:
+        return None
+    if source_folder is None:
+        raise ZooError(f"{card.name}: --quantize gguf exports a folder made by `zoo import "
+                       "FILE.gguf` (it keeps the file's blocks), not a card")
+    tied = bool(card.fields.get("tie_embeddings"))
+    return gguf_weights(source_folder, model.state_dict(), tied)

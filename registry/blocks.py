@@ -38,8 +38,9 @@ def _builtin(*names: str) -> dict[str, BlockEntry]:
 BLOCKS: dict[str, dict[str, BlockEntry]] = {
     "activation": _builtin("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu",
                            "geglu_tanh"),
-    "norm": _builtin("layernorm", "rmsnorm"),
-    "position": _builtin("sinusoidal", "sinusoidal_halves", "learned", "rotary"),
+    "norm": _builtin("layernorm", "rmsnorm", "rmsnorm_gemma"),
+    "position": _builtin("sinusoidal", "sinusoidal_halves", "learned", "rotary",
+                         "t5_relative"),
 }
 
 

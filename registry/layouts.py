@@ -22,6 +22,7 @@ from registry.paths import display_path
 
 MAPS = SHIPPED.parent / "maps"
 PLACEHOLDERS = {"i": r"\d+", "p": r"weight|bias"}  # `{i}`: a layer index; `{p}`: weight or bias
+PLACEHOLDERS["e"] = r"\d+"  # `{e}`: an expert's index in a mixture of experts
 
 # The transforms a map may name, each backwards on shapes: the shape a source tensor needs to
 # give the target shapes, so a tensor is checked before it is transformed and a mismatch is

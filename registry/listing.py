@@ -9,7 +9,7 @@ import yaml
 
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
-from registry.params import UnknownCount, count_parameters, total_parameters
+from registry.params import UnknownCount, active_parameters, count_parameters, total_parameters
 
 
 def human(count: int | None) -> str:
@@ -49,5 +49,8 @@ def card_report(card: Card) -> list[str]:
         parts = count_parameters(card.fields)
     except UnknownCount as exc:
         return [*lines, f"parameters: unknown (plugin block '{exc}' declares no count)"]
-    return [*lines, f"parameters: {sum(parts.values()):,}",
-            *(f"  {part:<16} {count:>14,}" for part, count in parts.items())]
+    total = sum(parts.values())
+    active = active_parameters(card.fields)
+    routed = [f"active per token: {active:,}"] if active is not None and active != total else []
+    return [*lines, f"parameters: {total:,}",
+            *(f"  {part:<16} {count:>14,}" for part, count in parts.items()), *routed]

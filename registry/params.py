@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from registry import experts
 from registry.blocks import BLOCKS
-from registry.schema import effective_bias, target_vocab_size
+from registry.schema import effective_bias, shared_embeddings, target_vocab_size
 from registry.sizes import attention_sizes
 
 
@@ -27,7 +28,8 @@ def _plugin_count(kind: str, card: dict[str, Any]) -> int:
 def norm_params(card: dict[str, Any]) -> int:
     d = card["d_model"]
     layernorm = 2 * d if card.get("norm_bias", True) else d
-    return {"layernorm": layernorm, "rmsnorm": d}.get(card["norm"]) or _plugin_count("norm", card)
+    return ({"layernorm": layernorm, "rmsnorm": d, "rmsnorm_gemma": d}.get(card["norm"])
+            or _plugin_count("norm", card))
 
 
 GATED = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
@@ -39,6 +41,8 @@ def ffn_params(card: dict[str, Any]) -> int:
         return 2 * d * f + (f + d if bias else 0)
     if card["activation"] in GATED:
         return 3 * d * f + (2 * f + d if bias else 0)
+    if card["activation"] == experts.NAME:  # a dense layer's; the sparse: count_parameters
+        return ffn_params({**card, "activation": "swiglu"})
     return _plugin_count("activation", card)
 
 
@@ -49,6 +53,9 @@ def attention_params(card: dict[str, Any]) -> int:
     qkv_bias = effective_bias(card, "attention_bias")
     projections = sizes.query_width + 2 * sizes.kv_width if qkv_bias else 0
     qk_norms = 2 * norm_params({**card, "d_model": sizes.head_dim}) if card.get("qk_norm") else 0
+    if card.get("qk_norm") and card.get("qk_norm_scope") == "projection":  # OLMoE's
+        qk_norms = (norm_params({**card, "d_model": sizes.query_width})
+                    + norm_params({**card, "d_model": sizes.kv_width}))
     return weights + projections + (d if card["bias"] else 0) + qk_norms
 
 
@@ -58,6 +65,9 @@ def position_params(card: dict[str, Any]) -> int:
         return card["max_positions"] * card["d_model"]
     if name in ("sinusoidal", "sinusoidal_halves", "rotary"):
         return 0
+    if name == "t5_relative":  # a table per stack (zoo/blocks/relative_bias.py)
+        stacks = 2 if card["family"] == "encoder-decoder" else 1
+        return stacks * card["relative_buckets"] * attention_sizes(card).heads
     return _plugin_count("position", card)
 
 
@@ -67,14 +77,15 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     family = card["family"]
     norm = norm_params(card)
     encoder_layer = attention_params(card) + ffn_params(card) + 2 * norm
+    if card.get("sandwich_norm"):  # a norm after attention and after the feed-forward too
+        encoder_layer += 2 * norm
     parts: dict[str, int] = {}
 
     embeddings = vocab * d + position_params(card) + card["type_vocab_size"] * d
     if card["embedding_norm"]:
         embeddings += norm
     target = target_vocab_size(card)
-    if family == "encoder-decoder" and (not card["tie_embeddings"]
-                                        or card["target_vocab_size"] is not None):
+    if family == "encoder-decoder" and not shared_embeddings(card):
         embeddings += target * d  # a separate target embedding
     parts["embeddings"] = embeddings
 
@@ -86,6 +97,10 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     else:
         parts["encoder layers"] = n * encoder_layer - first
         parts["decoder layers"] = n * (encoder_layer + attention_params(card) + norm) - first
+    if card["activation"] == experts.NAME:  # dense and sparse layers (registry/experts.py)
+        bias = effective_bias(card, "mlp_bias")
+        parts["decoder layers"] += (experts.moe_feed_forward_params(card, ffn_params(card), bias)
+                                    - n * ffn_params(card))
     stacks = 2 if family == "encoder-decoder" else 1
     parts["final norm"] = stacks * norm if card["final_norm"] else 0
 
@@ -117,3 +132,12 @@ def total_parameters(card: dict[str, Any]) -> int | None:
         return sum(count_parameters(card).values())
     except UnknownCount:
         return None
+
+
+def active_parameters(card: dict[str, Any]) -> int | None:
+    """Parameters one token uses: the total less the experts it is not routed to (a
+    mixture-of-experts card's "active" count; the total for any other card)."""
+    total = total_parameters(card)
+    if total is None or card["activation"] != experts.NAME:
+        return total
+    return total - experts.inactive_params(card, effective_bias(card, "mlp_bias"))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from registry import experts
 from registry.blocks import BLOCKS, block_fields, block_names, field_owner
 from registry.errors import CardError, ZooError
 from registry.families import POOLINGS, SPECS
@@ -87,6 +88,17 @@ FIELDS: dict[str, Field] = {
                             minimum=1, maximum=MAX_POSITIONS, nullable=True),
     "rope_theta_local": Field(float, None, "rotary base of the local layers (null: rope_theta)",
                               minimum=0.0, exclusive_minimum=True, nullable=True),
+    "sandwich_norm": Field(bool, False, "a norm after each sublayer too, before its residual "
+                           "add (Gemma 2 and 3: four norms a layer; needs norm_placement pre)"),
+    "query_pre_attn_scalar": Field(int, None, "attention scores scaled by "
+                                   "query_pre_attn_scalar^-0.5 (Gemma; null: head_dim^-0.5)",
+                                   minimum=1, maximum=MAX_D_MODEL, nullable=True),
+    "attn_logit_softcapping": Field(float, None, "attention scores capped as cap * tanh(s / "
+                                    "cap) before the mask (Gemma 2; null: none)", minimum=0.0,
+                                    exclusive_minimum=True, nullable=True),
+    "final_logit_softcapping": Field(float, None, "output logits capped as cap * tanh(l / "
+                                     "cap) (Gemma 2; decoder; null: none)", minimum=0.0,
+                                     exclusive_minimum=True, nullable=True),
     "tie_embeddings": Field(bool, True, "output head (and enc-dec source/target) share embeddings"),
     "scale_embeddings": Field(bool, False, "multiply token embeddings by sqrt(d_model)"),
     "embedding_norm": Field(bool, False, "norm after the embedding sum (BERT)"),
@@ -96,6 +108,8 @@ FIELDS: dict[str, Field] = {
                             "(null: bias)", nullable=True),
     "mlp_bias": Field(bool, None, "biases in the feed-forward (null: bias)", nullable=True),
     "qk_norm": Field(bool, False, "a norm over each head's queries and keys (Qwen3, OLMo 2)"),
+    "qk_norm_scope": Field(str, "head", "qk_norm's reach: each head (Qwen3) or the whole query "
+                           "and key projections (OLMoE)", choices=("head", "projection")),
     "output_bias": Field(bool, False, "a bias on the output logits (MarianMT's final_logits_bias)"),
     "target_vocab_size": Field(int, None, "encoder-decoder: a target vocabulary of its own "
                                "(null: the source's, shared)", minimum=1, maximum=MAX_VOCAB,
@@ -123,8 +137,31 @@ FIELDS: dict[str, Field] = {
                        "classifier's (ModernBERT's classifier_bias)"),
     "classifier_transform": Field(bool, False, "the classifier reads the sentence vector through "
                                   "dense, GELU and norm (ModernBertForSequenceClassification)"),
+    "relative_buckets": Field(int, 32, "position t5_relative: buckets of key-query offsets, "
+                              "per head (half each way in the encoder)", minimum=4,
+                              maximum=MAX_POSITIONS),
+    "relative_max_distance": Field(int, 128, "position t5_relative: offsets from here on "
+                                   "share the last bucket", minimum=2, maximum=MAX_POSITIONS),
+    "query_scale": Field(bool, True, "scale attention scores by 1/sqrt(head_dim) (false: T5, "
+                         "whose initialisation absorbs it)"),
+    "share_embeddings": Field(bool, None, "encoder-decoder: source and target share one "
+                              "embedding, whether or not the head is tied to it (T5 v1.1: "
+                              "shared, untied; null: as tie_embeddings)", nullable=True),
+    "head_scale": Field(bool, False, "multiply the final states by d_model^-0.5 before a tied "
+                        "output head (T5)"),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
+# The mixture-of-experts feed-forward, a built-in block with card fields of its own
+# (registry/experts.py): they are resolved only in cards that select it.
+experts.register(Field)
+
+
+def shared_embeddings(card: dict[str, Any]) -> bool:
+    """Whether an encoder-decoder's source and target read one embedding matrix: as the card's
+    share_embeddings says, else where the head is tied too; never with two vocabularies."""
+    share = card.get("share_embeddings")
+    share = card["tie_embeddings"] if share is None else share
+    return share and card["target_vocab_size"] is None
 
 
 def target_vocab_size(card: dict[str, Any]) -> int:
@@ -299,6 +336,8 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
         _check_rope_scaling(card, where)
     _check_local_attention(card, where)
     _check_norm_options(card, where)
+    _check_gemma_fields(card, where)
+    _check_relative_bias(card, where)
     for token in ("pad_token_id", "bos_token_id", "eos_token_id", "mask_token_id"):
         if card[token] is not None and card[token] >= card["vocab_size"]:
             raise CardError(f"{where}: {token}={card[token]} should be < vocab_size="
@@ -318,6 +357,14 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     if card["family"] == "encoder-decoder" and card["bos_token_id"] is None:
         raise CardError(f"{where}: bos_token_id is required for family encoder-decoder "
                         "(the decoder's start token)")
+    if card["activation"] == experts.NAME:
+        family = card["family"]
+        if family != "decoder":  # the router's loss and the cache graphs are a decoder's
+            raise CardError(f"{where}: activation=moe applies only to family decoder, not "
+                            f"{family}")
+        experts.check_experts(card, where)
+    if card["qk_norm_scope"] != "head" and not card["qk_norm"]:
+        raise CardError(f"{where}: qk_norm_scope={card['qk_norm_scope']!r} needs qk_norm: true")
 
 
 def _check_local_attention(card: dict[str, Any], where: str) -> None:
@@ -350,6 +397,37 @@ def _check_norm_options(card: dict[str, Any], where: str) -> None:
     if not card["first_attention_norm"] and card["norm_placement"] != "pre":
         raise CardError(f"{where}: first_attention_norm=false applies only to "
                         "norm_placement pre")
+
+
+def _check_gemma_fields(card: dict[str, Any], where: str) -> None:
+    """sandwich_norm and final_logit_softcapping: where the zoo's blocks compute them."""
+    if card["sandwich_norm"] and (card["norm_placement"] != "pre"
+                                  or card["family"] == "encoder-decoder"):
+        raise CardError(f"{where}: sandwich_norm applies only to norm_placement pre in families "
+                        f"encoder and decoder, not {card['norm_placement']} in "
+                        f"{card['family']}")
+    if card["final_logit_softcapping"] is not None and (card["family"] != "decoder"
+                                                        or card["pooling"] is not None):
+        raise CardError(f"{where}: final_logit_softcapping applies only to a decoder's LM head "
+                        "(family decoder, no pooling)")
+
+
+def _check_relative_bias(card: dict[str, Any], where: str) -> None:
+    """T5's buckets (zoo/blocks/relative_bias.py): the exact offsets are the first half of
+    the causal buckets, and the logarithmic ones need a farther limit; the d_model^-0.5 head
+    scale is the tied head's."""
+    if card["relative_max_distance"] <= card["relative_buckets"] // 2:
+        raise CardError(f"{where}: relative_max_distance={card['relative_max_distance']} "
+                        f"should exceed relative_buckets // 2 = {card['relative_buckets'] // 2} "
+                        "(the offsets with a bucket each)")
+    if card["share_embeddings"] is not None and card["family"] != "encoder-decoder":
+        raise CardError(f"{where}: share_embeddings applies only to family encoder-decoder")
+    if card["share_embeddings"] and card["target_vocab_size"] is not None:
+        raise CardError(f"{where}: share_embeddings=true needs one vocabulary "
+                        "(target_vocab_size: null)")
+    if card["head_scale"] and not card["tie_embeddings"]:
+        raise CardError(f"{where}: head_scale applies only to a tied head (tie_embeddings: "
+                        "true)")
 
 
 def _check_sequence_heads(card: dict[str, Any], where: str) -> None:

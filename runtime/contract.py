@@ -31,6 +31,7 @@ CLIENT_FOLDER = "onnx/"  # graphs the Hugging Face clients open: quantized ones 
 # model_quantized.onnx); int8 and int4 are MatMulNBits weights: q4 is its 4-bit MatMulNBits,
 # and `int8` names the weights' type (its converter's int8 file is MatMulInteger instead).
 DTYPES = {"int8-dynamic": "q8", "int8": "int8", "int4": "q4"}
+DTYPES["gguf"] = "q4"  # MatMulNBits blocks, as int4's (Q8_0 / K-quant linears at 8 bits)
 # transformers.js's DEFAULT_DTYPE_SUFFIX_MAPPING (src/utils/dtypes.js, 4.x), for these dtypes.
 DTYPE_SUFFIXES = {"fp32": "", "q8": "_quantized", "int8": "_int8", "q4": "_q4"}
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"

@@ -23,6 +23,7 @@ from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 MODELS = {
     "gpt": ("gpt-tiny", {}),
     "llama": ("llama-tiny", {}),
+    "gemma": ("gemma-tiny", {}),  # local layers: a prompt of 23 bytes past its window of 16
     "embedder": ("bert-tiny", {"pooling": "mean", "normalize": True}),
     "classifier": ("bert-tiny", {"pooling": "mean", "num_labels": 3, "mlm_head": False,
                                  "labels": ["low", "mid", "high"]}),
@@ -36,6 +37,7 @@ MODELS = {
                                                   "labels": ["low", "mid", "high"]}),
 }
 TRANSLATOR = "translator"  # the MarianMT import
+T5 = "t5"  # a T5 v1.1 (Flan-T5's layout) import: tests/t5_folder.py, tokenizer.json with extra ids
 # name: (a key of MODELS or TRANSLATOR, --quantize): the same built model exported quantized,
 # its client graphs stored under the names transformers.js opens for the dtype (q4: model_q4,
 # int8: model_int8, q8: model_quantized; the translator's encoder_model_int8 and
@@ -47,8 +49,9 @@ QUANTIZED = {
     "classifier-q8": ("classifier", "int8-dynamic"),
     "translator-int8": (TRANSLATOR, "int8"),
     "modernbert-classifier-q8": ("modernbert-classifier", "int8-dynamic"),
+    "t5-int8": (T5, "int8"),
 }
-KEYS = (*MODELS, TRANSLATOR, *QUANTIZED)
+KEYS = (*MODELS, TRANSLATOR, T5, *QUANTIZED)
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]
 TRANSLATIONS = ["First Citizen: we are accounted poor citizens.", "Speak, speak."]
 
@@ -61,6 +64,8 @@ def built_model(root: Path, key: str, seed: int) -> Path:
         return built
     if key == TRANSLATOR:
         return _imported_translator(root, built)
+    if key == T5:
+        return _imported_t5(root, built)
     name, overrides = MODELS[key]
     sets = [f"--set={field}={json.dumps(value)}" for field, value in overrides.items()]
     result = CliRunner().invoke(zoo, ["build", name, "-o", str(built), "--seed", str(seed),
@@ -88,6 +93,15 @@ def _imported_translator(root: Path, built: Path) -> Path:
     from tests.marian_folder import marian_folder
 
     source, _ = marian_folder(root / "marian")
+    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    return built
+
+
+def _imported_t5(root: Path, built: Path) -> Path:
+    from tests.t5_folder import t5_folder
+
+    source, _, _ = t5_folder(root / "t5-source", "t5-v1.1")
     result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
     assert result.exit_code == 0, result.output
     return built

@@ -38,13 +38,16 @@ pytestmark = on_shared("gpt-tiny")
 
 GROUPS = {"gpt-tiny": ("attentions",), "llama-tiny": ("attentions",), "bert-tiny": ("attentions",),
           "modernbert-tiny": ("attentions",),
-          "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
+          "moe-tiny": ("attentions",),
+          "gemma-tiny": ("attentions",),
+          "transformer-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions"),
+          "t5-tiny": ("encoder_attentions", "decoder_attentions", "cross_attentions")}
 
 
 def run_recorded(name: str, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, list]:
     model = build_model(card(name), seed=0)
     with torch.no_grad(), recorded_attentions(model.attention_groups()) as maps:
-        if name == "transformer-tiny":
+        if card(name).family == "encoder-decoder":
             model(ids, ids[:, :5], mask)
         else:
             model(ids, mask)
@@ -121,7 +124,7 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
     source = np.array([ids], np.int64)
     ones = np.ones_like(source)
     shape = (1, heads, 0, tiny["d_model"] // heads)
-    if name == "transformer-tiny":  # the start token's cross-attention onto the source
+    if tiny.family == "encoder-decoder":  # the start token's cross-attention onto the source
         memory = runtime.run("encoder.onnx", {"input_ids": source, "attention_mask": ones})
         feeds = {"input_ids": np.array([[tiny["bos_token_id"]]]), "attention_mask": ones,
                  "encoder_attention_mask": ones}

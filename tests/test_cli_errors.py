@@ -20,14 +20,17 @@ from tests.helpers import assert_one_line_error, zoo
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "llama-tiny",
            "modernbert-base", "modernbert-large", "modernbert-tiny",
-           "qwen2.5-0.5b", "qwen3-0.6b", "smollm2-135m",
-           "transformer-base", "transformer-big", "transformer-tiny"]
+           "moe-tiny", "olmoe-1b-7b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen3-30b-a3b",
+           "smollm2-135m", "transformer-base", "transformer-big", "transformer-tiny"]
+SHIPPED = sorted([*SHIPPED, "gemma-3-1b", "gemma-3-270m", "gemma-tiny"])
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
     "modernbert-base": "encoder", "modernbert-large": "encoder", "modernbert-tiny": "encoder",
     "gpt-tiny": "decoder", "gpt2-small": "decoder", "llama-tiny": "decoder",
     "llama-3.2-1b": "decoder", "qwen2.5-0.5b": "decoder", "qwen3-0.6b": "decoder",
     "smollm2-135m": "decoder",
+    "moe-tiny": "decoder", "olmoe-1b-7b": "decoder", "qwen3-30b-a3b": "decoder",
+    "gemma-3-1b": "decoder", "gemma-3-270m": "decoder", "gemma-tiny": "decoder",
     "transformer-base": "encoder-decoder", "transformer-big": "encoder-decoder",
     "transformer-tiny": "encoder-decoder",
 }

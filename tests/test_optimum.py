@@ -3,8 +3,9 @@
 `zoo export` folders as they are and agree with `zoo run` on them: the same greedy tokens,
 hidden states, MLM logits and sentence vectors within 1e-4, the same labels and probabilities
 within 1e-4; ORTModelForSeq2SeqLM (and `pipeline("translation")`) on a translation model (a
-MarianMT import): the same source ids (MarianTokenizer on its sentencepiece files), greedy
-tokens and text. Quantized exports too,
+MarianMT import, and a T5 v1.1 import): the same source ids (MarianTokenizer on its
+sentencepiece files; T5's tokenizer.json with its extra ids), greedy tokens and text.
+Quantized exports too,
 whose client graphs are stored under transformers.js's dtype names (onnx/model_q4.onnx,
 model_quantized.onnx, encoder_model_int8.onnx): Optimum takes the folder's one ONNX file (a
 translation model's: the one encoder and merged decoder under onnx/),
@@ -31,7 +32,7 @@ from export.opening import open_export
 from runtime.contract import MODEL_GRAPH
 from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
+from tests.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from zoo import GenerateOptions, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8", "modernbert-c
                "modernbert-classifier-q8")
 EMBEDDERS = ("embedder", "embedder-q8", "modernbert-embedder")
 MASKED = ("modernbert-embedder",)  # its MLM head's logits beside the sentence vector
-TRANSLATORS = (TRANSLATOR, "translator-int8")
+TRANSLATORS = (TRANSLATOR, "translator-int8", T5, "t5-int8")  # MarianMT's, T5's
 pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
 
 

@@ -88,7 +88,8 @@ def unigram_entropy(text: str) -> float:
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
 
-@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny"])  # llama: a Tiny Llama, with GQA
+# llama: a Tiny Llama, with GQA; gemma: local layers, sandwich norms, GeGLU
+@pytest.mark.parametrize("name", ["gpt-tiny", "llama-tiny", "gemma-tiny"])
 def test_lm_brings_loss_well_below_the_unigram_entropy(tmp_path: Path, name: str) -> None:
     entropy = unigram_entropy(SHIPPED_TEXT.read_text(encoding="utf-8"))  # ~3.3 nats
     tiny = card(name)

@@ -3,7 +3,8 @@ folders as they are and agrees with `zoo run` on them (the zoo's Python API: the
 the same greedy tokens (text-generation, from text through the export's own tokenizer files),
 sentence vectors within 1e-4 (feature-extraction), the same labels and probabilities within
 1e-4 (text-classification), a masked LM's five likeliest tokens and probabilities
-(fill-mask, ModernBERT's), and for a translation model (a MarianMT import) the same source
+(fill-mask, ModernBERT's), and for a translation model (a MarianMT import, and a T5 v1.1 one,
+which the text2text-generation and summarization pipelines run the same way) the same source
 ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
 onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
 Quantized exports too, opened by the `dtype` their files are named for (q4, int8, q8), or with
@@ -26,7 +27,7 @@ from export.opening import open_export
 from runtime.contract import MODEL_GRAPH
 from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
-from tests.hf_exports import TEXTS, TRANSLATIONS, TRANSLATOR, alone
+from tests.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
 from zoo import GenerateOptions, load
 
@@ -69,7 +70,7 @@ def dtype_args(dtype: str | None) -> list[str]:
 
 
 @pytest.mark.parametrize("key, dtype", [("gpt", None), ("llama", None), ("gpt-q4", "q4"),
-                                        ("gpt-int8", "int8")])
+                                        ("gpt-int8", "int8"), ("gemma", None)])
 def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, dtype: str | None,
                                                       exports: Lazy) -> None:
     exported = load(exports[key])
@@ -127,7 +128,8 @@ def test_fill_mask_gives_the_mlm_heads_likeliest_tokens(exports: Lazy) -> None:
 
 
 @pytest.mark.parametrize("key, dtype", [(TRANSLATOR, None), ("translator-int8", None),
-                                        ("translator-int8", "int8")])
+                                        ("translator-int8", "int8"), (T5, None),
+                                        ("t5-int8", "int8")])
 def test_translation_gives_zoo_runs_ids_greedy_tokens_and_text(key: str, dtype: str | None,
                                                                exports: Lazy) -> None:
     exported = load(exports[key])

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from registry.catalog import Card
-from registry.schema import target_vocab_size
+from registry.schema import shared_embeddings, target_vocab_size
 from zoo.blocks.classes import build_block
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
@@ -50,10 +50,18 @@ class Parts:
     def position(self) -> nn.Module:
         return build_block("position", self.card, None)
 
+    def decoder_position(self, position: nn.Module) -> nn.Module | None:
+        """The decoder stack's own position block where the block is one per stack (T5's
+        causal bias table beside the encoder's bidirectional one); None: it shares `position`."""
+        if not getattr(position, "per_stack", False):
+            return None
+        return build_block("position", self.card, None, causal=True)
+
     def lm_head(self, vocab_size: int | None = None) -> LMHead:
         c = self.card
         return LMHead(c["d_model"], vocab_size or c["vocab_size"], tied=c["tie_embeddings"],
-                      bias=c["output_bias"])
+                      bias=c["output_bias"], softcap=c["final_logit_softcapping"],
+                      scale=c["d_model"] ** -0.5 if c["head_scale"] else 1.0)
 
 
 def _assemble(card: dict[str, Any]) -> nn.Module:
@@ -72,8 +80,9 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
     position = parts.position()  # shared by both stacks: a function of position only
     target = target_vocab_size(card)
     # One matrix for source, target and output, unless untied or the vocabularies differ
-    # (then the output head, if tied, uses the target embedding).
-    shared = card["tie_embeddings"] and card["target_vocab_size"] is None
+    # (then the output head, if tied, uses the target embedding); T5 v1.1 shares the source's
+    # with the target, not with its head (share_embeddings).
+    shared = shared_embeddings(card)
     return EncoderDecoder(
         parts.embeddings(position),
         None if shared else parts.embeddings(position, target),
@@ -82,6 +91,7 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
         parts.final_norm(),
         parts.final_norm(),
         parts.lm_head(target),
+        parts.decoder_position(position),
     )
 
 

@@ -29,6 +29,9 @@ from runtime.engine import Engine
 
 STEPS = 64
 THRESHOLDS = {"int8": (0.90, 0.98), "int4": (0.50, 0.90)}  # (top-1, top-5 containment)
+# gguf: the file's own weights, checked bit for bit at export; only accuracy_level 4's int8
+# activations differ, which flip near-tied random-prompt tokens (SmolLM2: 60/64, top-5 64/64)
+THRESHOLDS["gguf"] = (0.80, 0.98)
 
 
 @dataclass

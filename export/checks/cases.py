@@ -66,6 +66,22 @@ def left_padding(batch: int, length: int) -> np.ndarray:
     return mask
 
 
+def local_window(card: Card) -> int | None:
+    """The sliding window of a card with local layers (zoo/blocks/windows.py), else None."""
+    return card["sliding_window"] if has_local_layers(card) else None
+
+
+def window_shapes(card: Card) -> list[tuple[int, int, int, bool]]:
+    """(batch, length, past, padded) past a local layer's window, wherever the longest case
+    stops short of it: a padded prompt longer than the window, and steps whose past fills it
+    (the first keys leave the window). Beyond the token budget: they are what local layers
+    need, and a wrong window is otherwise invisible."""
+    window = local_window(card)
+    if window is None or window + 2 > card["max_positions"]:
+        return []
+    return [(2, window + 2, 0, True), (2, 2, window, True), (1, 1, window + 1, False)]
+
+
 def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
     card = engine.card
     limit = longest(card)
@@ -76,6 +92,7 @@ def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
     for batch, length, past_length, padded in (
         (1, 1, 0, False), (3, middle, 0, False), (1, limit, 0, False), (3, middle, 0, True),
         (1, 1, past, False), (3, 1, past, True), (3, limit - past, past, True),
+        *window_shapes(card),
     ):
         total = past_length + length
         mask = left_padding(batch, total) if padded else np.ones((batch, total), np.int64)

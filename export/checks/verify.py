@@ -11,6 +11,7 @@ import numpy as np
 from torch import nn
 
 from export.checks.agreement import STEPS, THRESHOLDS, AgreementError, AgreementReport
+from export.checks.cases import local_window
 from export.checks.layout import check_layout
 from export.checks.parity import (
     DEFAULT_ATOL,
@@ -50,12 +51,17 @@ def shared_cache_matches_plain(runtime: Runtime, atol: float = DEFAULT_ATOL,
     """The shared-cache loop against the plain loop on a left-padded batch of 2, both fed the
     plain loop's greedy tokens: every step's logits within the parity tolerance (a row of the
     table) and the same greedy tokens. Tokens alone once passed a graph whose rotary tables
-    missed YaRN's scale: the argmax survived, the logits did not."""
+    missed YaRN's scale: the argmax survived, the logits did not. With local layers the prompt
+    is longer than their window (GroupQueryAttention's local_window_size at work from the
+    first pass), where the context allows."""
     card = runtime.card
     rng = np.random.default_rng(seed)
-    steps = min(steps, card["max_positions"] - 5)
-    prompt = rng.integers(3, card["vocab_size"], (2, 5), dtype=np.int64)
-    mask = np.array([[1] * 5, [0, 0, 1, 1, 1]], np.int64)
+    window = local_window(card)
+    length = 5 if window is None or window + 3 + 5 > card["max_positions"] else window + 3
+    steps = min(steps, card["max_positions"] - length)
+    prompt = rng.integers(3, card["vocab_size"], (2, length), dtype=np.int64)
+    mask = np.ones((2, length), np.int64)
+    mask[1, :2] = 0  # the second row left-padded
     fast = open_session(runtime, prompt.shape[1] + steps, shared_cache=True)
     plain = open_session(runtime, prompt.shape[1] + steps, shared_cache=False)
     fast_logits, plain_logits = fast.prefill(prompt, mask), plain.prefill(prompt, mask)

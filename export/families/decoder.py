@@ -17,6 +17,8 @@ from export.checks.cases import decoder_cases
 from export.families.sequence import SequenceDecoderFamily
 from export.family import Case, Extras, Family, GraphIO, Input
 from export.inspect.maps import decoder_maps
+from export.onnx.experts import OPERATOR as EXPERTS_OPERATOR
+from export.onnx.experts import experts_operator
 from export.onnx.files import set_metadata, strip_debug
 from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
 from export.onnx.trace import export_graph
@@ -82,13 +84,14 @@ class DecoderFamily(Family):
         progress(f"exporting {KV_FILE} (key/value cache updated in place)...")
         graph, args, shapes = kv_trace(model, card)
         names = kv_names(card["n_layers"])
-        with shared_cache_attention(model, card):
+        with shared_cache_attention(model, card), experts_operator(model) as experts:
             proto = export_graph(graph, args, shapes, names, opset, KV_FILE_PATH)
         strip_debug(proto)
         set_metadata(proto, metadata)
         return Extras({KV_FILE: proto}, {"generation": {
             "file": KV_FILE,
             "attention": "com.microsoft.GroupQueryAttention",
+            **({"experts": EXPERTS_OPERATOR} if experts else {}),
             "inputs": names[0],
             "outputs": names[1],
             "cache": "(batch, n_heads, capacity, head_dim) buffers; bind each present.* "

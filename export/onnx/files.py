@@ -45,7 +45,9 @@ def _externalise(models: dict[str, onnx.ModelProto], folder: Path) -> None:
                 raw = numpy_helper.to_array(tensor).tobytes()
                 if len(raw) < EXTERNAL_MIN_BYTES:
                     continue
-                key = f"{tensor.data_type}:{list(tensor.dims)}:{hashlib.sha256(raw).hexdigest()}"
+                # by bytes, not shape: --quantize gguf's tied head (MatMulNBits' B) and
+                # embedding (GatherBlockQuantized's data) view one block array two ways
+                key = f"{tensor.data_type}:{hashlib.sha256(raw).hexdigest()}"
                 if key not in written:
                     stream.write(b"\0" * (-stream.tell() % ALIGNMENT))
                     written[key] = (stream.tell(), len(raw))

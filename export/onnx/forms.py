@@ -155,8 +155,41 @@ def _drop_unused(graph: onnx.GraphProto) -> None:
     graph.value_info.extend(info)
 
 
+def tied_transposes(model: onnx.ModelProto) -> int:
+    """A tied head's weight stored once: where the exporter folded Transpose(E) of an embedding
+    E (an initializer read by Gather) into a constant for the head's MatMul (the encoder-
+    decoder's decoder graph; a T5's head was a second copy of its largest matrix), the MatMul
+    reads Transpose(E) again, as in the decoder family's graph. ONNX Runtime folds that
+    Transpose in memory when it loads the graph, and the quantizers fold it into the weight
+    they quantize (quantize.py: fold_transposed_weights). Returns how many were restored."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    tables = {node.input[0] for node in graph.node if node.op_type == "Gather"
+              and node.input[0] in initializers and len(initializers[node.input[0]].dims) == 2}
+    transposed = {name: numpy_helper.to_array(initializers[name]).T for name in sorted(tables)}
+    restored = 0
+    for node in list(graph.node):
+        constant = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        if constant is None or len(constant.dims) != 2:
+            continue
+        value = numpy_helper.to_array(constant)
+        table = next((name for name, table_t in transposed.items()
+                      if table_t.shape == value.shape and np.array_equal(table_t, value)), None)
+        if table is None:
+            continue
+        node.input[1] = f"{table}_transposed"
+        if not any(f"{table}_transposed" in other.output for other in graph.node):
+            graph.node.insert(0, helper.make_node("Transpose", [table],
+                                                  [f"{table}_transposed"], perm=[1, 0]))
+        restored += 1
+    if restored:
+        _drop_unused(graph)
+    return restored
+
+
 def fast_forms(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every rewrite above, in place; returns the model."""
     residual_sums(model)
     fused_projections(model)
+    tied_transposes(model)
     return model

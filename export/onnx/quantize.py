@@ -23,7 +23,8 @@ from registry.errors import ZooError, first_line
 
 BITS = {"int8": 8, "int4": 4}
 DYNAMIC = "int8-dynamic"  # export/onnx/dynamic.py: int8 weights and activations, for encoders
-CHOICES = (*BITS, DYNAMIC)
+GGUF = "gguf"  # export/onnx/gguf_export.py: an imported GGUF file's own blocks
+CHOICES = (*BITS, DYNAMIC, GGUF)
 BLOCK_SIZE = 32
 # accuracy_level 4: MatMulNBits quantizes activation blocks to int8 inside its dot products
 # (VNNI on x86). Measured on gpt2-small (decode step at past 256): int8 5.2 ms at level 4

@@ -22,6 +22,7 @@ feed-forwards, plugins included, get it too.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 
 import torch
@@ -61,10 +62,20 @@ class GroupQueryAttentionCore:
     first prompt, the row's length after it. Those are exactly the positions the shared-cache
     loop feeds (rows compacted to the buffer's start) and GenAI's loop feeds (right-padded, from
     0); position_ids is passed for a kernel that reads it. The export's check of this loop
-    against the plain one proves it on a left-padded batch."""
+    against the plain one proves it on a left-padded batch.
 
-    def __init__(self, tables: Rotary | None = None) -> None:
+    A local layer's core has the card's `window` (zoo/blocks/windows.py), which is the kernel's
+    local_window_size: ONNX Runtime 1.31's CPU kernel lets a query see that many keys, itself
+    included (measured on one node against numpy; its source of other versions reads it as the
+    keys before the query, one more), as a causal sliding_window does; the export's check of
+    the shared-cache loop, on a prompt past the window, holds it to that. Its tables are the
+    local layers' own rotary base. An attention's own query scale (Gemma's
+    query_pre_attn_scalar) and score cap (Gemma 2's softcap) are the kernel's `scale` and
+    `softcap` attributes, which it applies as the eager core does: scale, cap, then the mask."""
+
+    def __init__(self, tables: Rotary | None = None, window: int | None = None) -> None:
         self.tables = tables
+        self.window = window
 
     def __call__(self, attention: Attention, x: torch.Tensor, source: torch.Tensor,
                  mask: tuple[torch.Tensor, torch.Tensor, torch.Tensor], past: KeyValue,
@@ -75,7 +86,14 @@ class GroupQueryAttentionCore:
             query = _per_head(a, query, a.n_heads, a.query_norm)
             key = _per_head(a, key, a.kv_heads, a.key_norm)
         seqlens_k, total, position_ids = mask
-        attributes: dict[str, int] = {"num_heads": a.n_heads, "kv_num_heads": a.kv_heads}
+        attributes: dict[str, int | float] = {"num_heads": a.n_heads,
+                                              "kv_num_heads": a.kv_heads}
+        if a.scale != 1.0 / math.sqrt(a.head_dim):  # the kernel's default otherwise
+            attributes["scale"] = a.scale
+        if a.softcap is not None:
+            attributes["softcap"] = a.softcap
+        if self.window is not None:
+            attributes["local_window_size"] = self.window
         rotation: list[torch.Tensor] = []
         if rotary is not None and self.tables is not None:  # the kernel rotates
             rotation, attributes["do_rotary"] = [*self.tables, position_ids], 1
@@ -129,19 +147,35 @@ class SharedCacheDecoderGraph(nn.Module):
 
 
 def shared_cache_attention(model: nn.Module, card: Card) -> contextlib.AbstractContextManager:
-    """Every decoder layer's self-attention on GroupQueryAttention, for the export only."""
-    return attention_core((layer.self_attention for layer in model.layers),
-                          GroupQueryAttentionCore(rotary_tables(model, card)))
+    """Every decoder layer's self-attention on GroupQueryAttention, for the export only; local
+    layers' with their window and rotary tables."""
+    global_tables = rotary_tables(model, card)
+    local = getattr(model, "local_attention", None)
+    stack = contextlib.ExitStack()
+    stack.enter_context(attention_core(
+        (layer.self_attention for layer in model.layers if not layer.local),
+        GroupQueryAttentionCore(global_tables)))
+    if local is not None:
+        local_tables = (global_tables if local.rotary is None
+                        else position_tables(local.rotary, card["max_positions"]))
+        stack.enter_context(attention_core(
+            (layer.self_attention for layer in model.layers if layer.local),
+            GroupQueryAttentionCore(local_tables, local.window)))
+    return stack
 
 
 def rotary_tables(model: nn.Module, card: Card) -> Rotary | None:
     """(cos, sin) of every position's rotary angles, as GroupQueryAttention's cos_cache and
     sin_cache, for a card with rotary positions (its frequencies as scaled); else None."""
-    inv_freq = getattr(model.embeddings.position, "inv_freq", None)
-    if inv_freq is None:
+    if getattr(model.embeddings.position, "inv_freq", None) is None:
         return None
-    angles = torch.arange(card["max_positions"], dtype=torch.float32)[:, None] * inv_freq
-    scale = model.embeddings.position.attention_scale  # YaRN's; 1 otherwise
+    return position_tables(model.embeddings.position, card["max_positions"])
+
+
+def position_tables(position: nn.Module, max_positions: int) -> Rotary:
+    """(cos, sin) of a rotary block's angles at positions 0 .. max_positions - 1."""
+    angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * position.inv_freq
+    scale = position.attention_scale  # YaRN's; 1 otherwise
     return angles.cos() * scale, angles.sin() * scale
 
 

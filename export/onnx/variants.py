@@ -4,6 +4,7 @@ files are written.
 --optimize: a family may add graphs (decoders: model_kv.onnx, the shared-cache generation
 graph, see shared_cache.py); every graph gets ONNX Runtime's transformer fusions.
 --quantize int8|int4: every graph's constant MatMul weights become MatMulNBits blocks.
+--quantize gguf: the imported GGUF file's own blocks (gguf_export.py).
 --quantize int8-dynamic: the family's compute-bound graphs (an encoder's model.onnx, an
 encoder-decoder's encoder.onnx) get int8 weights and run-time int8 activations (dynamic.py).
 The contract graphs keep their input and output names either way, so the parity grid (or,
@@ -27,8 +28,14 @@ from torch import nn
 from export.checks.quality import calibration_batch
 from export.family import Family
 from export.onnx.dynamic import QUANTIZED_OPS, DynamicSettings, quantize_dynamic_graph
+from export.onnx.gguf_export import (
+    GGUFWeights,
+    manifest_entry,
+    quantize_gguf,
+    type_counts_line,
+)
 from export.onnx.optimize import FusionReport, fuse
-from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, quantize
+from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, GGUF, quantize
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.paths import display_path
@@ -52,9 +59,11 @@ class VariantResult:
 
 def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Card,
                   family: Family, options: ExportOptions, metadata: dict[str, str],
-                  progress: Callable[[str], None], folder: Path) -> VariantResult:
+                  progress: Callable[[str], None], folder: Path,
+                  gguf: GGUFWeights | None = None) -> VariantResult:
     """Change `protos` in place (and add files); say what was done. `folder`: the staged
-    export, whose tokenizer (where it has one) reads int8-dynamic's calibration text."""
+    export, whose tokenizer (where it has one) reads int8-dynamic's calibration text;
+    `gguf`: --quantize gguf's blocks."""
     variant = VariantResult()
     contract_files = list(protos)  # before --optimize adds its own graphs
     if options.optimize:
@@ -71,6 +80,15 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
     if options.quantize == DYNAMIC:
         variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress,
                                                load_tokenizer(folder), options))
+    elif options.quantize == GGUF and gguf is not None:
+        progress("placing the GGUF file's own blocks (MatMulNBits, GatherBlockQuantized)...")
+        counts = {}
+        for file in list(protos):
+            protos[file], counts[file] = quantize_gguf(protos[file], gguf.forms, gguf.weights,
+                                                       file)
+            variant.notes.append(f"{counts[file]} MatMulNBits in {file} hold the file's blocks")
+        variant.notes.append(type_counts_line(gguf.blocks))
+        variant.manifest["quantization"] = manifest_entry(gguf.blocks, gguf.forms, counts)
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}

@@ -18,6 +18,7 @@ from torch import nn
 
 from export.family import Family, GraphIO, contract_of, wrappers_of
 from export.onnx.files import save_models, save_standalone, set_metadata, strip_debug
+from export.onnx.gguf_export import GGUFWeights
 from export.onnx.manifest import build_manifest, package_versions, write_manifest
 from export.onnx.trace import ExportError, export_graph, trace_inputs
 from export.onnx.variants import VariantResult, apply_variant, layout_under_dtype_names
@@ -71,6 +72,7 @@ def export_onnx(
     verify: Verify | None = None,
     progress: Progress = lambda message: None,
     extra_files: list[Path] | tuple[Path, ...] = (),
+    gguf: GGUFWeights | None = None,
 ) -> Written:
     """Write the ONNX files, reference weights, config and manifest to `out`.
 
@@ -92,7 +94,7 @@ def export_onnx(
         variant = VariantResult()
         if not options.plain:
             variant = apply_variant(protos, model, card, family, options, metadata, progress,
-                                    staging)
+                                    staging, gguf)
             entries.update(variant.manifest)
         stored = variant.stored_as  # quantized client graphs under their dtype names
         genai = family.genai(card, protos, stored)  # ONNX Runtime GenAI's files (decoders)

@@ -18,6 +18,7 @@ from torch import nn
 from registry.schema import effective_bias
 from registry.sizes import attention_sizes
 from zoo.blocks.classes import build_block
+from zoo.blocks.norms import ProjectionNorm
 from zoo.blocks.positions import Rotary, apply_rotary
 
 KeyValue = tuple[torch.Tensor, torch.Tensor]
@@ -97,7 +98,9 @@ class AttentionCore(Protocol):
 
 
 class DotProductCore:
-    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation.
+    """softmax((Q / sqrt(head_dim)) K^T + mask) V, with the cache appended by concatenation
+    (the module's own `scale` for 1 / sqrt(head_dim) where it has one, and its `softcap` on the
+    scores before the mask: Gemma's).
     Given a `record` list, it also appends each call's probabilities (B, nh, T, S) to it.
 
     The scale multiplies Q, which feeds the MatMul directly: ONNX Runtime folds a scalar Mul on
@@ -117,15 +120,18 @@ class DotProductCore:
                  mask: torch.Tensor | None, past: KeyValue | None, rotary: Rotary | None
                  ) -> tuple[torch.Tensor, KeyValue]:
         a = attention
-        scale = 1.0 / math.sqrt(a.head_dim)
-        if source is None and a.query_norm is None:  # cross-attention: scaled in the projection
+        scale = a.scale
+        if scale == 1.0 and source is None and a.query_norm is None:  # T5: nothing to scale
+            query = a.split_heads(a.query(x))
+        elif source is None and a.query_norm is None:  # cross-attention: scaled in the projection
             bias = None if a.query.bias is None else a.query.bias * scale
             query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
         else:
             query = a.split_heads(a.query(x))
             if a.query_norm is not None:
                 query = a.query_norm(query)
-            query = query * scale
+            if scale != 1.0:  # T5: unscaled
+                query = query * scale
         if source is None:  # cross-attention: the source's keys and values, projected once
             assert past is not None
             key, value = past
@@ -138,6 +144,8 @@ class DotProductCore:
                 value = torch.cat([past[1], value], dim=2)
         attended_key, attended_value = a.shared(key), a.shared(value)
         scores = query @ attended_key.transpose(-2, -1)  # (B, nh, T, S)
+        if a.softcap is not None:  # Gemma 2's cap on the scores, before the mask
+            scores = torch.tanh(scores / a.softcap) * a.softcap
         if mask is not None:
             scores = scores + mask
         probabilities = scores.softmax(dim=-1)
@@ -157,16 +165,20 @@ class Attention(nn.Module):
     projection is applied to whatever the core returns."""
 
     reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
-             "attention_bias", "qk_norm", "norm", "norm_eps")
+             "attention_bias", "qk_norm", "norm", "norm_eps", "query_pre_attn_scalar",
+             "attn_logit_softcapping", "qk_norm_scope", "query_scale")
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
-                 head_norm: Callable[[int], nn.Module] | None = None) -> None:
+                 head_norm: Callable[[int], nn.Module] | None = None,
+                 scale: float | None = None, softcap: float | None = None) -> None:
         """Sizes as registry/sizes.py derives them from a card (zoo/assemble.py passes them);
         `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
         `projection_bias`: the query/key/value biases (default `bias`, which the output
-        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys."""
+        projection has); `head_norm(head_dim)`: a norm over each head's queries and keys;
+        `scale`: the queries' (default 1/sqrt(head_dim); T5's 1); `softcap`: scores capped as
+        softcap * tanh(scores / softcap)."""
         super().__init__()
         derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
         self.n_heads = n_heads
@@ -182,6 +194,8 @@ class Attention(nn.Module):
         self.key_norm = head_norm(self.head_dim) if head_norm is not None else None
         self.dropout = nn.Dropout(dropout)
         self.core: AttentionCore = DOT_PRODUCT
+        self.scale = 1.0 / math.sqrt(self.head_dim) if scale is None else scale
+        self.softcap = softcap
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int | None) -> Attention:
@@ -189,8 +203,18 @@ class Attention(nn.Module):
         sizes = attention_sizes(card)
         head_norm = ((lambda size: build_block("norm", card, layer, size=size))
                      if card["qk_norm"] else None)
-        return cls(card["d_model"], sizes.heads, card["dropout"], card["bias"], sizes.kv_heads,
-                   sizes.head_dim, effective_bias(card, "attention_bias"), head_norm)
+        scalar = card["query_pre_attn_scalar"]  # Gemma's query scale
+        scale = None if scalar is None else scalar**-0.5
+        scale = scale if card["query_scale"] else 1.0  # T5's scores are not scaled
+        attention = cls(card["d_model"], sizes.heads, card["dropout"], card["bias"],
+                        sizes.kv_heads, sizes.head_dim, effective_bias(card, "attention_bias"),
+                        head_norm, scale, card["attn_logit_softcapping"])
+        if card["qk_norm"] and card.get("qk_norm_scope") == "projection":  # OLMoE's
+            attention.query_norm = ProjectionNorm(
+                build_block("norm", card, layer, size=sizes.query_width))
+            attention.key_norm = ProjectionNorm(
+                build_block("norm", card, layer, size=sizes.kv_width))
+        return attention
 
     def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(B, T, heads * hd) -> (B, heads, T, hd); the query heads unless told."""

@@ -22,12 +22,13 @@ from registry.blocks import BLOCKS
 from registry.errors import ZooError
 from registry.schema import effective_bias
 from registry.sizes import attention_sizes
+from zoo.blocks.experts import MixtureOfExperts
 from zoo.blocks.feedforward import FEED_FORWARDS
 from zoo.blocks.norms import NORMS
 from zoo.blocks.positions import POSITIONS
 
 BUILTIN: dict[str, dict[str, type[nn.Module]]] = {
-    "activation": FEED_FORWARDS,
+    "activation": {**FEED_FORWARDS, "moe": MixtureOfExperts},
     "norm": NORMS,
     "position": POSITIONS,
 }

@@ -32,18 +32,27 @@ class HeadInputs:
 
 class LMHead(nn.Module):
     """Hidden states to vocabulary logits. Tied, it uses the embedding matrix it is handed at
-    call time instead of holding a second reference, so the weight is stored once."""
+    call time instead of holding a second reference, so the weight is stored once. `scale`
+    multiplies the states first (T5's tied head: d_model^-0.5)."""
 
     graph_output = "logits"
 
-    def __init__(self, d_model: int, vocab_size: int, tied: bool, bias: bool = False) -> None:
+    def __init__(self, d_model: int, vocab_size: int, tied: bool, bias: bool = False,
+                 softcap: float | None = None, scale: float = 1.0) -> None:
         super().__init__()
         self.weight = None if tied else nn.Parameter(torch.empty(vocab_size, d_model))
         self.bias = nn.Parameter(torch.zeros(vocab_size)) if bias else None
+        self.softcap = softcap  # Gemma 2's: logits capped as softcap * tanh(logits / softcap)
+        self.scale = scale  # T5's d_model^-0.5 on the states before its tied head
 
     def forward(self, x: torch.Tensor, embedding_weight: torch.Tensor) -> torch.Tensor:
         weight = embedding_weight if self.weight is None else self.weight
-        return F.linear(x, weight, self.bias)
+        if self.scale != 1.0:
+            x = x * self.scale
+        logits = F.linear(x, weight, self.bias)
+        if self.softcap is None:
+            return logits
+        return torch.tanh(logits / self.softcap) * self.softcap
 
 
 class MLMHead(nn.Module):

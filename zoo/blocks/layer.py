@@ -25,6 +25,7 @@ class Layer(nn.Module):
         pre_norm: bool,
         cross_attention: Attention | None = None,
         local: bool = False,
+        post_norms: list[nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.local = local  # attends within the sliding window (zoo/blocks/windows.py)
@@ -34,9 +35,12 @@ class Layer(nn.Module):
         self.norms = nn.ModuleList(norms)  # one per sublayer, in order
         self.dropout = nn.Dropout(dropout)
         self.pre_norm = pre_norm
+        # sandwich_norm (Gemma 2, 3): one more norm per sublayer, on its output before the add
+        self.post_norms = nn.ModuleList(post_norms) if post_norms else None
 
-    reads = ("dropout", "norm_placement", "attention_pattern",
-             "first_attention_norm")  # and what its blocks read
+    # and what its blocks read
+    reads = ("dropout", "norm_placement", "attention_pattern", "sandwich_norm",
+             "first_attention_norm")
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int, cross: bool = False) -> Layer:
@@ -52,12 +56,16 @@ class Layer(nn.Module):
             pre_norm=card["norm_placement"] == "pre",
             cross_attention=Attention.from_card(card, layer) if cross else None,
             local=layer_is_local(card, layer),
+            post_norms=([build_block("norm", card, layer) for _ in range(3 if cross else 2)]
+                        if card["sandwich_norm"] else None),
         )
 
     def _residual(self, index: int, x: torch.Tensor, sublayer) -> tuple[torch.Tensor, object]:
         norm = self.norms[index]
         if self.pre_norm:
             out, extra = sublayer(norm(x))
+            if self.post_norms is not None:
+                out = self.post_norms[index](out)
             return x + self.dropout(out), extra
         out, extra = sublayer(x)
         return norm(x + self.dropout(out)), extra

@@ -51,4 +51,36 @@ class RMSNorm(CardNorm, nn.Module):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+class ProjectionNorm(nn.Module):
+    """A norm over the whole query or key projection (OLMoE's q_norm and k_norm, the card's
+    `qk_norm_scope: projection`), taking and giving the heads split (B, heads, T, hd) as a
+    per-head norm does, so the attention cores call it alike. The norm's parameters are this
+    module's own (`query_norm.weight`, as a per-head norm's), not a submodule's."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.__dict__["norm"] = norm  # not registered: its parameters are adopted below
+        for name, parameter in norm.named_parameters(recurse=False):
+            self.register_parameter(name, parameter)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, heads, length, size = x.shape
+        merged = x.transpose(1, 2).reshape(batch, length, heads * size)
+        return self.norm(merged).reshape(batch, length, heads, size).transpose(1, 2)
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight is an offset from one, x / rms(x) * (1 + w), and it is
+    computed in float32 whatever the model's dtype (as transformers' Gemma3RMSNorm); its weight
+    starts at zero, so the norm starts as the plain one."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__(d_model, eps)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.float()
+        normed = wide / torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+
+NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm,
+                                     "rmsnorm_gemma": GemmaRMSNorm}

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from registry.sizes import attention_sizes
+from zoo.blocks.relative_bias import T5RelativeBias
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 
@@ -189,4 +190,5 @@ POSITIONS: dict[str, type[nn.Module]] = {
     "sinusoidal_halves": SinusoidalHalves,
     "learned": Learned,
     "rotary": RotaryPositions,
+    "t5_relative": T5RelativeBias,
 }

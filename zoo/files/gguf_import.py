@@ -11,6 +11,10 @@ the map says so (`permuted`), so that the zoo's half-split rotary sees Hugging F
 tokenizer: a `tokenizer.json` beside the file (checked, as from a folder), else the file's own
 where it is GPT-2's byte-level BPE or SentencePiece's BPE (converted as transformers converts
 them: gguf_tokenizer.py), else none: the folder then takes token ids, which the import says.
+
+Beside the fp32 weights the folder keeps each quantized tensor's own blocks (gguf_blocks.py:
+gguf_blocks.safetensors and .json), rows reordered as the fp32 rows are, for `zoo export
+--quantize gguf` to compute with exactly what the file holds.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.chat import CHAT_TEMPLATE, check_chat_template
 from runtime.files.tokenizer import HF_TOKENIZER
 from zoo.assemble import build_model
+from zoo.files.gguf_blocks import BlockStore, write_blocks
 from zoo.files.gguf_header import GGUFError, GGUFFile, Tensor, read_gguf
 from zoo.files.gguf_tokenizer import KINDS, gguf_tokenizer
 from zoo.files.importers import (
@@ -146,11 +151,13 @@ def _array(tensor: Tensor, where: str) -> np.ndarray:
 
 
 def zoo_tensors(reader: GGUFFile, layout: LayoutMap, card: Any, where: str,
-                shapes: dict[str, torch.Size]) -> dict[str, torch.Tensor]:
+                shapes: dict[str, torch.Size], blocks: BlockStore | None = None,
+                ) -> dict[str, torch.Tensor]:
     """The file's tensors under the zoo's names (the map's), query and key rows back in Hugging
     Face's order where the map says llama.cpp reordered them; a name the map has no place for
     is refused, one of another shape than `shapes` (the card's model's) left as it is for
-    _check_tensors to refuse."""
+    _check_tensors to refuse. `blocks` collects each quantized tensor's raw rows, reordered
+    as its fp32 rows are."""
     gguf, sizes = layout.gguf, attention_sizes(card)
     found = {}
     for tensor in reader.tensors:
@@ -161,9 +168,13 @@ def zoo_tensors(reader: GGUFFile, layout: LayoutMap, card: Any, where: str,
                             "gguf: tensors)")
         target, source = matched
         array = _array(tensor, where)
+        raw = blocks.rows(tensor, array.shape) if blocks is not None else None
         if source in gguf.permuted and array.shape == shapes.get(target):
             heads = getattr(sizes, gguf.permuted[source])
             array = _unpermute(array, heads)
+            raw = None if raw is None else _unpermute(raw, heads)  # whole rows of blocks
+        if raw is not None:
+            blocks.add(target, tensor, raw, array.shape)
         found[target] = torch.from_numpy(np.array(array, np.float32))  # writable, owned
     return found
 
@@ -186,11 +197,12 @@ def import_gguf(path: Path, out: Path, force: bool = False) -> dict[str, Any]:
     card, _ = make_card(parent, out.name, fields, {key: where for key in fields}, where)
     model = build_model(card, seed=None)
     expected = model.state_dict()
+    blocks = BlockStore()
     tensors = zoo_tensors(reader, layout, card, where,
-                          {key: value.shape for key, value in expected.items()})
+                          {key: value.shape for key, value in expected.items()}, blocks)
     _check_tensors(tensors, expected, layout, where)
     model.load_state_dict(tensors, strict=True)
-    return _land(path, out, force, model, card, reader, layout)
+    return _land(path, out, force, model, card, reader, layout, blocks)
 
 
 def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.Tensor],
@@ -245,13 +257,14 @@ def _tokenizer(path: Path, reader: GGUFFile, vocab_size: int) -> tuple[bytes | N
 
 
 def _land(path: Path, out: Path, force: bool, model: torch.nn.Module, card: Any,
-          reader: GGUFFile, layout: LayoutMap) -> dict[str, Any]:
+          reader: GGUFFile, layout: LayoutMap, blocks: BlockStore) -> dict[str, Any]:
     tokenizer, origin = _tokenizer(path, reader, card["vocab_size"])
     record = {"source": str(path.resolve()), "format": "gguf", "sha256": sha256(path),
               "architecture": card["description"], "extends": layout.data["extends"],
               "layout": layout.data["model_type"], "tokenizer": origin}
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)
+        write_blocks(blocks, staging)
         if tokenizer is not None:
             (staging / HF_TOKENIZER).write_bytes(tokenizer)
         template = reader.fields.get("tokenizer.chat_template")

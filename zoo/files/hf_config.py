@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from registry.blocks import block_fields
 from registry.catalog import Card, open_catalog, read_yaml
 from registry.errors import ZooError
 from registry.families import spec_of
@@ -72,6 +73,8 @@ def _value(layout: LayoutMap, card: Card, field: str) -> Any:
     if field == "activation":  # the first config.json name the map reads as this activation
         return next((name for name, ours in layout["activations"].items()
                      if ours == card["activation"]), card["activation"])
+    if field not in (card.fields if isinstance(card, Card) else card):
+        return None  # a block's own field (the experts') on a card without that block
     return card[field]
 
 
@@ -115,6 +118,8 @@ def architecture(card: Card | dict[str, Any]) -> dict[str, Any]:
     fields.update(n_kv_heads=sizes.kv_heads, head_dim=sizes.head_dim,
                   attention_bias=effective_bias(card, "attention_bias"),
                   mlp_bias=effective_bias(card, "mlp_bias"))
+    values = card.fields if isinstance(card, Card) else card
+    fields.update({name: values[name] for name in block_fields() if name in values})  # experts'
     return fields
 
 

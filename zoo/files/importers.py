@@ -165,7 +165,7 @@ def _rope_scaling(key: str, value: Any, where: str) -> Any:
 
 
 # transformers' layer_types -> the letters of the card's attention_pattern
-LAYER_TYPES = {"full_attention": "G", "sliding_attention": "L"}
+LAYER_TYPES = {"sliding_attention": "L", "full_attention": "G"}
 EVERY_N = "global_attn_every_n_layers"  # ModernBERT's pattern before layer_types: G, then L's
 
 
@@ -177,17 +177,31 @@ def shortest_period(letters: str) -> str:
 
 def _attention_pattern(key: str, value: Any, where: str) -> Any:
     """config.json's layer pattern as the card's letters: a list of layer types (transformers
-    5), or every n-th layer global, the first among them (ModernBERT's
-    global_attn_every_n_layers). Another layer type is refused by name."""
+    5), or a whole number: every n-th layer global, the first among them (ModernBERT's
+    global_attn_every_n_layers) or the last (an older Gemma file's sliding_window_pattern).
+    Another layer type is refused by name."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return "G" + "L" * (value - 1) if key == EVERY_N else "L" * (value - 1) + "G"
     if isinstance(value, list):
         unknown = sorted({str(kind) for kind in value} - set(LAYER_TYPES))
-        if unknown or not value:
-            raise CheckpointError(f"{where}: {key} has {', '.join(unknown) or 'no layers'} "
-                                  f"(the zoo computes {', '.join(LAYER_TYPES)})")
+        if unknown or not value or not all(isinstance(kind, str) for kind in value):
+            raise CheckpointError(
+                f"{where}: {key} has {', '.join(unknown) or 'no layers'}: {key}={value!r} "
+                f"should list a kind per layer, each one of {', '.join(LAYER_TYPES)}")
         return shortest_period("".join(LAYER_TYPES[kind] for kind in value))
-    if key == EVERY_N and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return "G" + "L" * (value - 1)
     return value  # the card's validation names it
+
+
+def _local_base(key: str, value: Any, where: str) -> Any:
+    """The local layers' rotary base: a number, or transformers 5's rope_parameters entry,
+    which must be unscaled (the zoo scales only the global layers' frequencies)."""
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("rope_type", "default")
+    if kind != "default" or "rope_theta" not in value:
+        raise CheckpointError(f"{where}: {key} has rope_type={kind!r}: the zoo's local layers "
+                              "rotate unscaled, with a rope_theta")
+    return value["rope_theta"]
 
 
 def _converted(layout: LayoutMap, field: str, key: str, value: Any, where: str) -> Any:
@@ -198,6 +212,8 @@ def _converted(layout: LayoutMap, field: str, key: str, value: Any, where: str) 
         return _rope_scaling(key, value, where)
     if field == "attention_pattern":
         return _attention_pattern(key, value, where)
+    if field == "rope_theta_local":
+        return _local_base(key, value, where)
     return value
 
 
@@ -280,6 +296,12 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
         key, value = found
         fields[field] = _converted(layout, field, key, value, where)
         origins[field] = f"{where} ({key})"
+    for field in layout["explicit_null"]:  # null there is the value (Gemma 2's caps off)
+        keys = layout["config"].get(field) or []
+        null = next((key for key in (keys if isinstance(keys, list) else [keys])
+                     if lookup(config, key) is None), None)
+        if null is not None and field not in fields:
+            fields[field], origins[field] = None, f"{where} ({null})"
     for field, value in layout["defaults"].items():  # transformers' value for an absent key
         fields.setdefault(field, value)
         origins.setdefault(field, display_path(layout.path))
@@ -308,8 +330,10 @@ def make_card(parent: Card, name: str, fields: dict[str, Any], origins: dict[str
               where: str) -> tuple[Card, dict[str, Any]]:
     """The parent card with `fields` over it, validated: (card, fields that differ)."""
     resolved = validate({**parent.fields, **fields}, where, origins)
-    overrides = {key: value for key, value in resolved.items() if parent.fields[key] != value}
-    all_origins = {key: origins.get(key, parent.origins[key]) for key in resolved}
+    # a block's own fields (the experts') may be new to the parent
+    overrides = {key: value for key, value in resolved.items()
+                 if parent.fields.get(key, MISSING) != value}
+    all_origins = {key: origins.get(key, parent.origins.get(key, where)) for key in resolved}
     return Card(name, Path(where), resolved, all_origins), overrides
 
 
@@ -324,10 +348,11 @@ class Mapped:
 
 def _check_tied(layout: LayoutMap, named: dict[str, torch.Tensor], original: dict[str, str],
                 where: str) -> list[str]:
-    """Tensors the zoo ties (an LM head = the embedding): dropped when equal, refused if not."""
+    """Tensors the zoo ties (an LM head = the embedding): dropped when equal, refused if not.
+    An entry a variant sets to null is not tied (T5 v1.1's head)."""
     tied = []
     for name, same_as in layout["tied"].items():
-        if name not in named:
+        if name not in named or same_as is None:
             continue
         other = named.get(same_as)
         if other is not None and (other.shape != named[name].shape

@@ -92,6 +92,8 @@ def config_kinds(layout: LayoutMap) -> dict[str, str]:
     for field, keys in layout["config"].items():
         kind = CARD_KINDS.get(FIELDS[field].type) if field in FIELDS else None
         kind = "pattern" if field == "attention_pattern" else kind
+        if field == "rope_theta_local":  # a number, or rope_parameters' object (importers.py)
+            kind = None
         for key in keys if isinstance(keys, list) else [keys]:
             if kind is not None:
                 kinds.setdefault(key, kind)

@@ -25,6 +25,9 @@ from registry.params import UnknownCount, attention_params, ffn_params, position
 ROOM = 8  # refused when the config needs more than this many times the values the file holds
 # Card fields the parameter count grows with, in the order a culprit is looked for.
 SIZES = ("vocab_size", "max_positions", "n_layers", "d_model", "d_ff", "type_vocab_size")
+# Fields the attention's size follows, read from config.json too: a map's defaults for them
+# (Gemma's 256-wide heads) would otherwise count a tiny checkpoint's attention far too large.
+HEADS = ("n_heads", "n_kv_heads", "head_dim")
 # Zoo tensors whose shape in the file is card fields: (rows, columns).
 TABLES = {"embeddings.token.weight": ("vocab_size", "d_model"),
           "source_embeddings.token.weight": ("vocab_size", "d_model"),
@@ -46,6 +49,10 @@ def _implied_sizes(layout: LayoutMap, config: dict[str, Any]) -> tuple[dict[str,
         found = layout.config_value(config, field)
         if found is not None and _whole(found[1]):
             keys[field], card[field] = found
+    for field in HEADS:  # the attention's width, not blamed (the layers' count is)
+        found = layout.config_value(config, field)
+        if found is not None and _whole(found[1]):
+            card[field] = found[1]
     ratio = layout.data.get("d_ff_per_d_model")
     if "d_ff" not in keys and ratio is not None:  # GPT-2's n_inner: null
         card["d_ff"] = ratio * card["d_model"]

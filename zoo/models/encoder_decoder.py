@@ -3,7 +3,8 @@
 `encode()` runs once per input and `cross_cache()` projects its output, once, to every decoder
 layer's cross-attention keys and values; `decode()` runs per step with both caches explicit
 (tensors in, tensors out). Source and target share one embedding (and the output head) when
-the card ties them.
+the card ties them. A position block that is one per stack (T5's relative bias: bidirectional
+in the encoder, causal in the decoder) gives the decoder its own, `decoder_position`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class EncoderDecoder(nn.Module):
         encoder_norm: nn.Module | None,
         decoder_norm: nn.Module | None,
         head: LMHead,
+        decoder_position: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.source_embeddings = source_embeddings
@@ -36,6 +38,7 @@ class EncoderDecoder(nn.Module):
         self.encoder_norm = encoder_norm
         self.decoder_norm = decoder_norm
         self.head = head
+        self.decoder_position = decoder_position  # None: the target embeddings' position
 
     def _target(self) -> Embeddings:
         return self.source_embeddings if self.target_embeddings is None else self.target_embeddings
@@ -74,11 +77,12 @@ class EncoderDecoder(nn.Module):
         position_ids = padded_positions(input_ids, None, past_length)
         embeddings = self._target()
         x = embeddings(input_ids, position_ids)
-        rotary = embeddings.position.rotary(position_ids)
+        position = (embeddings.position if self.decoder_position is None
+                    else self.decoder_position)
+        rotary = position.rotary(position_ids)
         self_mask = build_mask(None, length, past_length + length, causal=True,
                                device=input_ids.device, dtype=x.dtype)
-        self_mask = with_position_bias(embeddings.position, self_mask, length,
-                                       past_length + length)
+        self_mask = with_position_bias(position, self_mask, length, past_length + length)
         cross_mask = build_mask(memory_mask, length, cross[0][0].shape[2], causal=False,
                                 dtype=x.dtype)
         presents = []

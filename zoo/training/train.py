@@ -31,6 +31,7 @@ from runtime.files.lock import output_lock
 from zoo.files.weights import CONFIG, card_yaml
 from zoo.training import classify, data
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
+from zoo.training.experts import Routed, routed
 from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
 from zoo.training.tasks import TASKS, Task, TrainOptions
@@ -143,9 +144,13 @@ def _start_out(options: TrainOptions, card: Card, start: int, files: dict[str, b
 
 
 def _log(options: TrainOptions, done: int, loss: float, lr: float, rate: float,
-         scores: dict[str, Any] | None, progress: Progress, evaluated: Evaluated) -> None:
-    """A line of metrics.jsonl (with the held-out scores at a checkpoint) and the progress."""
+         scores: dict[str, Any] | None, progress: Progress, evaluated: Evaluated,
+         routing: Routed | None = None) -> None:
+    """A line of metrics.jsonl (with the held-out scores at a checkpoint, and a mixture of
+    experts' router loss and load) and the progress."""
     record = {"step": done, "loss": loss, "lr": lr, "tokens_per_s": rate}
+    if routing is not None:
+        record |= {"router_loss": routing.loss.item(), "expert_load": routing.load}
     if scores:
         record |= {"eval_accuracy": scores["accuracy"], "eval_macro_f1": scores["macro_f1"]}
     append_metrics(options.out, record)
@@ -189,6 +194,10 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         batch = task.batch(step, rank)
         torch.manual_seed(data.batch_generator(options.seed, step, rank).initial_seed())
         loss = task.loss(trained, batch)
+        routing = routed(model, card["n_experts"], card["n_experts_per_token"]) \
+            if card["activation"] == "moe" else None
+        if routing is not None:  # the router's load-balancing loss (zoo/training/experts.py)
+            loss = loss + card["router_aux_loss_coef"] * routing.loss
         if not math.isfinite(loss.item()):
             raise _stopped(step, loss.item(), options.out, shown)
         optimizer.zero_grad(set_to_none=True)
@@ -204,7 +213,7 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         scores = task.evaluate(model) if writer and checkpoint_step else None
         if writer and (done % log_every == 0 or done == options.steps or scores):
             rate = tokens / max(time.perf_counter() - started, 1e-9)
-            _log(options, done, loss.item(), lr, rate, scores, progress, evaluated)
+            _log(options, done, loss.item(), lr, rate, scores, progress, evaluated, routing)
         if checkpoint_step:
             spread = _parameter_spread(model) if world > 1 else 0.0
             if writer:

@@ -1,0 +1,286 @@
+"""`zoo export --quantize gguf`: every linear weight a GGUF file quantized computes with the
+file's own blocks (MatMulNBits, gguf_blocks.py), the tied embedding gathers from the same bytes.
+
+The blocks come from the imported folder (zoo/files/gguf_blocks.py). A traced graph holds each
+linear as MatMul(x, W^T), or, where several read one input (query, key and value; gate and up),
+as one MatMul by their weights side by side (forms.py's fused_projections): such a MatMul is
+split back into its weights by value, and their blocks are joined into one MatMulNBits where
+the types agree (one blocksum for the minimum term of all of them), else one each and a Concat.
+
+Before anything is written each form is dequantized here, (q - zero point) * scale + minimum
+in float32 as the kernel does, and compared bit for bit with the fp32 weight the import made
+with gguf's dequantize: the graph's weights are the file's. A linear with blocks that no
+MatMul takes, or a type with no exact form, is refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from export.onnx.forms import drop_unused_initializers
+from export.onnx.gguf_blocks import (
+    NBitsForm,
+    gather_nodes,
+    nbits_nodes,
+    replace_matmuls,
+    to_matmul_nbits,
+)
+from export.onnx.optimize import ensure_ms_opset
+from export.onnx.quantize import ACCURACY_LEVEL, GGUF, fold_transposed_weights
+from registry.errors import ZooError
+from zoo.files.gguf_blocks import Blocks, read_blocks
+
+EMBEDDING, HEAD = "embeddings.token.weight", "head.weight"
+
+
+@dataclass(frozen=True)
+class GGUFWeights:
+    """What the export needs: the folder's blocks, their checked forms, the fp32 weights the
+    graphs' MatMuls hold (to find them by value)."""
+
+    blocks: dict[str, Blocks]
+    forms: dict[str, NBitsForm]
+    weights: dict[str, np.ndarray]
+
+
+def gguf_weights(folder: Path, state: dict[str, Any], tied: bool) -> GGUFWeights:
+    """Read and check the imported folder's blocks against the model's `state` (torch
+    tensors by name), before any tracing."""
+    blocks = read_blocks(folder)
+    weights = {name: value.detach().float().numpy() for name, value in state.items()
+               if name in blocks}
+    if tied and EMBEDDING in weights:
+        weights[HEAD] = weights[EMBEDDING]
+    return GGUFWeights(blocks, gguf_forms(blocks, weights, tied), weights)
+
+
+def gguf_forms(blocks: dict[str, Blocks], weights: dict[str, np.ndarray], tied: bool,
+               ) -> dict[str, NBitsForm]:
+    """Each weight's MatMulNBits form, checked bit for bit against the fp32 weight; the tied
+    head takes the embedding's (the same bytes, stored once)."""
+    forms = {}
+    for name, found in blocks.items():
+        if name not in weights:
+            raise ZooError(f"{found.source}: the model has no weight {name} for its blocks")
+        forms[name] = to_matmul_nbits(found.source, found.ggml_type, found.raw, found.shape)
+        check_exact(found.source, forms[name], weights[name])
+    if tied and EMBEDDING in forms and HEAD not in forms:
+        forms[HEAD] = forms[EMBEDDING]
+    return forms
+
+
+def dequantized(form: NBitsForm) -> np.ndarray:
+    """(N, K) float32 weights the form holds: (q - zero point) * scale + minimum."""
+    b = form.b.reshape(form.n, -1)
+    codes = b if form.bits == 8 else np.stack([b & 0x0F, b >> 4], axis=-1).reshape(form.n, -1)
+    blocks = form.k // form.block_size
+    if form.zero_points is None:
+        zero = np.full((form.n, blocks), 2 ** (form.bits - 1), np.float32)
+    elif form.bits == 8:
+        zero = form.zero_points.reshape(form.n, blocks).astype(np.float32)
+    else:
+        packed = form.zero_points.reshape(form.n, -1)
+        zero = np.stack([packed & 0x0F, packed >> 4], -1).reshape(form.n, -1)[:, :blocks]
+        zero = zero.astype(np.float32)
+    grouped = codes.reshape(form.n, blocks, form.block_size).astype(np.float32)
+    scale = form.scales.reshape(form.n, blocks, 1)
+    values = (grouped - zero[..., None]) * scale
+    if form.minimums is not None:
+        values = values + form.minimums.T[..., None]
+    return values.reshape(form.n, form.k)
+
+
+def check_exact(name: str, form: NBitsForm, weight: np.ndarray) -> None:
+    """The form's weights equal `weight` bit for bit (+0.0 folds -0.0 into 0.0)."""
+    held = dequantized(form) + np.float32(0.0)
+    expected = np.asarray(weight, np.float32) + np.float32(0.0)
+    if held.shape != expected.shape or not np.array_equal(held.view(np.uint32),
+                                                          expected.view(np.uint32)):
+        raise ZooError(f"{name}: its {form.ggml_type} blocks as MatMulNBits do not give the "
+                       "imported weights bit for bit (re-import the GGUF file)")
+
+
+def form_label(form: NBitsForm) -> str:
+    """The MatMulNBits form in words, for the manifest."""
+    zero = ("default" if form.zero_points is None
+            else int(dequantized_zero(form)))
+    minimum = ", + block minimums" if form.minimums is not None else ""
+    return f"MatMulNBits bits {form.bits}, block {form.block_size}, zero point {zero}{minimum}"
+
+
+def dequantized_zero(form: NBitsForm) -> int:
+    return int(form.zero_points.reshape(-1)[0] & (0xFF if form.bits == 8 else 0x0F))
+
+
+def _joinable(forms: list[NBitsForm]) -> bool:
+    first = forms[0]
+    return all((f.bits, f.block_size, f.k, f.zero_points is None, f.minimums is None)
+               == (first.bits, first.block_size, first.k, first.zero_points is None,
+                   first.minimums is None) for f in forms) and (
+        first.zero_points is None or len({dequantized_zero(f) for f in forms}) == 1)
+
+
+def joined(forms: list[NBitsForm]) -> NBitsForm:
+    """Forms of one input width side by side: one MatMulNBits of their summed outputs."""
+    first = forms[0]
+    return replace(
+        first, ggml_type="+".join(f.ggml_type for f in forms), n=sum(f.n for f in forms),
+        b=np.concatenate([f.b for f in forms]),
+        scales=np.concatenate([f.scales for f in forms]),
+        zero_points=None if first.zero_points is None
+        else np.concatenate([f.zero_points for f in forms]),
+        minimums=None if first.minimums is None
+        else np.concatenate([f.minimums for f in forms], axis=1))
+
+
+def _split_by_value(constant: np.ndarray, columns: dict[bytes, str],
+                    weights: dict[str, np.ndarray]) -> list[str] | None:
+    """The names whose transposed weights, side by side, are `constant` (K, N), or None."""
+    names, offset = [], 0
+    while offset < constant.shape[1]:
+        name = columns.get(np.ascontiguousarray(constant[:, offset]).tobytes())
+        if name is None:
+            return None
+        width = weights[name].shape[0]
+        if not np.array_equal(constant[:, offset:offset + width], weights[name].T):
+            return None
+        names.append(name)
+        offset += width
+    return names
+
+
+def replace_joined(model: onnx.ModelProto, forms: dict[str, NBitsForm],
+                   weights: dict[str, np.ndarray]) -> list[str]:
+    """The MatMuls whose constant is several weights side by side; returns the names taken."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    columns = {np.ascontiguousarray(weights[name][0]).astype(np.float32).tobytes(): name
+               for name in forms}
+    taken = []
+    for node in list(graph.node):
+        constant = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        if constant is None or len(constant.dims) != 2:
+            continue
+        names = _split_by_value(numpy_helper.to_array(constant).astype(np.float32), columns,
+                                weights)
+        if names is None or len(names) < 2:
+            continue
+        parts = [forms[name] for name in names]
+        prefix = "+".join(names)
+        if _joinable(parts):
+            form = joined(parts)
+            check_exact(prefix, form, np.concatenate([weights[name] for name in names]))
+            nodes, inits = nbits_nodes(form, node.input[0], node.output[0], prefix,
+                                       ACCURACY_LEVEL)
+        else:  # one each, side by side again
+            nodes, inits = [], []
+            for name, form in zip(names, parts, strict=True):
+                more, extra = nbits_nodes(form, node.input[0], f"{name}.out", name,
+                                          ACCURACY_LEVEL)
+                nodes, inits = nodes + more, inits + extra
+            nodes.append(helper.make_node("Concat", [f"{name}.out" for name in names],
+                                          [node.output[0]], axis=-1))
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new in enumerate(nodes):
+            graph.node.insert(position + offset, new)
+        graph.initializer.extend(inits)
+        taken += names
+    return taken
+
+
+def replace_gathers(model: onnx.ModelProto, form: NBitsForm, weight: np.ndarray) -> int:
+    """Each Gather from the embedding table (matched by value) as GatherBlockQuantized."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    wanted = np.ascontiguousarray(weight, np.float32).tobytes()
+    count = 0
+    for node in list(graph.node):
+        table = initializers.get(node.input[0]) if node.op_type == "Gather" else None
+        if table is None or len(table.dims) != 2 or \
+                numpy_helper.to_array(table).astype(np.float32).tobytes() != wanted:
+            continue
+        nodes, inits = gather_nodes(form, node.input[1], node.output[0], f"{EMBEDDING}.{count}")
+        position = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new in enumerate(nodes):
+            graph.node.insert(position + offset, new)
+        graph.initializer.extend(inits)
+        count += 1
+    return count
+
+
+def quantize_gguf(model: onnx.ModelProto, forms: dict[str, NBitsForm],
+                  weights: dict[str, np.ndarray], file: str) -> tuple[onnx.ModelProto, int]:
+    """Every linear with blocks as MatMulNBits, the embedding as GatherBlockQuantized; returns
+    the model and its MatMulNBits count. A linear left unmatched is refused by name."""
+    fold_transposed_weights(model)
+    linears = {name: form for name, form in forms.items() if name != EMBEDDING}
+    taken = set(replace_joined(model, linears, weights))
+    rest = {name: form for name, form in linears.items() if name not in taken}
+    taken |= set(replace_matmuls(model, rest, weights, ACCURACY_LEVEL))
+    missing = sorted(set(linears) - taken)
+    if missing:
+        raise ZooError(f"{file}: no MatMul computes {', '.join(missing[:4])}"
+                       f"{' ...' if len(missing) > 4 else ''} with the weights the file's "
+                       "blocks hold: --quantize gguf cannot place them")
+    if EMBEDDING in forms:
+        replace_gathers(model, forms[EMBEDDING], weights[EMBEDDING])
+    ensure_ms_opset(model)
+    _one_of_each_name(model.graph)
+    drop_unused_initializers(model.graph)
+    return model, sum(node.op_type == "MatMulNBits" for node in model.graph.node)
+
+
+def _one_of_each_name(graph: onnx.GraphProto) -> None:
+    """The shared blocksum matrices were added once per linear: keep the first of each name."""
+    seen, kept = set(), []
+    for tensor in graph.initializer:
+        if tensor.name not in seen:
+            seen.add(tensor.name)
+            kept.append(tensor)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
+                   counts: dict[str, int]) -> dict[str, Any]:
+    """What manifest.json says of a gguf export: per tensor its type and form, and counts."""
+    types = Counter(found.ggml_type for found in blocks.values())
+    return {
+        "weights": GGUF,
+        "activations": "fp32 in and out; accuracy_level 4 lets MatMulNBits quantize activation "
+                       "blocks to int8 inside its dot products",
+        "accuracy_level": ACCURACY_LEVEL,
+        "method": "the GGUF file's own blocks (export/onnx/gguf_blocks.py), no re-quantization",
+        "types": dict(sorted(types.items())),
+        "tensors": {name: {"gguf": found.source, "ggml_type": found.ggml_type,
+                           "form": form_label(forms[name]) + _embedding_note(name, forms,
+                                                                             blocks)}
+                    for name, found in blocks.items()},
+        "exact": "every form's (q - zero point) * scale + minimum equals the imported weight "
+                 "(gguf's dequantize) bit for bit",
+        "matmuls": counts,
+        "check": "top-1 agreement with the fp32 dequantized model instead of the parity grid",
+    }
+
+
+def _embedding_note(name: str, forms: dict[str, NBitsForm], blocks: dict[str, Blocks]) -> str:
+    if name != EMBEDDING:
+        return ""
+    tied = HEAD in forms and HEAD not in blocks
+    return "; gathered by GatherBlockQuantized" + (", the tied head's MatMulNBits from the "
+                                                   "same bytes" if tied else "")
+
+
+def type_counts_line(blocks: dict[str, Blocks]) -> str:
+    types = Counter(found.ggml_type for found in blocks.values())
+    return "GGUF blocks kept: " + ", ".join(f"{count} {kind}" for kind, count in
+                                            sorted(types.items()))

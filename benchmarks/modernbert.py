@@ -211,6 +211,7 @@ def mlm_rows(work: Path, layers: int, rounds: int, threads: int) -> list[dict]:
         rows.append({
             "work": f"modernbert-base shape ({layers} layers) MLM logits, batch {batch} x 512",
             "ms_median": ms, "seconds": timings,
+            "pytorch_attention": hf.config._attn_implementation,
             "ratios": {"zoo --optimize / optimum fp32": ms["zoo --optimize"] / ms["optimum fp32"],
                        "zoo int8 / optimum int8": ms["zoo int8-dynamic"] / ms["optimum int8"],
                        "zoo --optimize / pytorch": ms["zoo --optimize"]

@@ -57,7 +57,7 @@ from export.bench.machine import cpu_name  # noqa: E402
 from export.cpu import cpu_flags, has_vnni  # noqa: E402
 
 SEED = 0
-ZOO_CLI = [ROOT / ".venv" / "bin" / "zoo"]  # --zoo replaces it
+ZOO = ROOT / ".venv" / "bin" / "zoo"
 TEXT = ROOT / "zoo" / "training" / "datasets" / "tinyshakespeare.txt"
 PACKAGES = ("torch", "transformers", "optimum", "optimum-onnx", "onnxruntime",
             "sentence-transformers")
@@ -105,21 +105,21 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def zoo_cli(*args: str) -> None:
-    """The zoo's CLI from the project's .venv (its export needs the newest torch stack)."""
-    result = subprocess.run([str(ZOO_CLI[0]), *args], capture_output=True, text=True, check=False)
+def zoo_cli(cli: Path, *args: str) -> None:
+    """The zoo's CLI, from the project's .venv (its export needs the newest torch stack)."""
+    result = subprocess.run([str(cli), *args], capture_output=True, text=True, check=False)
     if result.returncode:
         raise SystemExit(f"zoo {' '.join(args)}: {result.stdout}{result.stderr}")
 
 
-def zoo_exports(source: Path, work: Path, name: str,
+def zoo_exports(cli: Path, source: Path, work: Path, name: str,
                 kinds: tuple[str, ...] = ("fp32", "optimize", "int8-dynamic")
                 ) -> dict[str, Path]:
     """`zoo import` of an HF folder, then `zoo export` of each kind: fp32, --optimize,
     --optimize --quantize int8-dynamic (each parity-checked or gated by the zoo); made once."""
     built = work / f"zoo-{name}"
     if not (built / "model.safetensors").exists():
-        zoo_cli("import", str(source), "-o", str(built), "--force")
+        zoo_cli(cli, "import", str(source), "-o", str(built), "--force")
     outs = {}
     for kind, flags in (("fp32", ()), ("optimize", ("--optimize",)),
                         ("int8-dynamic", ("--optimize", "--quantize", "int8-dynamic"))):
@@ -127,7 +127,7 @@ def zoo_exports(source: Path, work: Path, name: str,
             continue
         out = outs[kind] = work / f"zoo-{name}-{kind}"
         if not (out / "manifest.json").exists():
-            zoo_cli("export", str(built), "--onnx", "-o", str(out), "--force", *flags)
+            zoo_cli(cli, "export", str(built), "--onnx", "-o", str(out), "--force", *flags)
     return outs
 
 
@@ -174,11 +174,11 @@ def mlm_folder(work: Path, layers: int) -> Path:
     return folder
 
 
-def mlm_rows(work: Path, layers: int, rounds: int, threads: int) -> list[dict]:
+def mlm_rows(cli: Path, work: Path, layers: int, rounds: int, threads: int) -> list[dict]:
     from transformers import ModernBertForMaskedLM
 
     source = mlm_folder(work, layers)
-    zoo = zoo_exports(source, work, f"modernbert-base-{layers}l")
+    zoo = zoo_exports(cli, source, work, f"modernbert-base-{layers}l")
     optimum = optimum_export(source, work / f"optimum-modernbert-base-{layers}l", "fill-mask")
     graphs = {"zoo fp32": zoo["fp32"] / "onnx" / "model.onnx",
               "zoo --optimize": zoo["optimize"] / "onnx" / "model.onnx",
@@ -288,13 +288,14 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def embed_rows(work: Path, texts: list[str], rounds: int, threads: int) -> list[dict]:
+def embed_rows(cli: Path, work: Path, texts: list[str], rounds: int, threads: int
+               ) -> list[dict]:
     from encoders import st_models
 
     from export.commands.corpus import CorpusRequest, embed_command
 
     source = embedder_folder(work, texts)
-    zoo = zoo_exports(source, work, "modernbert-embedder")
+    zoo = zoo_exports(cli, source, work, "modernbert-embedder")
     with quiet():
         torch_model, onnx_model, int8_model, _ = st_models(source)
     data = work / f"lines-{len(texts)}.txt"
@@ -347,7 +348,7 @@ T5_SMALL = {"vocab_size": 32128, "d_model": 512, "d_kv": 64, "d_ff": 2048, "num_
             "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0}
 
 
-def t5_rows(work: Path, rounds: int, threads: int, source_length: int = 64,
+def t5_rows(cli: Path, work: Path, rounds: int, threads: int, source_length: int = 64,
             new_tokens: int = 32) -> list[dict]:
     """Greedy generation: the zoo's --optimize export (its generate), transformers' generate,
     Optimum's ORTModelForSeq2SeqLM.generate on its own export of the same folder."""
@@ -363,7 +364,7 @@ def t5_rows(work: Path, rounds: int, threads: int, source_length: int = 64,
     if not (source / "model.safetensors").exists():
         torch.manual_seed(SEED)
         T5ForConditionalGeneration(T5Config(**T5_SMALL)).eval().save_pretrained(source)
-    zoo = load(zoo_exports(source, work, "t5-small", ("optimize",))["optimize"],
+    zoo = load(zoo_exports(cli, source, work, "t5-small", ("optimize",))["optimize"],
                threads=threads)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -408,22 +409,22 @@ def main() -> None:
     parser.add_argument("--text", type=Path, default=TEXT)
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="ONNX Runtime intra-op and PyTorch threads [all cores]")
-    parser.add_argument("--zoo", type=Path, default=ZOO_CLI[0],
+    parser.add_argument("--zoo", type=Path, default=ZOO,
                         help="the zoo's CLI that makes the exports [.venv/bin/zoo]")
     parser.add_argument("--only", choices=("mlm", "embed", "t5"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    ZOO_CLI[0] = args.zoo
     torch.set_num_threads(args.threads)
     report = {"before": machine(args.threads), "rows": []}
     print(json.dumps(report["before"]), flush=True)
     start = time.perf_counter()
     texts = [line for line in args.text.read_text(encoding="utf-8").splitlines()
              if line.strip()][:args.lines]
-    parts = {"mlm": lambda: mlm_rows(args.work, args.layers, args.rounds, args.threads),
-             "embed": lambda: embed_rows(args.work, texts, args.rounds, args.threads),
-             "t5": lambda: t5_rows(args.work, args.rounds, args.threads)}
+    parts = {"mlm": lambda: mlm_rows(args.zoo, args.work, args.layers, args.rounds,
+                                     args.threads),
+             "embed": lambda: embed_rows(args.zoo, args.work, texts, args.rounds, args.threads),
+             "t5": lambda: t5_rows(args.zoo, args.work, args.rounds, args.threads)}
     for name, part in parts.items():
         if args.only in (None, name):
             for row in part():

@@ -1,5 +1,5 @@
 """`zoo serve` under load (issue 36): 32 concurrent streaming clients send 200 requests to a
-tiny export whose limits are smaller than the crowd (--max-batch 8 --max-queue 12), so
+tiny export whose limits are smaller than the crowd (--max-batch 8 --max-queue 2), so
 requests are batched, some wait and some are refused (429, then retried), and the longer
 prompts are prefilled in chunks (--prefill-chunk 16). Every request completes once (none
 lost, none duplicated) with exactly its greedy answer alone; clients that leave mid-stream
@@ -69,7 +69,7 @@ def test_two_hundred_streams_from_32_clients(chat: Path, tmp_path: Path) -> None
               for i in range(REQUESTS)]
     expected = expected_texts(chat, prompts)
     # prompts of 17 to 29 tokens are prefilled in two chunks, between the others' steps
-    server = Server([chat], tmp_path / "serve.log", "--max-batch", "8", "--max-queue", "12",
+    server = Server([chat], tmp_path / "serve.log", "--max-batch", "8", "--max-queue", "2",
                     "--prefill-chunk", "16")
     try:
         work: queue.Queue[int] = queue.Queue()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from registry import experts
+import registry.experts as experts
 from registry.blocks import BLOCKS
 from registry.schema import effective_bias, shared_embeddings, target_vocab_size
 from registry.sizes import attention_sizes

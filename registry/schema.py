@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from registry import experts
+import registry.experts as experts
 from registry.blocks import BLOCKS, block_fields, block_names, field_owner
 from registry.errors import CardError, ZooError
 from registry.families import POOLINGS, SPECS

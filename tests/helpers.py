@@ -27,6 +27,13 @@ def zoo_ok(*args: str | Path) -> str:
     return result.output
 
 
+def imported_folders(sources: dict[str, tuple[Path, object]], root: Path) -> dict[str, Path]:
+    """`zoo import` of each source folder ({name: (folder, reference model)}) into root/name."""
+    for name, (folder, _) in sources.items():
+        zoo_ok("import", folder, "-o", root / name)
+    return {name: root / name for name in sources}
+
+
 def refusal(result: Finished, code: int, parts: tuple[str, ...]) -> tuple[str, list[str]]:
     """(stdout, stderr lines) of a command refused with exit `code`, whose last stderr line is
     its only `error:` line and holds every part; no traceback, no exception but click's exit."""

@@ -21,7 +21,7 @@ from export.opening import open_model
 from registry.params import count_parameters
 from runtime.generate import generate, left_padded
 from tests.conftest import SharedExport, card, on_shared
-from tests.helpers import assert_one_line_error, zoo
+from tests.helpers import assert_one_line_error, imported_folders, zoo
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -78,10 +78,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
 @pytest.fixture(scope="module")
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("imported")
-    for name, (folder, _) in sources.items():
-        result = zoo("import", str(folder), "-o", str(root / name))
-        assert result.exit_code == 0, result.output
-    return {name: root / name for name in sources}
+    return imported_folders(sources, root)
 
 
 def padded(pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers import assert_one_line_error, zoo
+from tests.helpers import assert_one_line_error, imported_folders, zoo
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
 
@@ -79,12 +79,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
 
 @pytest.fixture(scope="module")
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from zoo.files.importers import import_checkpoint
-
-    root = tmp_path_factory.mktemp("imported")
-    for name, (folder, _) in sources.items():
-        import_checkpoint(folder, root / name)
-    return {name: root / name for name in sources}
+    return imported_folders(sources, tmp_path_factory.mktemp("imported"))
 
 
 def record(folder: Path) -> dict:

@@ -19,7 +19,7 @@ import torch
 
 from export.opening import open_model
 from runtime.generate import generate, left_padded
-from tests.helpers import assert_one_line_error, zoo
+from tests.helpers import assert_one_line_error, imported_folders, zoo
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
 
@@ -83,10 +83,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
 @pytest.fixture(scope="module")
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("imported")
-    for name, (folder, _) in sources.items():
-        result = zoo("import", str(folder), "-o", str(root / name))
-        assert result.exit_code == 0, result.output
-    return {name: root / name for name in sources}
+    return imported_folders(sources, root)
 
 
 def padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from export.opening import open_model
 from runtime.generate import generate, left_padded
-from tests.helpers import assert_one_line_error, zoo
+from tests.helpers import assert_one_line_error, imported_folders, zoo
 from zoo.blocks.experts import MixtureOfExperts
 from zoo.blocks.feedforward import SwiGLUFeedForward
 from zoo.files.importers import RECORD
@@ -82,10 +82,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
 @pytest.fixture(scope="module")
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("imported-moe")
-    for name, (folder, _) in sources.items():
-        result = zoo("import", str(folder), "-o", str(root / name))
-        assert result.exit_code == 0, result.output
-    return {name: root / name for name in sources}
+    return imported_folders(sources, root)
 
 
 def transformers_greedy(reference: torch.nn.Module, eos: int | None) -> list[list[int]]:

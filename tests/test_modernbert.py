@@ -13,7 +13,7 @@ import torch
 
 from registry.params import total_parameters
 from tests.conftest import card
-from tests.helpers import assert_one_line_error, zoo
+from tests.helpers import assert_one_line_error, imported_folders, zoo
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -81,12 +81,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
 
 @pytest.fixture(scope="module")
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from zoo.files.importers import import_checkpoint
-
-    root = tmp_path_factory.mktemp("imported")
-    for name, (folder, _) in sources.items():
-        import_checkpoint(folder, root / name)
-    return {name: root / name for name in sources}
+    return imported_folders(sources, tmp_path_factory.mktemp("imported"))
 
 
 def _padded_batch() -> tuple[torch.Tensor, torch.Tensor]:

@@ -150,6 +150,8 @@ def nbits_weights(model: onnx.ModelProto) -> list[tuple[str, np.ndarray]]:
         session = ort.InferenceSession(proto.SerializeToString(),
                                        providers=["CPUExecutionProvider"])
         weight = session.run(None, {"x": np.eye(k, dtype=np.float32)})[0].T
+        if node.input[0].endswith(".halves"):  # an 8-bit form as 4-bit halves on [x, x]
+            weight = weight[:, :k // 2] + weight[:, k // 2:]
         prefix = node.name.removesuffix(".MatMulNBits")
         if f"{prefix}.minimums" in inits:
             block = attrs["block_size"]

@@ -157,3 +157,19 @@ def test_bytes_that_are_not_the_shape_are_one_line() -> None:
     raw = gguf_tensor("Q8_0")[:, :-34]  # one block short a row
     with pytest.raises(ZooError, match=r"^blk\.0\.w: .* Q8_0 .* 24 x 512"):
         to_matmul_nbits("blk.0.w", "Q8_0", raw, (N, K))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+def test_eight_bit_forms_take_float_activations_as_two_four_bit_halves(kind: str) -> None:
+    """At accuracy_level 0 an 8-bit form runs as 4-bit halves on [x, x] (ONNX Runtime's fast
+    float32 path): the products are float32's x @ W^T, not int8's."""
+    raw = gguf_tensor(kind, seed=3)
+    weight = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind]).astype(np.float64)
+    x = np.random.default_rng(4).standard_normal((2, 3, K)).astype(np.float32)
+    exact = x.astype(np.float64) @ weight.T
+    nodes, _ = nbits_nodes(to_matmul_nbits("blk.0.w", kind, raw, (N, K)), "x", "y", "w", 0)
+    nbits = next(node for node in nodes if node.op_type == "MatMulNBits")
+    attrs = {a.name: helper.get_attribute_value(a) for a in nbits.attribute}
+    assert (attrs["bits"], attrs["K"]) == (4, 2 * K) and nodes[0].op_type == "Concat"
+    got = run(kind, raw, x, accuracy_level=0)
+    assert np.abs(got - exact).max() <= 1e-5 * np.abs(x).max() * np.abs(weight).sum(1).max()

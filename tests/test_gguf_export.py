@@ -150,6 +150,8 @@ def nbits_weights(model: onnx.ModelProto) -> list[tuple[str, np.ndarray]]:
         session = ort.InferenceSession(proto.SerializeToString(),
                                        providers=["CPUExecutionProvider"])
         weight = session.run(None, {"x": np.eye(k, dtype=np.float32)})[0].T
+        if node.input[0].endswith(".halves"):  # an 8-bit form as 4-bit halves on [x, x]
+            weight = weight[:, :k // 2] + weight[:, k // 2:]
         prefix = node.name.removesuffix(".MatMulNBits")
         if f"{prefix}.minimums" in inits:
             block = attrs["block_size"]
@@ -194,6 +196,8 @@ def test_the_exports_matmuls_hold_the_files_weights_bit_for_bit(
     assert manifest["tensors"]["layers.0.self_attention.value.weight"]["form"].startswith(
         "MatMulNBits bits 8, block 16, zero point 32")
     assert manifest["agreement"]["passed"]
+    assert manifest["float_activations"] == [f"layers.{layer}.feed_forward.down.weight"
+                                             for layer in range(LAYERS)]
     expected = expected_weights(written)
     by_zoo = {f"layers.{layer}.{ZOO_NAMES[part]}.weight": f"blk.{layer}.{part}.weight"
               for layer in range(LAYERS) for part in SHAPES}
@@ -205,6 +209,11 @@ def test_the_exports_matmuls_hold_the_files_weights_bit_for_bit(
         ops = [node.op_type for node in model.graph.node]
         if "MatMulNBits" not in ops:
             continue
+        levels = {node.name: helper.get_attribute_value(next(
+            a for a in node.attribute if a.name == "accuracy_level"))
+            for node in model.graph.node if node.op_type == "MatMulNBits"}
+        assert {name: level for name, level in levels.items() if level == 0} == {
+            name: 0 for name in levels if ".feed_forward.down." in name}
         covered = []
         for prefix, weight in nbits_weights(model):
             names = prefix.split("+")

@@ -161,19 +161,46 @@ def blocksum_name(k: int, block: int) -> str:
     return f"gguf.blocksum.{k}x{block}"
 
 
+def nibble_halves(form: NBitsForm) -> NBitsForm:
+    """An 8-bit form as one 4-bit form of twice the inputs, for x twice side by side [x, x]:
+    code c = 16 * hi + lo, so (c - z) * s = (hi - z // 16) * 16s + (lo - z % 16) * s, each
+    term and their sum exact in float32 (integers of at most 12 bits times a float16 scale).
+    The same bytes; the minimums (if any) stay the caller's, on x."""
+    zero = DEFAULT_ZERO[8] if form.zero_points is None else int(form.zero_points[0])
+    per_row = form.k // form.block_size
+    codes = form.b.reshape(form.n, per_row, form.block_size)
+    scales = form.scales.reshape(form.n, per_row)
+    zeros = np.concatenate([np.full((form.n, per_row), zero // 16, np.uint8),
+                            np.full((form.n, per_row), zero % 16, np.uint8)], axis=1)
+    return NBitsForm(
+        ggml_type=form.ggml_type, k=2 * form.k, n=form.n, bits=4, block_size=form.block_size,
+        b=_pack(np.concatenate([codes >> 4, codes & 0x0F], axis=1), 4),
+        scales=np.ascontiguousarray(np.concatenate([scales * np.float32(16), scales], axis=1)
+                                    ).reshape(-1),
+        zero_points=_pack(zeros, 4).reshape(-1), minimums=None)
+
+
 def nbits_nodes(form: NBitsForm, x: str, y: str, prefix: str, accuracy_level: int = 4,
                 ) -> tuple[list[NodeProto], list[TensorProto]]:
-    """Nodes and initializers for y = x @ W^T with W in `form`; x is (..., K) float32."""
-    inits = [numpy_helper.from_array(form.b, f"{prefix}.B"),
-             numpy_helper.from_array(form.scales, f"{prefix}.scales")]
-    inputs = [x, f"{prefix}.B", f"{prefix}.scales"]
-    if form.zero_points is not None:
-        inits.append(numpy_helper.from_array(form.zero_points, f"{prefix}.zero_points"))
+    """Nodes and initializers for y = x @ W^T with W in `form`; x is (..., K) float32.
+    At accuracy_level 0 (float32 activations) an 8-bit form runs as its nibble_halves on
+    [x, x]: ONNX Runtime's CPU kernel has a float32-activation path for 4 bits, while 8 bits
+    there dequantize the whole weight every call (about 10x slower for SmolLM2's head)."""
+    held, x_in, pre = form, x, []
+    if accuracy_level == 0 and form.bits == 8:
+        held, x_in = nibble_halves(form), f"{prefix}.halves"
+        pre = [helper.make_node("Concat", [x, x], [x_in], axis=-1)]
+    inits = [numpy_helper.from_array(held.b, f"{prefix}.B"),
+             numpy_helper.from_array(held.scales, f"{prefix}.scales")]
+    inputs = [x_in, f"{prefix}.B", f"{prefix}.scales"]
+    if held.zero_points is not None:
+        inits.append(numpy_helper.from_array(held.zero_points, f"{prefix}.zero_points"))
         inputs.append(f"{prefix}.zero_points")
     product = y if form.minimums is None else f"{prefix}.scaled"
-    nodes = [helper.make_node("MatMulNBits", inputs, [product], name=f"{prefix}.MatMulNBits",
-                              domain="com.microsoft", K=form.k, N=form.n, bits=form.bits,
-                              block_size=form.block_size, accuracy_level=accuracy_level)]
+    nodes = pre + [helper.make_node(
+        "MatMulNBits", inputs, [product], name=f"{prefix}.MatMulNBits", domain="com.microsoft",
+        K=held.k, N=held.n, bits=held.bits, block_size=held.block_size,
+        accuracy_level=accuracy_level)]
     if form.minimums is None:
         return nodes, inits
     # blocksum(x) as x @ E, E (K, K / block) of 0s and 1s: one MatMul, any rank of x, no

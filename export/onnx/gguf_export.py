@@ -29,6 +29,7 @@ from export.onnx.gguf_blocks import (
     NBitsForm,
     gather_nodes,
     nbits_nodes,
+    nibble_halves,
     replace_matmuls,
     to_matmul_nbits,
 )
@@ -38,6 +39,16 @@ from registry.errors import ZooError
 from zoo.files.gguf_blocks import Blocks, read_blocks
 
 EMBEDDING, HEAD = "embeddings.token.weight", "head.weight"
+# Linears whose MatMulNBits take float32 activations (accuracy_level 0) instead of int8 blocks
+# (ACCURACY_LEVEL 4): on SmolLM2 the down projection's int8 rounding moved greedy tokens most
+# (BENCHMARKS.md, "GGUF files"), and its 4-bit float32 kernel costs little at batch 1.
+FLOAT_ACTIVATIONS = (".feed_forward.down.",)
+
+
+def accuracy_level(names: list[str]) -> int:
+    """0 (float32 activations) where any of `names` is in FLOAT_ACTIVATIONS, else int8's."""
+    return 0 if any(part in name for name in names for part in FLOAT_ACTIVATIONS) \
+        else ACCURACY_LEVEL
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,12 @@ def check_exact(name: str, form: NBitsForm, weight: np.ndarray) -> None:
     """The form's weights equal `weight` bit for bit (+0.0 folds -0.0 into 0.0)."""
     held = dequantized(form) + np.float32(0.0)
     expected = np.asarray(weight, np.float32) + np.float32(0.0)
+    if form.bits == 8:  # and its 4-bit halves (float32 activations) give the same weights
+        halves = dequantized(nibble_halves(form))
+        folded = halves[:, :form.k] + halves[:, form.k:] + np.float32(0.0)
+        if form.minimums is not None:
+            folded = folded + np.repeat(form.minimums.T, form.block_size, axis=1)
+        held = held if np.array_equal(folded.view(np.uint32), held.view(np.uint32)) else folded
     if held.shape != expected.shape or not np.array_equal(held.view(np.uint32),
                                                           expected.view(np.uint32)):
         raise ZooError(f"{name}: its {form.ggml_type} blocks as MatMulNBits do not give the "
@@ -178,12 +195,12 @@ def replace_joined(model: onnx.ModelProto, forms: dict[str, NBitsForm],
             form = joined(parts)
             check_exact(prefix, form, np.concatenate([weights[name] for name in names]))
             nodes, inits = nbits_nodes(form, node.input[0], node.output[0], prefix,
-                                       ACCURACY_LEVEL)
+                                       accuracy_level(names))
         else:  # one each, side by side again
             nodes, inits = [], []
             for name, form in zip(names, parts, strict=True):
                 more, extra = nbits_nodes(form, node.input[0], f"{name}.out", name,
-                                          ACCURACY_LEVEL)
+                                          accuracy_level([name]))
                 nodes, inits = nodes + more, inits + extra
             nodes.append(helper.make_node("Concat", [f"{name}.out" for name in names],
                                           [node.output[0]], axis=-1))
@@ -225,7 +242,10 @@ def quantize_gguf(model: onnx.ModelProto, forms: dict[str, NBitsForm],
     linears = {name: form for name, form in forms.items() if name != EMBEDDING}
     taken = set(replace_joined(model, linears, weights))
     rest = {name: form for name, form in linears.items() if name not in taken}
-    taken |= set(replace_matmuls(model, rest, weights, ACCURACY_LEVEL))
+    for level in sorted({accuracy_level([name]) for name in rest}):
+        taken |= set(replace_matmuls(model, {name: form for name, form in rest.items()
+                                             if accuracy_level([name]) == level},
+                                     weights, level))
     missing = sorted(set(linears) - taken)
     if missing:
         raise ZooError(f"{file}: no MatMul computes {', '.join(missing[:4])}"
@@ -257,8 +277,11 @@ def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
     return {
         "weights": GGUF,
         "activations": "fp32 in and out; accuracy_level 4 lets MatMulNBits quantize activation "
-                       "blocks to int8 inside its dot products",
+                       "blocks to int8 inside its dot products, except the linears named in "
+                       "float_activations (accuracy_level 0: fp32 activations; an 8-bit form "
+                       "there runs as two 4-bit halves on [x, x], the same weights exactly)",
         "accuracy_level": ACCURACY_LEVEL,
+        "float_activations": [name for name in blocks if accuracy_level([name]) == 0],
         "method": "the GGUF file's own blocks (export/onnx/gguf_blocks.py), no re-quantization",
         "types": dict(sorted(types.items())),
         "tensors": {name: {"gguf": found.source, "ggml_type": found.ggml_type,

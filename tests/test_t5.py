@@ -198,9 +198,8 @@ def test_tokenizer_equals_t5s_with_extra_ids(t5: dict) -> None:
     assert ours.label(t5["tokenizer"].convert_tokens_to_ids("<extra_id_0>")) == "<extra_id_0>"
 
 
+@pytest.mark.parametrize("t5", EXPORTED, indirect=True)
 def test_zoo_run_generates_transformers_text(t5: dict) -> None:
-    if t5["exported"] is None:
-        pytest.skip("not exported")
     text = TEXTS[1]
     output = zoo_ok("run", str(t5["exported"]), "--text", text, "--max-new-tokens", str(STEPS))
     encoded = t5["tokenizer"]([text], return_tensors="pt")
@@ -222,10 +221,9 @@ def edited_folder(t5: dict, tmp_path: Path, **changes: object) -> Path:
     ({"feed_forward_proj": "gated-relu"}, "feed_forward_proj='gated-relu' is not supported"),
     ({"num_decoder_layers": 3}, "num_decoder_layers=3 (needs num_layers=2"),
 ])
+@pytest.mark.parametrize("t5", ["t5"], indirect=True)  # one layout is enough
 def test_what_the_zoo_cannot_compute_is_refused_by_name(t5: dict, tmp_path: Path,
                                                         changes: dict, expected: str) -> None:
-    if t5["kind"] != "t5":
-        pytest.skip("one layout is enough")
     result = zoo("import", str(edited_folder(t5, tmp_path, **changes)), "-o",
                  str(tmp_path / "out"))
     assert_one_line_error(result, "config.json", expected)

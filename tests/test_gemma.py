@@ -22,6 +22,7 @@ from registry.params import count_parameters
 from runtime.generate import generate, left_padded
 from tests.conftest import SharedExport, card, on_shared
 from tests.helpers import assert_one_line_error, imported_folders, zoo
+from tests.hf_decoders import assert_padded_logits_match
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -118,13 +119,7 @@ def test_logits_on_a_left_padded_batch_past_the_window_match_transformers(
     model, _ = load_built(imported[name])
     ids, mask = padded(0)
     assert ids.shape[1] > WINDOW + 4  # the local layers drop keys the global ones keep
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        ours, _ = model(ids, mask, positions)
-        theirs = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    real = mask.bool()  # padded queries see no key at all: their outputs mean nothing
-    assert theirs[real].abs().max() > 1.0  # logits far from zero, so the tolerance means a lot
-    torch.testing.assert_close(ours[real], theirs[real], atol=ATOL, rtol=0)
+    assert_padded_logits_match(model, reference, ids, mask, ATOL)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from export.opening import open_model
 from runtime.generate import generate, left_padded
 from tests.helpers import assert_one_line_error, imported_folders, zoo
+from tests.hf_decoders import assert_padded_logits_match
 from zoo.blocks.experts import MixtureOfExperts
 from zoo.blocks.feedforward import SwiGLUFeedForward
 from zoo.files.importers import RECORD
@@ -122,13 +123,7 @@ def test_logits_on_a_left_padded_batch_match_transformers(name: str, sources: di
     _, reference = sources[name]
     model, _ = load_built(imported[name])
     ids, mask = (torch.from_numpy(a) for a in left_padded(PROMPTS, 0))
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        ours, _ = model(ids, mask, positions)
-        theirs = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    real = mask.bool()
-    assert theirs[real].abs().max() > 1.0  # logits far from zero: the tolerance means a lot
-    torch.testing.assert_close(ours[real], theirs[real], atol=ATOL, rtol=0)
+    assert_padded_logits_match(model, reference, ids, mask, ATOL)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

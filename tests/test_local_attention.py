@@ -70,19 +70,6 @@ def test_local_layers_follow_the_pattern_and_change_the_result() -> None:
                                rtol=0)
 
 
-def test_local_layers_cache_steps_equal_one_full_forward() -> None:
-    tiny = card("gpt-tiny", **LOCAL, rope_theta_local=500.0)
-    model = build_model(tiny)
-    ids = random_ids(tiny, 2, 10)
-    with torch.no_grad():
-        full, _ = model(ids)
-        steps, past = [], None
-        for start, stop in ((0, 4), (4, 5), (5, 6), (6, 10)):
-            logits, past = model(ids[:, start:stop], past_key_values=past)
-            steps.append(logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
-
-
 def test_local_rotary_base_is_used_only_by_local_layers() -> None:
     base = card("gpt-tiny", **LOCAL)
     model = build_model(base)

@@ -120,7 +120,9 @@ def test_source_padding_leaves_encoder_decoder_outputs_unchanged(side: str) -> N
 
 
 @pytest.mark.parametrize("overrides", [{}, {"position": "rotary"}, {"norm_placement": "post"},
-                                       {"norm": "rmsnorm", "activation": "swiglu"}])
+                                       {"norm": "rmsnorm", "activation": "swiglu"},
+                                       {"position": "rotary", "attention_pattern": "LG",
+                                        "sliding_window": 3, "rope_theta_local": 500.0}])
 def test_decoder_cache_steps_equal_one_full_forward(overrides: dict) -> None:
     tiny = card("gpt-tiny", **overrides)
     model = build_model(tiny)

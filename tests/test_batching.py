@@ -46,8 +46,9 @@ def run_batched(runtime: Any, prompts: list[list[int]], jobs: list[tuple[int, Sa
                 max_batch: int) -> tuple[list[list[int]], Scheduler]:
     scheduler = Scheduler(runtime, max_batch, lambda ids: "", "test")
     sinks = [Collected() for _ in prompts]
-    for prompt, (tokens, sampling), sink in zip(prompts, jobs, sinks, strict=True):
-        scheduler.submit(Job(prompt, tokens, sampling, (), False, sink))
+    with scheduler.wake:  # its thread takes none of them until all are queued (a re-entrant lock)
+        for prompt, (tokens, sampling), sink in zip(prompts, jobs, sinks, strict=True):
+            scheduler.submit(Job(prompt, tokens, sampling, (), False, sink))
     for sink in sinks:
         assert sink.finished.wait(120), "a request never finished"
     results = []
@@ -88,16 +89,18 @@ def test_each_row_gets_its_tokens_alone_whoever_shares_the_batch(
 
 def test_a_cancelled_row_leaves_at_the_next_step(shared_export: SharedExport) -> None:
     runtime = open_export(shared_export("gpt-tiny", "optimize")[0])
-    scheduler = Scheduler(runtime, 4, lambda ids: "", "test")
+    scheduler = Scheduler(runtime, 4, lambda ids: "x" * len(ids), "test")  # a piece a token
     gone, stays = Collected(), Collected()
-    long_job = Job([5, 6, 7], 100, Sampling(), (), False, gone)
+
+    def leaves_at_its_third_token(event: tuple) -> None:  # on the scheduler's thread: no race
+        gone(event)
+        long_job.cancelled = len(long_job.tokens) >= 3
+
+    long_job = Job([5, 6, 7], 100, Sampling(), (), True, leaves_at_its_third_token)
     scheduler.submit(long_job)
     scheduler.submit(Job([9, 8], 30, Sampling(), (), False, stays))
-    while len(long_job.tokens) < 3:
-        threading.Event().wait(0.005)
-    long_job.cancelled = True
     assert gone.finished.wait(60) and gone.events[-1] == ("gone", None)
-    assert len(long_job.tokens) < 100
+    assert len(long_job.tokens) == 3  # not one token decoded for it after
     assert stays.finished.wait(60) and stays.events[-1][0] == "done"
     assert stays.events[-1][1].ids == alone(runtime, [9, 8], 30, Sampling())
 

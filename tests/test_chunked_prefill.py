@@ -32,11 +32,16 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_steps(
     rng = np.random.default_rng(5)
     short, long = rng.integers(3, 250, 4).tolist(), rng.integers(3, 250, LONG).tolist()
     running, sink = Collected(), Collected()
-    first = Job(short, 60, Sampling(), (), False, running)
+    submitted = threading.Event()
+
+    def on_running(event: tuple) -> None:  # the scheduler's thread waits at the first token
+        running(event)
+        submitted.wait(60)
+
+    first = Job(short, 60, Sampling(), (), True, on_running)  # a piece a token
     scheduler.submit(first)
-    while len(first.tokens) < 2:
+    while not running.events:
         threading.Event().wait(0.002)
-    submitted = len(first.tokens)
     joined: list[int] = []  # the running row's tokens when the long prompt's first one came
 
     def on_event(event: tuple) -> None:
@@ -45,12 +50,14 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_steps(
         sink(event)
 
     scheduler.submit(Job(long, 8, Sampling(), (), True, on_event))
+    tokens_at_submit = len(first.tokens)  # the scheduler is still waiting: no race
+    submitted.set()
     assert sink.finished.wait(120) and running.finished.wait(120)
     assert sink.events[-1][0] == "done" and running.events[-1][0] == "done"
     assert sink.events[-1][1].ids == alone(runtime, long, 8, Sampling())
     assert running.events[-1][1].ids == alone(runtime, short, 60, Sampling())
     # four chunks, one a step: the running row got a token at each step between them
-    assert joined[0] - submitted >= -(-LONG // CHUNK) - 1
+    assert joined[0] - tokens_at_submit >= -(-LONG // CHUNK) - 1
 
 
 @pytest.mark.parametrize(("name", "variant"), [("gpt-tiny", "plain"), ("llama-tiny", "optimize")])
@@ -68,27 +75,32 @@ def test_a_prompt_fed_in_chunks_gives_the_logits_of_one_pass(
     np.testing.assert_allclose(chunked.extend(prompt[:, 32:]), whole, atol=1e-4)
 
 
-class Slow:
-    """The plain graph of a runtime, each run taking 10 ms more."""
+class LeavesMidPrompt:
+    """The plain graph of a runtime whose client leaves once 8 of its prompt's tokens are in
+    the cache: cancelled from the scheduler's own thread, so the point is known, not raced."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, job: Job) -> None:
         self.runtime, self.card, self.spec = runtime, runtime.card, runtime.spec
+        self.job, self.scheduler, self.left = job, None, threading.Event()
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        threading.Event().wait(0.01)
+        filling = self.scheduler and self.scheduler.filling
+        if filling is not None and filling.fed >= 8 and not self.left.is_set():
+            self.job.cancelled = True
+            self.left.set()
         return self.runtime.run(file, feeds)
 
 
 def test_a_client_gone_while_its_prompt_is_chunked_stops_its_prefill(
         shared_export: SharedExport) -> None:
     runtime = open_export(shared_export("gpt-tiny")[0])
-    scheduler = Scheduler(Slow(runtime), 4, lambda ids: "", "test", prefill_chunk=4)
     sink = Collected()
     job = Job(list(range(3, 103)), 5, Sampling(), (), False, sink)  # 25 chunks
+    leaving = LeavesMidPrompt(runtime, job)
+    scheduler = Scheduler(leaving, 4, lambda ids: "", "test", prefill_chunk=4)
+    leaving.scheduler = scheduler
     scheduler.submit(job)
-    while scheduler.filling is None or scheduler.filling.fed < 8:
-        threading.Event().wait(0.002)
-    job.cancelled = True
+    assert leaving.left.wait(60)
     assert sink.finished.wait(60) and sink.events == [("gone", None)]
     assert not job.tokens and scheduler.filling is None
     after = Collected()  # the scheduler goes on serving

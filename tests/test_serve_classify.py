@@ -18,16 +18,20 @@ pytest.importorskip("starlette")
 pytestmark = ON_CLASSIFIER
 
 
-class Slow:
-    """A runtime whose every run takes 300 ms more and is counted: requests pile up."""
+class HeldFirstBatch:
+    """A runtime whose runs are counted and whose first run waits until three more requests
+    are queued: requests pile up behind a running batch, however slow the event loop is."""
 
     def __init__(self, runtime: Any) -> None:
         self.runtime, self.card, self.spec = runtime, runtime.card, runtime.spec
-        self.runs = 0
+        self.runs, self.embedder = 0, None
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30
+        while (self.runs == 1 and self.embedder and len(self.embedder.inbox) < 3
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
         return self.runtime.run(file, feeds)
 
 
@@ -38,8 +42,8 @@ def test_classify_requests_are_batched_and_each_gets_its_own(classifier_export: 
 
     exported = zoo.load(classifier_export)
     served = Served("classifier", exported, max_queue=8)
-    slow = Slow(exported.runtime)
-    served.embedder = Embedder(slow, "classifier")
+    slow = HeldFirstBatch(exported.runtime)
+    served.embedder = slow.embedder = Embedder(slow, "classifier")
     requests = [[[5, 6, 7]], [[8, 9], [10, 11, 12, 13]], [[14]], [[15, 16, 17]]]
 
     async def together() -> list[list[dict[str, float]]]:

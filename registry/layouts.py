@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,18 @@ class GGUFLayout:
     refused: list[str]  # metadata keys the zoo has no block for
     permuted: dict[str, str]  # source pattern: the heads whose rows llama.cpp reordered
     rules: list[Rule]  # llama.cpp's name -> the zoo's
+    # card field: value llama.cpp fixes for every file of this architecture (Gemma 3's five
+    # local layers to one global, Qwen3-MoE's renormalised top k)
+    fields: dict[str, Any] = dataclass_field(default_factory=dict)
+    defaults: dict[str, Any] = dataclass_field(default_factory=dict)  # an optional key's, absent
+    shifted: dict[str, float] = dataclass_field(default_factory=dict)  # source: what was added
+    # a metadata key whose whole number > 0 makes this section, not the architecture's plain
+    # one, read the file (llama.cpp writes Mixtral as `llama` with an expert_count)
+    when: str | None = None
+    # block counts at which llama.cpp scales queries by (d_model / n_heads)^-0.5, not by
+    # key_length's (its Gemma 27B, told by the layer count)
+    wide_query_scale: list[int] = dataclass_field(default_factory=list)
+    rope_scaling: list[str] = dataclass_field(default_factory=list)  # rope.scaling.type's read
 
     def key(self, name: str) -> str:
         return f"{self.architecture}.{name}"
@@ -114,8 +127,8 @@ class GGUFLayout:
         """(the zoo's name, the source pattern) for llama.cpp's tensor `name`, or None."""
         for rule in self.rules:
             found = rule.pattern.fullmatch(name)
-            if found:
-                return rule.targets[0].format(**found.groupdict()), rule.source
+            if found:  # an expert's `{e}` stays where the source holds every expert
+                return rule.targets[0].format(**{"e": "{e}", **found.groupdict()}), rule.source
         return None
 
     def source_of(self, target: str) -> str:
@@ -140,9 +153,15 @@ def gguf_layout(section: Any, where: str) -> GGUFLayout:
             raise LayoutError(f"{where}: gguf: permuted: {source}: {heads} should name one of "
                               f"its tensors and one of {', '.join(PERMUTED_HEADS)}")
     rules = [Rule(source, [target], ["none"]) for source, target in tensors.items()]
+    shifted = section.get("shifted") or {}
+    if not isinstance(shifted, dict) or not set(shifted) <= set(tensors):
+        raise LayoutError(f"{where}: gguf: shifted should map some of its tensors to numbers")
     return GGUFLayout(str(section["architecture"]), dict(section["config"]),
                       dict(section.get("optional") or {}), list(section.get("refused") or []),
-                      dict(permuted), rules)
+                      dict(permuted), rules, dict(section.get("fields") or {}),
+                      dict(section.get("defaults") or {}), dict(shifted), section.get("when"),
+                      list(section.get("wide_query_scale") or []),
+                      list(section.get("rope_scaling") or []))
 
 
 class LayoutMap:
@@ -262,6 +281,14 @@ def gguf_maps() -> dict[str, LayoutMap]:
     before one `like` it: llama.cpp writes Mistral's files as `llama`, which Llama's map reads."""
     found: dict[str, LayoutMap] = {}
     for layout in sorted(known_maps().values(), key=lambda m: (m.like is not None, m.path.stem)):
-        if layout.gguf is not None:
+        if layout.gguf is not None and layout.gguf.when is None:
             found.setdefault(layout.gguf.architecture, layout)
     return found
+
+
+def gguf_variants(architecture: str) -> list[LayoutMap]:
+    """The maps whose `gguf` section reads a file of `architecture` where its `when` key is
+    set (Mixtral's: `llama` with experts), in name order."""
+    return [layout for _, layout in sorted(known_maps().items())
+            if layout.gguf is not None and layout.gguf.when is not None
+            and layout.gguf.architecture == architecture]

@@ -48,6 +48,13 @@ class BlockStore:
             return None
         return np.asarray(tensor.data, np.uint8).reshape(shape[0], -1)
 
+    @staticmethod
+    def expert_rows(tensor: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+        """A quantized fused-expert tensor's bytes as (experts, rows, row bytes)."""
+        if tensor.kind.name in FLOATS:
+            return None
+        return np.asarray(tensor.data, np.uint8).reshape(shape[0], shape[1], -1)
+
     def add(self, name: str, tensor: Any, raw: np.ndarray, shape: tuple[int, ...]) -> None:
         self.found[name] = Blocks(tensor.kind.name, (int(shape[0]), int(shape[1])),
                                   np.ascontiguousarray(raw), tensor.name)

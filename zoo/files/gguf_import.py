@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from registry.catalog import open_catalog
 from registry.errors import ZooError
-from registry.layouts import LayoutMap, gguf_maps
+from registry.layouts import LayoutMap, gguf_maps, gguf_variants
 from registry.paths import display_path
 from registry.sizes import attention_sizes
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
@@ -98,8 +98,13 @@ def _metadata(reader: GGUFFile) -> dict[str, Any]:
 
 
 def file_layout(metadata: dict[str, Any], where: str) -> LayoutMap:
-    """The map whose `gguf` section reads the file's general.architecture; another is refused."""
+    """The map whose `gguf` section reads the file's general.architecture (one whose `when` key
+    the file sets first: Mixtral's, a `llama` file with experts); another is refused."""
     architecture = metadata.get("general.architecture")
+    for variant in gguf_variants(str(architecture)):
+        value = metadata.get(variant.gguf.key(variant.gguf.when))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return variant
     layouts = gguf_maps()
     if architecture not in layouts:
         raise GGUFError(f"{where}: general.architecture={architecture!r} is not imported "
@@ -115,16 +120,35 @@ def card_fields(layout: LayoutMap, metadata: dict[str, Any], where: str) -> dict
     for key in map(gguf.key, gguf.refused):
         if key in metadata:
             raise GGUFError(f"{where}: {key} is set: the zoo has no such block")
-    fields: dict[str, Any] = dict(layout["fields"])
+    fields: dict[str, Any] = {**layout["fields"], **gguf.fields}
     for field, key in [*gguf.config.items(), *gguf.optional.items()]:
         value = metadata.get(gguf.key(key))
         if value is None and field in gguf.config:
             raise GGUFError(f"{where}: no {gguf.key(key)} (the {field} of the model)")
         if value is not None:  # GGUF stores floats as float32: the card holds that value
             fields[field] = float(np.float32(value)) if isinstance(value, float) else value
+        elif field in gguf.defaults:  # llama.cpp's value where the file has none
+            fields[field] = gguf.defaults[field]
+    fields.update(_rope_scaling(gguf, metadata, where))
+    if metadata.get(gguf.key("block_count")) in gguf.wide_query_scale:
+        fields["query_pre_attn_scalar"] = fields["d_model"] // fields["n_heads"]
     fields.update({field: metadata[key] for field, key in TOKEN_KEYS.items() if key in metadata})
     fields["description"] = f"{metadata.get('general.name', gguf.architecture)} (GGUF)"
     return fields
+
+
+def _rope_scaling(gguf: Any, metadata: dict[str, Any], where: str) -> dict[str, Any]:
+    """The card's rope_scaling from rope.scaling.type and .factor, for the kinds the section
+    reads (Gemma 3's linear scaling of its global layers); none where the file says none."""
+    kind = metadata.get(gguf.key("rope.scaling.type"))
+    if not gguf.rope_scaling or kind in (None, "none"):
+        return {}
+    factor = metadata.get(gguf.key("rope.scaling.factor"))
+    if kind not in gguf.rope_scaling or not isinstance(factor, float | int):
+        raise GGUFError(f"{where}: {gguf.key('rope.scaling.type')}={kind!r} with "
+                        f"{gguf.key('rope.scaling.factor')}={factor!r}: the zoo reads "
+                        f"{', '.join(gguf.rope_scaling)} with a factor")
+    return {"rope_scaling": {"rope_type": kind, "factor": float(np.float32(factor))}}
 
 
 def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -173,9 +197,31 @@ def zoo_tensors(reader: GGUFFile, layout: LayoutMap, card: Any, where: str,
             heads = getattr(sizes, gguf.permuted[source])
             array = _unpermute(array, heads)
             raw = None if raw is None else _unpermute(raw, heads)  # whole rows of blocks
+        if source in gguf.shifted:  # Gemma's norms: llama.cpp's converter stored 1 + w
+            array, raw = array - np.float32(gguf.shifted[source]), None
+        if "{e}" in target:  # (experts, rows, columns): one expert's matrix each
+            found.update(_experts(tensor, target, array, blocks, where))
+            continue
         if raw is not None:
             blocks.add(target, tensor, raw, array.shape)
         found[target] = torch.from_numpy(np.array(array, np.float32))  # writable, owned
+    return found
+
+
+def _experts(tensor: Tensor, target: str, array: np.ndarray, blocks: BlockStore | None,
+             where: str) -> dict[str, torch.Tensor]:
+    """A fused expert tensor (ffn_gate_exps: experts, d_ff, d_model) as the zoo's one matrix
+    per expert, each with its own rows of quantized blocks."""
+    if array.ndim != 3:
+        raise GGUFError(f"{where}: tensor {tensor.name} has dimensions {list(tensor.dims)}, "
+                        "expected three (the columns, the rows, the experts)")
+    raw = blocks.expert_rows(tensor, array.shape) if blocks is not None else None
+    found = {}
+    for expert, matrix in enumerate(array):
+        name = target.format(e=expert)
+        if raw is not None:
+            blocks.add(name, tensor, raw[expert], matrix.shape)
+        found[name] = torch.from_numpy(np.array(matrix, np.float32))
     return found
 
 
@@ -213,8 +259,8 @@ def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, torch.T
     wrong = sorted(f"{name(key)} {tuple(t.shape)} != {tuple(expected[key].shape)}"
                    for key, t in tensors.items() if key in expected
                    and t.shape != expected[key].shape)
-    missing = sorted(name(key) for key in set(expected) - set(tensors))
-    extra = sorted(name(key) for key in set(tensors) - set(expected))
+    missing = sorted({name(key) for key in set(expected) - set(tensors)})  # an expert's: once
+    extra = sorted({name(key) for key in set(tensors) - set(expected)})
     parts = [f"{label}: {', '.join(found[:6])}" for label, found in (
         ("mis-shaped", wrong), ("missing", missing), ("no place in the card's model", extra))
         if found]

@@ -115,8 +115,8 @@ class GGUFLayout:
     # a metadata key whose whole number > 0 makes this section, not the architecture's plain
     # one, read the file (llama.cpp writes Mixtral as `llama` with an expert_count)
     when: str | None = None
-    # block counts at which llama.cpp scales queries by (d_model / n_heads)^-0.5, not by
-    # key_length's (its Gemma 27B, told by the layer count)
+    # block counts at which llama.cpp scales queries by the model's width per query head
+    # (^-0.5), not by key_length's (its Gemma 27B, told by the layer count)
     wide_query_scale: list[int] = dataclass_field(default_factory=list)
     rope_scaling: list[str] = dataclass_field(default_factory=list)  # rope.scaling.type's read
 

@@ -227,6 +227,13 @@ def test_quantized_fused_experts_are_split_with_their_blocks(tmp_path: Path) -> 
     assert (entry["type"], entry["shape"], entry["gguf"]) == (
         "Q8_0", [32, 32], "blk.1.ffn_down_exps.weight")
     assert len([name for name in index if ".experts." in name]) == 2 * 4 * 3
+    from safetensors.numpy import load_file
+
+    raw = load_file(str(tmp_path / "out" / "gguf_blocks.safetensors"))
+    np.testing.assert_array_equal(  # expert 3's own rows of blocks, not another's
+        gguf.quants.dequantize(raw["layers.1.feed_forward.experts.3.down.weight"],
+                               gguf.GGMLQuantizationType.Q8_0),
+        held["blk.1.ffn_down_exps.weight"][3])
     ids, mask = padded()
     assert_padded_logits_match(ours, model, ids, mask, ATOL)
 

@@ -130,8 +130,9 @@ def card_fields(layout: LayoutMap, metadata: dict[str, Any], where: str) -> dict
         elif field in gguf.defaults:  # llama.cpp's value where the file has none
             fields[field] = gguf.defaults[field]
     fields.update(_rope_scaling(gguf, metadata, where))
-    if metadata.get(gguf.key("block_count")) in gguf.wide_query_scale:
-        fields["query_pre_attn_scalar"] = fields["d_model"] // fields["n_heads"]
+    if metadata.get(gguf.key("block_count")) in gguf.wide_query_scale:  # the width per head
+        fields["query_pre_attn_scalar"] = attention_sizes(
+            {"d_model": fields["d_model"], "n_heads": fields["n_heads"]}).head_dim
     fields.update({field: metadata[key] for field, key in TOKEN_KEYS.items() if key in metadata})
     fields["description"] = f"{metadata.get('general.name', gguf.architecture)} (GGUF)"
     return fields

@@ -321,3 +321,56 @@ def test_the_new_sections_keys_and_names_are_llama_cpps() -> None:
             theirs -= {f"blk.{{bid}}.ffn_{part}" for part in ("gate", "up", "down")}
         assert theirs <= ours | {"output"}, (name, theirs - ours)
         assert ours <= every, (name, ours - every)  # Gemma 3's norms in Gemma 2's too
+
+
+def gemma_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """A small SentencePiece BPE vocabulary as Gemma's converter stores one: control tokens,
+    <unk>, pieces scored best-first by id, a run of spaces as a user-defined token (Gemma's
+    whitespace pieces), and the 256 byte pieces its byte fallback needs."""
+    words = ["\u2581", *"abcdehlorw", "\u2581h", "\u2581w", "he", "ll", "lo", "hel", "hell",
+             "hello", "\u2581hello", "or", "wor", "worl", "world", "\u2581world"]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "  ", *words, "\n",  # spaces early, as Gemma's
+              *(f"<0x{byte:02X}>" for byte in range(256))]
+    kinds = [3, 3, 3, 2, 4, *[1] * len(words), 1, *[6] * 256]  # llama.cpp's token types
+    scores = [-float(index) if kind == 1 else 0.0 for index, kind in enumerate(kinds)]
+    return tokens, scores, kinds
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "gemma3-older"])
+def test_gemmas_sentencepiece_vocabulary_gives_transformers_ids(tmp_path: Path,
+                                                                kind: str) -> None:
+    """No space before the text (the converter's add_space_prefix false), BOS first, a run of
+    spaces as its own token and bytes for a character no piece has: the ids transformers'
+    Gemma tokenizer gives from the same file."""
+    tokens, scores, kinds = gemma_vocabulary()
+    _, config_class, model_class, own = CASES[kind]
+    config = getattr(transformers, config_class)(**SIZES | own | {"vocab_size": len(tokens)})
+    model = getattr(transformers, model_class)(config).eval()
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), CASES[kind][0])
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(kinds)
+    writer.add_unk_token_id(3)
+    writer.add_add_space_prefix(False)
+    metadata(writer, kind, config)
+    for name, array in converted(model, kind).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = CliRunner().invoke(cli.main, ["import", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "SentencePiece BPE" in result.output
+    from tokenizers import Tokenizer
+
+    ours = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    texts = ["hello world", " hello", "hello  world\n", "world\n\nhello caf\u00e9", "wow"]
+    for text in texts:
+        ids = ours.encode(text).ids
+        assert ids == reference(text).input_ids, text
+        assert ids[0] == 2 and tokens[ids[1]] != "\u2581"  # BOS, no space put before the text
+        assert ours.decode(ids, skip_special_tokens=True) == text

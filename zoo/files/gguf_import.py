@@ -1,8 +1,15 @@
 """`zoo import FILE.gguf`: a GGUF file (llama.cpp's format) as a zoo model folder, read through
 the layout map whose `gguf` section names the file's general.architecture (registry/maps/*.yaml:
-Llama's, Qwen2's, Qwen3's; llama.cpp writes Mistral's as `llama`). Read by gguf_header.py
-(every count and length in the header checked against the file's size), every tensor
-dequantized to float32 by the `gguf` package.
+Llama's, Qwen2's, Qwen3's, Gemma 2's and 3's, Qwen3-MoE's, OLMoE's; llama.cpp writes Mistral's
+as `llama`, and Mixtral's as `llama` with an expert_count, which Mixtral's section reads). Read
+by gguf_header.py (every count and length in the header checked against the file's size), every
+tensor dequantized to float32 by the `gguf` package.
+
+What llama.cpp fixes rather than stores (Gemma 3's five local layers to one global, its local
+rotary base, Qwen3-MoE's renormalised top k, the 27B's query scale) is the section's `fields`,
+`defaults` and `wide_query_scale`. Gemma's norms, stored as 1 + w by llama.cpp's converter, are
+shifted back (`shifted`); each fused expert tensor (ffn_gate_exps: experts, rows, columns) is
+split into the zoo's one matrix per expert.
 
 GGUF keeps the Hugging Face sizes under `{architecture}.*` keys and the tensors under llama.cpp's
 names, both the map's. For Llama llama.cpp's converter reorders each head's query and key rows

@@ -1,0 +1,126 @@
+"""--quantize int4/int8 for the experts of --optimize's shared-cache graph: each
+`com.microsoft.MoE` node (export/onnx/experts.py) becomes `com.microsoft.QMoE` with the same
+routing and SwiGLU attributes, its 3-D expert weights quantized as every other linear weight
+is (export/onnx/quantize.py: ONNX Runtime's own blockwise quantizer, symmetric, one fp32 scale
+per block along the input dimension, accuracy_level 4). The MatMulNBits quantizer does not
+reach them: they are 3-D initializers of one node, not MatMul weights.
+
+What ONNX Runtime 1.31's CPU kernel takes (measured on one node against numpy):
+- fc1 (experts, 2 * moe_d_ff, d_model * bits / 8) uint8, gate and up rows interleaved
+  (swiglu_fusion 1, as in the MoE node); fc2 (experts, d_model, moe_d_ff * bits / 8). Each row
+  is one output feature, its input features packed along it, 4-bit low nibble first: an
+  expert's matrix is MatMulNBits' B (N, blocks, block * bits / 8) flattened per row.
+- scales (experts, rows, K / block_size) with the `block_size` attribute; no zero points: the
+  kernel's default is MatMulNBits' symmetric one (8 for 4 bits, 128 for 8), and it dequantizes
+  (q - zero point) * scale.
+- block_size must divide both d_model and moe_d_ff (the quantizer pads the last block; this
+  kernel refuses it): 32 as for the other weights, else 16 (moe-tiny's 48), else the layer's
+  experts stay fp32 and the export says so.
+- With every activation in fp32 (ORT_QMOE_CPU_QNBIT_GEMM=0) it matched numpy on the
+  dequantized weights within 3e-6, both widths. As exported (accuracy_level 4, int8
+  activation blocks, which 8-bit experts use at every level) it is within what MatMulNBits'
+  own int8 activations give; the export's agreement check gates it like any int4/int8 graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from export.onnx.experts import OPERATOR
+
+DOMAIN, MOE = OPERATOR.rsplit(".", 1)
+QUANTIZED = "QMoE"
+EXPERT_BLOCKS = (32, 16)  # the kernel's blocks (powers of two >= 16); the first that fits
+FC1, FC1_BIAS, FC2, FC2_BIAS = 2, 3, 4, 5  # the MoE node's inputs
+
+
+def expert_block(d_model: int, moe_d_ff: int) -> int | None:
+    """The block size the kernel can take for both matrices of an expert, or None."""
+    return next((block for block in EXPERT_BLOCKS if d_model % block == moe_d_ff % block == 0),
+                None)
+
+
+def quantized_rows(weight: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, K) fp32 -> (rows, K * bits / 8) uint8 and (rows, K / block) fp32 scales, by ONNX
+    Runtime's quantizer (the one MatMulNBitsQuantizer calls: the same numbers as the other
+    weights), symmetric."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
+
+    rows, k = weight.shape
+    blocks = k // block
+    packed = np.zeros((rows, blocks, block * bits // 8), np.uint8)
+    scales = np.zeros((rows, blocks), np.float32)
+    zero_points = np.zeros((rows, (blocks * bits + 7) // 8), np.uint8)  # unused: symmetric
+    quantizer = quantize_matmul_4bits if bits == 4 else quantize_matmul_8bits
+    quantizer(packed, np.ascontiguousarray(weight.T, dtype=np.float32), scales, zero_points,
+              block, rows, k, True)
+    return packed.reshape(rows, -1), scales
+
+
+def _quantized_experts(tensor: onnx.TensorProto, bits: int, block: int
+                       ) -> tuple[onnx.TensorProto, onnx.TensorProto]:
+    """A (experts, rows, K) initializer as the QMoE weight and scale initializers."""
+    pairs = [quantized_rows(matrix, bits, block) for matrix in numpy_helper.to_array(tensor)]
+    return (numpy_helper.from_array(np.stack([p for p, _ in pairs]), f"{tensor.name}.q{bits}"),
+            numpy_helper.from_array(np.stack([s for _, s in pairs]), f"{tensor.name}.scales"))
+
+
+def quantize_experts(model: onnx.ModelProto, bits: int, accuracy_level: int) -> int:
+    """Every MoE node of `model` with constant expert weights whose sizes a block fits becomes
+    QMoE, in place; returns how many. The fp32 weights are left as unused initializers for the
+    caller's clean-up."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    count = 0
+    for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
+        fc1, fc2 = initializers.get(node.input[FC1]), initializers.get(node.input[FC2])
+        block = None if fc1 is None or fc2 is None else expert_block(fc1.dims[2], fc2.dims[2])
+        if block is None:
+            continue
+        weights1, scales1 = _quantized_experts(fc1, bits, block)
+        weights2, scales2 = _quantized_experts(fc2, bits, block)
+        graph.initializer.extend([weights1, scales1, weights2, scales2])
+        inputs = [*node.input[:FC1], weights1.name, scales1.name, _optional(node, FC1_BIAS),
+                  weights2.name, scales2.name, _optional(node, FC2_BIAS)]
+        quantized = helper.make_node(QUANTIZED, inputs, list(node.output), name=node.name,
+                                     domain=DOMAIN, expert_weight_bits=bits, block_size=block,
+                                     accuracy_level=accuracy_level)
+        quantized.attribute.extend(node.attribute)  # k, routing, SwiGLU: as the MoE node's
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(index, quantized)
+        count += 1
+    return count
+
+
+def expert_nodes(graph: onnx.GraphProto) -> tuple[int, int]:
+    """(QMoE nodes, MoE nodes left fp32) in `graph`."""
+    ops = [node.op_type for node in graph.node if node.domain == DOMAIN]
+    return ops.count(QUANTIZED), ops.count(MOE)
+
+
+def _optional(node: onnx.NodeProto, index: int) -> str:
+    return node.input[index] if len(node.input) > index else ""
+
+
+def experts_entry(protos: dict[str, onnx.ModelProto], choice: str,
+                  entry: dict[str, object]) -> list[str]:
+    """Add the quantized experts to the manifest's quantization `entry`; the notes to print."""
+    notes, files = [], {}
+    for file, proto in protos.items():
+        quantized, left = expert_nodes(proto.graph)
+        if quantized:
+            blocks = {attribute.i for node in proto.graph.node if node.op_type == QUANTIZED
+                      for attribute in node.attribute if attribute.name == "block_size"}
+            files[file] = {"qmoe": quantized, "block_size": sorted(blocks)}
+            notes.append(f"quantized the experts of {quantized} MoE layers in {file} to {choice} "
+                         f"(QMoE, blocks of {', '.join(map(str, sorted(blocks)))})")
+        if left:
+            notes.append(f"note: {file}: the experts of {left} MoE layers stay fp32 (no block "
+                         f"of {EXPERT_BLOCKS} divides both d_model and moe_d_ff)")
+    if files:
+        entry["experts"] = {"operator": f"{DOMAIN}.{QUANTIZED}", "files": files,
+                            "symmetric": True, "zero_points": "the kernel's default"}
+    return notes

@@ -16,6 +16,8 @@ What ONNX Runtime 1.31's CPU kernel takes (measured on one node against numpy):
 - block_size must divide both d_model and moe_d_ff (the quantizer pads the last block; this
   kernel refuses it): 32 as for the other weights, else 16 (moe-tiny's 48), else the layer's
   experts stay fp32 and the export says so.
+- It renormalises the top k weights even with normalize_routing_weights 0 (measured), which
+  the MoE node is only emitted with (export/onnx/experts.py); another node is left as it is.
 - With every activation in fp32 (ORT_QMOE_CPU_QNBIT_GEMM=0) it matched numpy on the
   dequantized weights within 3e-6, both widths. As exported (accuracy_level 4, int8
   activation blocks, which 8-bit experts use at every level) it is within what MatMulNBits'
@@ -77,7 +79,7 @@ def quantize_experts(model: onnx.ModelProto, bits: int, accuracy_level: int) -> 
     for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
         fc1, fc2 = initializers.get(node.input[FC1]), initializers.get(node.input[FC2])
         block = None if fc1 is None or fc2 is None else expert_block(fc1.dims[2], fc2.dims[2])
-        if block is None:
+        if block is None or not _renormalised(node):
             continue
         weights1, scales1 = _quantized_experts(fc1, bits, block)
         weights2, scales2 = _quantized_experts(fc2, bits, block)
@@ -99,6 +101,12 @@ def expert_nodes(graph: onnx.GraphProto) -> tuple[int, int]:
     """(QMoE nodes, MoE nodes left fp32) in `graph`."""
     ops = [node.op_type for node in graph.node if node.domain == DOMAIN]
     return ops.count(QUANTIZED), ops.count(MOE)
+
+
+def _renormalised(node: onnx.NodeProto) -> bool:
+    """The kernel renormalises the top k whatever normalize_routing_weights says (measured:
+    with 0 it gave the renormalised mixture), so only such a node keeps its meaning."""
+    return any(a.name == "normalize_routing_weights" and a.i == 1 for a in node.attribute)
 
 
 def _optional(node: onnx.NodeProto, index: int) -> str:

@@ -7,9 +7,9 @@ ONNX Runtime 1.31's CPU kernel takes SwiGLU experts only with the gate and up ro
 in one (n_experts, 2 * moe_d_ff, d_model) matrix (`swiglu_fusion` 1; it refuses the other two
 layouts at session creation), and computes G * sigmoid(alpha G) * (L + beta), with G clamped
 above and L both ways at `swiglu_limit`: alpha 1, beta 0 and a limit no float reaches make it
-silu(gate) * up. Its weights are 3-D, which the int4/int8 MatMulNBits quantizer does not reach
-(ONNX Runtime's QMoE would be the quantized form): a quantized export's experts stay fp32 in
-this graph. Checked against the plain graph by the export's parity grid, as any --optimize.
+silu(gate) * up. Its weights are 3-D, which the int4/int8 MatMulNBits quantizer does not reach:
+--quantize int4/int8 makes the node ONNX Runtime's QMoE (quantize_experts.py). Checked against
+the plain graph by the export's parity grid, as any --optimize.
 
 Only for renormalised top-k weights (norm_topk_prob: Qwen3-MoE, Mixtral). With
 `normalize_routing_weights` 0 (OLMoE's weights as the softmax gave them) the kernel matched

@@ -166,3 +166,70 @@ def test_the_quantized_moe_export_passes_the_gate_on_its_qmoe_graph(
     assert agreement.thresholds == THRESHOLDS[variant] and agreement.passed
     row = agreement.rows[0]
     assert row.positions == 64 and 0 < row.max_logit_diff < 1
+
+
+def stacked_moe(gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> onnx.ModelProto:
+    """A MoE node whose weights arrive as the trace of a real-sized model gives them (the
+    exporter folds only small tensors): per expert, gate and up rows interleaved by Unsqueeze,
+    Concat and Reshape, then the experts stacked by Unsqueeze and Concat."""
+    n_experts, d_ff, d = gate.shape
+    nodes, inits, rows1, rows2 = [], [], [], []
+    for e in range(n_experts):
+        inits += [numpy_helper.from_array(w[e], f"{kind}{e}") for kind, w in
+                  (("gate", gate), ("up", up), ("down", down))]
+        nodes += [helper.make_node("Unsqueeze", [f"gate{e}", "one"], [f"g{e}"]),
+                  helper.make_node("Unsqueeze", [f"up{e}", "one"], [f"u{e}"]),
+                  helper.make_node("Concat", [f"g{e}", f"u{e}"], [f"gu{e}"], axis=1),
+                  helper.make_node("Reshape", [f"gu{e}", "rows"], [f"fc1_{e}"]),
+                  helper.make_node("Unsqueeze", [f"fc1_{e}", "zero"], [f"s1_{e}"]),
+                  helper.make_node("Unsqueeze", [f"down{e}", "zero"], [f"s2_{e}"])]
+        rows1.append(f"s1_{e}")
+        rows2.append(f"s2_{e}")
+    nodes += [helper.make_node("Concat", rows1, ["fc1"], axis=0),
+              helper.make_node("Concat", rows2, ["fc2"], axis=0),
+              helper.make_node("MoE", ["x", "logits", "fc1", "", "fc2"], ["y"], name="moe",
+                               domain="com.microsoft", k=2, activation_type="swiglu",
+                               swiglu_fusion=1, normalize_routing_weights=1,
+                               activation_alpha=1.0, activation_beta=0.0, swiglu_limit=3.0e38)]
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("zero", [0]), ("one", [1]), ("rows", [2 * d_ff, d]))]
+    graph = helper.make_graph(
+        nodes, "stacked",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, d]),
+         helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [None, n_experts])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=10)
+
+
+def test_experts_stacked_by_nodes_are_read_quantized_and_the_stack_removed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real model's MoE weights are a stack of nodes over the experts' own initializers, not
+    one initializer: they are evaluated, quantized (blocks of 32, as the other weights, where
+    the sizes allow) and the stacking nodes dropped; the node computes the numpy mixture."""
+    from export.onnx.quantize_experts import quantize_experts
+
+    rng = np.random.default_rng(3)
+    gate, up = (rng.standard_normal((3, 32, 64)).astype(np.float32) * 0.1 for _ in range(2))
+    down = rng.standard_normal((3, 64, 32)).astype(np.float32) * 0.1
+    model = stacked_moe(gate, up, down)
+    assert quantize_experts(model, 4, 4) == 1
+    assert [(n.op_type, n.name) for n in model.graph.node] == [("QMoE", "moe")]
+    attributes = {a.name: helper.get_attribute_value(a) for a in model.graph.node[0].attribute}
+    assert attributes["block_size"] == 32 and attributes["expert_weight_bits"] == 4
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    fc1 = np.stack([np.stack([g, u], axis=1).reshape(64, 64) for g, u in zip(gate, up,
+                                                                              strict=True)])
+    expected = [np.stack([reference_quantized(m, 4, 32) for m in w]) for w in (fc1, down)]
+    node = model.graph.node[0]
+    for weights, scales, want in zip(node.input[2:7:3], node.input[3:7:3], expected,
+                                     strict=True):
+        np.testing.assert_array_equal(node_dequantized(arrays[weights], arrays[scales], 4), want)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    logits = rng.standard_normal((5, 3)).astype(np.float32)
+    monkeypatch.setenv("ORT_QMOE_CPU_QNBIT_GEMM", "0")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x, "logits": logits})[0],
+                               mixture(x.astype(np.float64), logits, *expected, k=2),
+                               rtol=1e-5, atol=1e-5)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from export.onnx.experts import OPERATOR
 
@@ -36,6 +37,9 @@ DOMAIN, MOE = OPERATOR.rsplit(".", 1)
 QUANTIZED = "QMoE"
 EXPERT_BLOCKS = (32, 16)  # the kernel's blocks (powers of two >= 16); the first that fits
 FC1, FC1_BIAS, FC2, FC2_BIAS = 2, 3, 4, 5  # the MoE node's inputs
+# torch.stack of the experts' weights (and the gate/up interleave) as traced; the exporter folds
+# it into one initializer only for small tensors (moe-tiny), a real model's arrives as these
+FOLDABLE = {"Unsqueeze", "Concat", "Reshape", "Transpose", "Identity"}
 
 
 def expert_block(d_model: int, moe_d_ff: int) -> int | None:
@@ -61,28 +65,71 @@ def quantized_rows(weight: np.ndarray, bits: int, block: int) -> tuple[np.ndarra
     return packed.reshape(rows, -1), scales
 
 
-def _quantized_experts(tensor: onnx.TensorProto, bits: int, block: int
+def _quantized_experts(weights: np.ndarray, name: str, bits: int, block: int
                        ) -> tuple[onnx.TensorProto, onnx.TensorProto]:
-    """A (experts, rows, K) initializer as the QMoE weight and scale initializers."""
-    pairs = [quantized_rows(matrix, bits, block) for matrix in numpy_helper.to_array(tensor)]
-    return (numpy_helper.from_array(np.stack([p for p, _ in pairs]), f"{tensor.name}.q{bits}"),
-            numpy_helper.from_array(np.stack([s for _, s in pairs]), f"{tensor.name}.scales"))
+    """(experts, rows, K) fp32 as the QMoE weight and scale initializers."""
+    pairs = [quantized_rows(matrix, bits, block) for matrix in weights]
+    return (numpy_helper.from_array(np.stack([p for p, _ in pairs]), f"{name}.q{bits}"),
+            numpy_helper.from_array(np.stack([s for _, s in pairs]), f"{name}.scales"))
+
+
+def constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
+    """The value of tensor `name` where initializers alone make it, through FOLDABLE nodes
+    (evaluated by onnx's reference evaluator); None where it reads anything else."""
+    graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    if name in initializers:
+        return numpy_helper.to_array(initializers[name])
+    producers = {output: index for index, node in enumerate(graph.node) for output in node.output}
+    needed: set[int] = set()
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if not current or current in initializers:
+            continue
+        index = producers.get(current)
+        if index is None:
+            return None  # a graph input
+        node = graph.node[index]
+        if node.op_type not in FOLDABLE or node.domain:
+            return None
+        if index not in needed:
+            needed.add(index)
+            pending.extend(node.input)
+    order = [graph.node[index] for index in sorted(needed)]  # graph order is topological
+    read = {value for node in order for value in node.input}
+    output = helper.make_value_info(name, onnx.TypeProto())
+    subgraph = helper.make_graph(order, "constant", [], [output],
+                                 [initializers[value] for value in read if value in initializers])
+    evaluator = ReferenceEvaluator(helper.make_model(subgraph, opset_imports=model.opset_import))
+    return evaluator.run(None, {})[0]
+
+
+def drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Nodes whose outputs nothing reads (the stack that fed a replaced MoE node's weights)."""
+    while True:
+        read = {output.name for output in graph.output}
+        read.update(value for node in graph.node for value in node.input)
+        dead = [node for node in graph.node if not any(output in read for output in node.output)]
+        if not dead:
+            return
+        for node in dead:
+            graph.node.remove(node)
 
 
 def quantize_experts(model: onnx.ModelProto, bits: int, accuracy_level: int) -> int:
     """Every MoE node of `model` with constant expert weights whose sizes a block fits becomes
     QMoE, in place; returns how many. The fp32 weights are left as unused initializers for the
-    caller's clean-up."""
+    caller's clean-up; the nodes that stacked them are removed."""
     graph = model.graph
-    initializers = {tensor.name: tensor for tensor in graph.initializer}
     count = 0
     for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
-        fc1, fc2 = initializers.get(node.input[FC1]), initializers.get(node.input[FC2])
-        block = None if fc1 is None or fc2 is None else expert_block(fc1.dims[2], fc2.dims[2])
+        fc1, fc2 = (constant_value(model, node.input[index]) for index in (FC1, FC2))
+        block = None if fc1 is None or fc2 is None else expert_block(fc1.shape[2], fc2.shape[2])
         if block is None or not _renormalised(node):
             continue
-        weights1, scales1 = _quantized_experts(fc1, bits, block)
-        weights2, scales2 = _quantized_experts(fc2, bits, block)
+        weights1, scales1 = _quantized_experts(fc1, node.input[FC1], bits, block)
+        weights2, scales2 = _quantized_experts(fc2, node.input[FC2], bits, block)
         graph.initializer.extend([weights1, scales1, weights2, scales2])
         inputs = [*node.input[:FC1], weights1.name, scales1.name, _optional(node, FC1_BIAS),
                   weights2.name, scales2.name, _optional(node, FC2_BIAS)]
@@ -94,6 +141,7 @@ def quantize_experts(model: onnx.ModelProto, bits: int, accuracy_level: int) -> 
         graph.node.remove(node)
         graph.node.insert(index, quantized)
         count += 1
+    drop_dead_nodes(graph)
     return count
 
 

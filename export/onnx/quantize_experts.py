@@ -22,6 +22,12 @@ What ONNX Runtime 1.31's CPU kernel takes (measured on one node against numpy):
   dequantized weights within 3e-6, both widths. As exported (accuracy_level 4, int8
   activation blocks, which 8-bit experts use at every level) it is within what MatMulNBits'
   own int8 activations give; the export's agreement check gates it like any int4/int8 graph.
+
+Measured (moe-tiny scaled to d_model 512, moe_d_ff 1024, 8 experts, 2 layers, random weights;
+one run on a loaded 2-core machine): onnx/ 118 MB with fp32 experts in model_kv.onnx, 33 MB
+as QMoE (int4); a decoding step of model_kv.onnx 1.9 ms with the fp32 MoE, 0.25 ms with int4
+QMoE, 0.6 ms int8. Agreement with fp32 PyTorch equals the plain graph's, whose experts are
+MatMulNBits (int4 top-1 0.45 / 0.44, top-5 0.91 / 0.92; int8 0.95 / 0.94).
 """
 
 from __future__ import annotations

@@ -17,12 +17,13 @@ the block node by node (3e-6, any batch), yet the shared-cache graph then failed
 left-padded 32-step loop (max abs 3.9 on two tiny random configurations, with per-head and
 with projection qk-norm): not diagnosed, so such a mixture keeps the block's exact graph.
 Narrowed down since (moe-tiny with norm_topk_prob false): the shared-cache graph is off from
-the first prefill, padded or not, every input finite, at every graph optimisation level; each
-MoE node still computes the right mixture of the inputs it was given, and making either its
-input or its output a graph output (so ONNX Runtime cannot write the output over the input,
-which the kernel allows) makes the whole graph exact. A two-node graph with an intermediate
-input did not reproduce it, so the kernel's renormalise-off path under that buffer reuse is
-the suspect, not proven.
+the first prefill, padded or not, every input finite, at every graph optimisation level and
+memory setting, and its logits equal exactly those of the graph with each MoE node replaced by
+zeros: in that graph the kernel adds nothing. Making the node's input or its output a graph
+output (so ONNX Runtime cannot give the output the input's buffer, which the kernel allows)
+makes it exact, and so does normalize_routing_weights 1 in the same graph. Small graphs of the
+same shape (Mul, Reshape, Gemm router, MoE, residual Add) computed it right, so the cause is
+in ONNX Runtime's buffer planning or the kernel, not proven which.
 """
 
 from __future__ import annotations

@@ -129,6 +129,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {}, "optimize": {"optimize": True}, "int8": {"quantize": "int8"},
     "int4": {"quantize": "int4"}, "attentions": {"attentions": True},
     "int8-dynamic": {"quantize": "int8-dynamic"},
+    "optimize-int4": {"optimize": True, "quantize": "int4"},
+    "optimize-int8": {"optimize": True, "quantize": "int8"},
 }
 SharedExport = Callable[..., tuple[Path, Any]]
 

@@ -12,6 +12,7 @@ import torch
 from onnx import helper
 
 from export.opening import open_model
+from runtime.contract import MODEL_GRAPH, quantized_name
 from runtime.generate import generate, left_padded
 from tests.conftest import SharedExport, card, on_shared
 from zoo.assemble import build_model
@@ -59,7 +60,7 @@ def test_quantizing_reaches_every_experts_weights(variant: str,
     hold every nn.Linear weight of the model, the router and all experts included, and no
     MatMul on a constant weight is left."""
     folder, _ = shared_export("moe-tiny", variant)  # its agreement check passed to get here
-    file = next((folder / "onnx").glob("model_q*.onnx"))
+    file = folder / quantized_name(MODEL_GRAPH, variant)  # model_q4.onnx, model_int8.onnx
     graph = onnx.load(str(file), load_external_data=False).graph
     constants = {tensor.name for tensor in graph.initializer}
     assert not [n.name for n in graph.node if n.op_type == "MatMul" and n.input[1] in constants]

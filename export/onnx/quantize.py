@@ -5,7 +5,8 @@ input dimension, one fp32 scale per block, symmetric); inputs and outputs stay f
 weight-only, for int8 too (quantize_dynamic would quantize every activation tensor as well).
 A tied LM head arrives as MatMul(x, Transpose(embedding)); the Transpose is folded into a
 transposed initializer first, so the head (the largest matrix of a GPT-2) is quantized too,
-while the embedding Gather keeps the fp32 table.
+while the embedding Gather keeps the fp32 table. The experts of --optimize's MoE node, 3-D
+weights no MatMul reads, are quantized alike into ONNX Runtime's QMoE (quantize_experts.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from onnx import numpy_helper
 from export.logs import quiet_loggers
 from export.onnx.forms import drop_unused_initializers
 from export.onnx.optimize import ensure_ms_opset
+from export.onnx.quantize_experts import quantize_experts
 from registry.errors import ZooError, first_line
 
 BITS = {"int8": 8, "int4": 4}
@@ -88,5 +90,6 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
     quantized = quantizer.model.model
     ensure_ms_opset(quantized)
     count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
+    quantize_experts(quantized, bits, ACCURACY_LEVEL)  # the MoE node's 3-D weights: QMoE
     drop_unused_initializers(quantized.graph)
     return quantized, count

@@ -36,6 +36,7 @@ from export.onnx.gguf_export import (
 )
 from export.onnx.optimize import FusionReport, fuse
 from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, GGUF, quantize
+from export.onnx.quantize_experts import experts_entry
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.paths import display_path
@@ -105,6 +106,8 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
             "symmetric": True, "matmuls": counts,
             "check": "top-1 agreement with fp32 instead of the parity grid",
         }
+        variant.notes.extend(experts_entry(protos, options.quantize,
+                                           variant.manifest["quantization"]))
     if options.quantize:
         quantized = variant.manifest["quantization"]["matmuls"]
         moved = _store_under_dtype_names(

@@ -151,10 +151,10 @@ def test_an_imported_mixture_exports_and_generates_transformers_tokens(
     generated = load(tmp_path / "onnx").generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
     rows = [row.ids + [eos] * (STEPS - len(row.ids)) for row in generated]  # ended at eos
     assert rows == transformers_greedy(sources[name][1], eos)
-    if optimize:  # ONNX Runtime's MoE for renormalised top k only (export/onnx/experts.py)
+    if optimize:  # ONNX Runtime's MoE, OLMoE's unrenormalised top k rescaled after it
         kv = onnx.load(str(tmp_path / "onnx" / "onnx" / "model_kv.onnx"),
                        load_external_data=False)
-        assert ("MoE" in {n.op_type for n in kv.graph.node}) == card["norm_topk_prob"]
+        assert "MoE" in {n.op_type for n in kv.graph.node}
 
 
 # --- refusals: exit 2, one line naming the file and the key, nothing written ---------------

@@ -11,19 +11,16 @@ silu(gate) * up. Its weights are 3-D, which the int4/int8 MatMulNBits quantizer 
 --quantize int4/int8 makes the node ONNX Runtime's QMoE (quantize_experts.py). Checked against
 the plain graph by the export's parity grid, as any --optimize.
 
-Only for renormalised top-k weights (norm_topk_prob: Qwen3-MoE, Mixtral). With
-`normalize_routing_weights` 0 (OLMoE's weights as the softmax gave them) the kernel matched
-the block node by node (3e-6, any batch), yet the shared-cache graph then failed the grid's
-left-padded 32-step loop (max abs 3.9 on two tiny random configurations, with per-head and
-with projection qk-norm): not diagnosed, so such a mixture keeps the block's exact graph.
-Narrowed down since (moe-tiny with norm_topk_prob false): the shared-cache graph is off from
-the first prefill, padded or not, every input finite, at every graph optimisation level and
-memory setting, and its logits equal exactly those of the graph with each MoE node replaced by
-zeros: in that graph the kernel adds nothing. Making the node's input or its output a graph
-output (so ONNX Runtime cannot give the output the input's buffer, which the kernel allows)
-makes it exact, and so does normalize_routing_weights 1 in the same graph. Small graphs of the
-same shape (Mul, Reshape, Gemm router, MoE, residual Add) computed it right, so the cause is
-in ONNX Runtime's buffer planning or the kernel, not proven which.
+Weights the card does not renormalise (OLMoE's: the softmax's top k as they are) run through
+the same node with `normalize_routing_weights` 1, its output times each token's top-k sum S:
+sum_k p_k E_k(x) = S * sum_k (p_k / S) E_k(x), exact up to rounding. The node with 0 is not
+used: it matched the block alone (3e-6), yet inside the shared-cache graph it added nothing at
+all (logits equal to the graph's with each MoE node replaced by zeros; moe-tiny with
+norm_topk_prob false, every optimisation level and memory setting), and exact again when its
+input or output was made a graph output, so ONNX Runtime could not give the output the input's
+buffer: a fault in ONNX Runtime 1.31's buffer planning or kernel, not proven which. QMoE's CPU
+kernel renormalises whatever the attribute says (quantize_experts.py), so the rescaled node
+holds there too.
 """
 
 from __future__ import annotations
@@ -55,21 +52,24 @@ def onnx_runtime_moe(block: MixtureOfExperts, x: torch.Tensor) -> torch.Tensor:
         if biased else None
     fc2_bias = torch.stack([e.down.bias for e in experts]) if biased else None
     tokens = x.reshape(-1, x.shape[-1])
+    logits = block.router(tokens)
     out = torch.onnx.ops.symbolic(
-        "com.microsoft::MoE", (tokens, block.router(tokens), fc1, fc1_bias, fc2, fc2_bias),
+        "com.microsoft::MoE", (tokens, logits, fc1, fc1_bias, fc2, fc2_bias),
         {"k": block.k, "activation_type": "swiglu", "swiglu_fusion": 1,
-         "normalize_routing_weights": int(block.normalise), "activation_alpha": 1.0,
+         "normalize_routing_weights": 1, "activation_alpha": 1.0,
          "activation_beta": 0.0, "swiglu_limit": NO_LIMIT},
         dtype=x.dtype, shape=tokens.shape, version=1)
+    if not block.normalise:  # back to the unrenormalised weights: times the top-k sum
+        top_sum = logits.float().softmax(dim=-1).topk(block.k, dim=-1).values.sum(-1, True)
+        out = out * top_sum.to(out.dtype)
     return out.reshape(x.shape)
 
 
 @contextlib.contextmanager
 def experts_operator(model: nn.Module) -> Iterator[bool]:
-    """Within the block, every mixture of experts in `model` with renormalised weights runs as
-    ONNX Runtime's operator (for tracing only: eagerly the symbolic node computes nothing);
-    yields whether any does."""
-    blocks = [block for block in moe_blocks(model) if block.normalise]
+    """Within the block, every mixture of experts in `model` runs as ONNX Runtime's operator
+    (for tracing only: eagerly the symbolic node computes nothing); yields whether any does."""
+    blocks = moe_blocks(model)
     try:
         for block in blocks:
             block.operator = onnx_runtime_moe

@@ -16,8 +16,9 @@ What ONNX Runtime 1.31's CPU kernel takes (measured on one node against numpy):
 - block_size must divide both d_model and moe_d_ff (the quantizer pads the last block; this
   kernel refuses it): 32 as for the other weights, else 16 (moe-tiny's 48), else the layer's
   experts stay fp32 and the export says so.
-- It renormalises the top k weights even with normalize_routing_weights 0 (measured), which
-  the MoE node is only emitted with (export/onnx/experts.py); another node is left as it is.
+- It renormalises the top k weights even with normalize_routing_weights 0 (measured): the
+  MoE node is always emitted with 1 (export/onnx/experts.py rescales OLMoE's after it); a
+  node with 0 would be left as it is.
 - With every activation in fp32 (ORT_QMOE_CPU_QNBIT_GEMM=0) it matched numpy on the
   dequantized weights within 3e-6, both widths. As exported (accuracy_level 4, int8
   activation blocks, which 8-bit experts use at every level) it is within what MatMulNBits'

@@ -97,6 +97,7 @@ def fresh_export(root: Path, key: str, seed: int = 1) -> Path:
 
 
 def _imported(source: Path, built: Path) -> Path:
+    """`zoo import SOURCE -o BUILT`."""
     result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
     assert result.exit_code == 0, result.output
     return built
@@ -106,18 +107,14 @@ def _imported_translator(root: Path, built: Path) -> Path:
     from tests.marian_folder import marian_folder
 
     source, _ = marian_folder(root / "marian")
-    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
-    assert result.exit_code == 0, result.output
-    return built
+    return _imported(source, built)
 
 
 def _imported_t5(root: Path, built: Path) -> Path:
     from tests.t5_folder import t5_folder
 
     source, _, _ = t5_folder(root / "t5-source", "t5-v1.1")
-    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
-    assert result.exit_code == 0, result.output
-    return built
+    return _imported(source, built)
 
 
 def alone(run: Callable[[list[str]], Any]) -> list[Any]:

@@ -2,8 +2,9 @@
 the Hugging Face clients (transformers.js, Optimum, sentence-transformers): `zoo build`, the
 byte tokenizer a model trained here carries beside its weights, then `zoo export` of that
 folder; and a translation model: `zoo import` of a tiny MarianMT folder (tests/marian_folder.py,
-with its sentencepiece files), then `zoo export`. Nothing is added to or edited in an export
-afterwards."""
+with its sentencepiece files), then `zoo export`; decoders: `zoo import` of a random
+transformers Gemma 3 and Qwen3-MoE with a byte-level tokenizer.json (tests/decoder_folders.py).
+Nothing is added to or edited in an export afterwards."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 
 from cli import main as zoo
 from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
+from tests.decoder_folders import FOLDERS, decoder_folder
 
 # name: (card, --set overrides). The classifier reads a mean-pooled sentence vector (no
 # transformers class computes that: its config names no architecture); the pooler classifier is
@@ -38,6 +40,9 @@ MODELS = {
 }
 TRANSLATOR = "translator"  # the MarianMT import
 T5 = "t5"  # a T5 v1.1 (Flan-T5's layout) import: tests/t5_folder.py, tokenizer.json with extra ids
+# `zoo import` of a random transformers Gemma 3 (window 4, every text past it) and Qwen3-MoE
+# (tests/decoder_folders.py): a seeded gemma-tiny's greedy tokens barely vary, these do
+IMPORTED_DECODERS = FOLDERS
 # name: (a key of MODELS or TRANSLATOR, --quantize): the same built model exported quantized,
 # its client graphs stored under the names transformers.js opens for the dtype (q4: model_q4,
 # int8: model_int8, q8: model_quantized; the translator's encoder_model_int8 and
@@ -51,7 +56,7 @@ QUANTIZED = {
     "modernbert-classifier-q8": ("modernbert-classifier", "int8-dynamic"),
     "t5-int8": (T5, "int8"),
 }
-KEYS = (*MODELS, TRANSLATOR, T5, *QUANTIZED)
+KEYS = (*MODELS, TRANSLATOR, T5, *IMPORTED_DECODERS, *QUANTIZED)
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]
 TRANSLATIONS = ["First Citizen: we are accounted poor citizens.", "Speak, speak."]
 
@@ -66,6 +71,8 @@ def built_model(root: Path, key: str, seed: int) -> Path:
         return _imported_translator(root, built)
     if key == T5:
         return _imported_t5(root, built)
+    if key in IMPORTED_DECODERS:
+        return _imported(decoder_folder(root / "sources", key), built)
     name, overrides = MODELS[key]
     sets = [f"--set={field}={json.dumps(value)}" for field, value in overrides.items()]
     result = CliRunner().invoke(zoo, ["build", name, "-o", str(built), "--seed", str(seed),
@@ -89,22 +96,25 @@ def fresh_export(root: Path, key: str, seed: int = 1) -> Path:
     return out
 
 
+def _imported(source: Path, built: Path) -> Path:
+    """`zoo import SOURCE -o BUILT`."""
+    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
+    assert result.exit_code == 0, result.output
+    return built
+
+
 def _imported_translator(root: Path, built: Path) -> Path:
     from tests.marian_folder import marian_folder
 
     source, _ = marian_folder(root / "marian")
-    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
-    assert result.exit_code == 0, result.output
-    return built
+    return _imported(source, built)
 
 
 def _imported_t5(root: Path, built: Path) -> Path:
     from tests.t5_folder import t5_folder
 
     source, _, _ = t5_folder(root / "t5-source", "t5-v1.1")
-    result = CliRunner().invoke(zoo, ["import", str(source), "-o", str(built)])
-    assert result.exit_code == 0, result.output
-    return built
+    return _imported(source, built)
 
 
 def alone(run: Callable[[list[str]], Any]) -> list[Any]:

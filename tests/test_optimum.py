@@ -32,6 +32,7 @@ from export.opening import open_export
 from runtime.contract import MODEL_GRAPH
 from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
+from tests.decoder_folders import GEMMA3, QWEN3_MOE, WINDOW
 from tests.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from zoo import GenerateOptions, load
 
@@ -39,7 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "examples" / "optimum" / "run.py"
 PYTHON = ROOT / "examples" / "optimum" / ".venv" / "bin" / "python"
 STEPS = 24
-GENERATORS = ("gpt", "llama", "gpt-q4")
+GENERATORS = ("gpt", "llama", "gpt-q4", GEMMA3)
+# Qwen3-MoE's head_dim (12) is not hidden_size // num_attention_heads (8): Optimum sizes the
+# first step's empty cache by the latter (run.py's causal-lm-head-dim says where)
+HEAD_DIM_REFUSED = (QWEN3_MOE,)
 CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8", "modernbert-classifier",
                "modernbert-classifier-q8")
 EMBEDDERS = ("embedder", "embedder-q8", "modernbert-embedder")
@@ -68,6 +72,8 @@ def clients(hf_client_exports: Lazy, tmp_path_factory: pytest.TempPathFactory
     """{(export key, task, text or ""): what the client gave}, every job in one process."""
     require_optimum()
     jobs = [(key, "causal-lm", text) for key in GENERATORS for text in TEXTS]
+    jobs += [(key, task, text) for key in HEAD_DIM_REFUSED
+             for task in ("causal-lm", "causal-lm-head-dim") for text in TEXTS]
     jobs += [(key, "feature-extraction", "") for key in EMBEDDERS]
     # one text a job: int8-dynamic's results depend on the batch (tests/hf_exports.py: alone)
     jobs += [(key, "sentence-transformers", text) for key in EMBEDDERS for text in TEXTS]
@@ -86,7 +92,8 @@ def clients(hf_client_exports: Lazy, tmp_path_factory: pytest.TempPathFactory
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout.strip().splitlines()[-1])
     for job, got in zip(jobs, results, strict=True):
-        assert "error" not in got, (job, got["error"])
+        refused = job[0] in HEAD_DIM_REFUSED and job[1] == "causal-lm"  # checked below
+        assert "error" not in got or refused, (job, got["error"])
     return dict(zip(jobs, results, strict=True))
 
 
@@ -102,6 +109,38 @@ def test_ort_model_for_causal_lm_gives_zoo_runs_greedy_tokens(
         new = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0].ids
         expected = exported.tokenizer.encode(text) + until_eos(new, exported.card["eos_token_id"])
         assert clients[key, "causal-lm", text]["tokens"] == expected, text
+
+
+def test_the_gemma_3_prompts_reach_past_its_window_and_the_tokens_vary(
+        hf_client_exports: Lazy) -> None:
+    """What the Gemma 3 case of the test above means: each prompt is longer than the local
+    layers' window, and the random model's greedy tokens are not one id repeated."""
+    exported = load(hf_client_exports[GEMMA3])
+    assert exported.card["sliding_window"] == WINDOW and "L" in exported.card["attention_pattern"]
+    assert all(len(exported.tokenizer.encode(text)) > WINDOW for text in TEXTS)
+    new = exported.generate(TEXTS, GenerateOptions(max_new_tokens=STEPS))
+    assert len({token for row in new for token in row.ids}) > 10
+
+
+@pytest.mark.parametrize("key", HEAD_DIM_REFUSED)
+def test_ort_model_for_causal_lm_sizes_the_cache_by_hidden_size_over_heads(
+        key: str, clients: dict, hf_client_exports: Lazy) -> None:
+    """Optimum's refusal, not the zoo's: the export's graph and config.json both say head_dim
+    12, and ORTModelForCausalLM feeds an empty cache of hidden_size // num_attention_heads = 8
+    at the first step. With the cache sized by config.json's head_dim, the tokens are `zoo
+    run`'s."""
+    exported = load(hf_client_exports[key])
+    config = json.loads((hf_client_exports[key] / "config.json").read_text(encoding="utf-8"))
+    assert (config["model_type"], config["head_dim"], exported.card["head_dim"]) == (
+        "qwen3_moe", 12, 12)
+    wrong = config["hidden_size"] // config["num_attention_heads"]
+    for text in TEXTS:
+        error = clients[key, "causal-lm", text]["error"]
+        assert "Got invalid dimensions for input: past_key_values." in error, error
+        assert f"index: 3 Got: {wrong} Expected: 12" in error, error
+        new = exported.generate([text], GenerateOptions(max_new_tokens=STEPS))[0].ids
+        expected = exported.tokenizer.encode(text) + until_eos(new, exported.card["eos_token_id"])
+        assert clients[key, "causal-lm-head-dim", text]["tokens"] == expected, text
 
 
 @pytest.mark.parametrize("key", EMBEDDERS)

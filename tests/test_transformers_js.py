@@ -8,7 +8,8 @@ which the text2text-generation and summarization pipelines run the same way) the
 ids from the export's tokenizer.json, the same greedy tokens (AutoModelForSeq2SeqLM over
 onnx/encoder_model.onnx and onnx/decoder_model_merged.onnx) and the same text (`translation`).
 Quantized exports too, opened by the `dtype` their files are named for (q4, int8, q8), or with
-no dtype given by the one their config.json names.
+no dtype given by the one their config.json names. Imported random transformers Gemma 3 (every
+prompt past its sliding window) and Qwen3-MoE models too (tests/decoder_folders.py).
 
 Needs `node` and `npm ci --ignore-scripts` in examples/transformers-js (`make node-deps`);
 skips where they are missing, except under ZOO_REQUIRE_NODE_WEB=1 (.ci/run), where that fails.
@@ -27,6 +28,7 @@ from export.opening import open_export
 from runtime.contract import MODEL_GRAPH
 from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
+from tests.decoder_folders import GEMMA3, QWEN3_MOE
 from tests.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.test_node_web import require, run_node
 from zoo import GenerateOptions, load
@@ -70,7 +72,11 @@ def dtype_args(dtype: str | None) -> list[str]:
 
 
 @pytest.mark.parametrize("key, dtype", [("gpt", None), ("llama", None), ("gpt-q4", "q4"),
-                                        ("gpt-int8", "int8"), ("gemma", None)])
+                                        ("gpt-int8", "int8"), ("gemma", None),
+                                        # random transformers models imported: prompts past
+                                        # Gemma 3's window (tests/test_optimum.py checks it),
+                                        # tokens that vary; Qwen3-MoE's experts
+                                        (GEMMA3, None), (QWEN3_MOE, None)])
 def test_text_generation_gives_zoo_runs_greedy_tokens(key: str, dtype: str | None,
                                                       exports: Lazy) -> None:
     exported = load(exports[key])

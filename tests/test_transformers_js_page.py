@@ -3,7 +3,8 @@ folders by URL (fp32 and quantized, each under the file name its dtype opens), r
 their config.json names, and gives what `zoo run` gives on the same folder: the same greedy
 tokens, sentence vectors and their cosines within 1e-4, the same labels, the same
 translations (a quantized MarianMT import in the seq2seq layout). The ONNX Runtime Web
-page (index.html) runs a quantized export too, finding its graph through the manifest.
+page (index.html) runs a quantized export too, finding its graph through the manifest. Both
+pages generate `zoo run`'s tokens from an imported random Gemma 3 with a prompt past its window.
 
 Needs what tests/test_node_web.py's browser tests need, plus @huggingface/transformers in
 examples/web/node_modules; skips without them, except under ZOO_REQUIRE_NODE_WEB=1."""
@@ -19,6 +20,7 @@ import pytest
 
 from export.opening import open_export
 from tests.conftest import ON_HF_CLIENTS, Lazy
+from tests.decoder_folders import GEMMA3
 from tests.hf_exports import TEXTS, TRANSLATIONS, alone
 from tests.test_node_web import (
     PROMPTS,
@@ -35,7 +37,8 @@ from zoo import GenerateOptions, load
 
 pytestmark = ON_HF_CLIENTS  # the exports of tests/hf_exports.py, made once in that group
 STEPS = 16
-SERVED = ("gpt", "gpt-q4", "embedder-q8", "classifier", "translator-int8")
+SERVED = ("gpt", "gpt-q4", "embedder-q8", "classifier", "translator-int8", GEMMA3)
+GEMMA3_IDS = list(TEXTS[-1].encode("utf-8"))  # its byte-level tokenizer: 23 ids, window 4
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,9 @@ PAGES = {
     "translate-int8": TransformersPage("translator-int8", tuple(TRANSLATIONS)),
     "wrong-dtype": TransformersPage("gpt-q4", (TEXTS[0],), "fp32"),
     "contract-page-q4": Page("gpt-q4", PROMPTS[0], STEPS),  # index.html, ONNX Runtime Web
+    # an imported random Gemma 3: the prompt past its sliding window, the new tokens across it
+    "generate-gemma3": TransformersPage(GEMMA3, (TEXTS[-1],)),
+    "contract-page-gemma3": Page(GEMMA3, GEMMA3_IDS, STEPS),
 }
 
 
@@ -93,7 +99,8 @@ def assert_timed(page: dict) -> None:
 
 
 @pytest.mark.parametrize("case, key, dtype", [("generate-fp32", "gpt", "fp32"),
-                                              ("generate-q4", "gpt-q4", "q4")])
+                                              ("generate-q4", "gpt-q4", "q4"),
+                                              ("generate-gemma3", GEMMA3, "fp32")])
 def test_generation_gives_zoo_runs_greedy_tokens(case: str, key: str, dtype: str,
                                                  shown: dict[str, dict],
                                                  hf_client_exports: Lazy) -> None:
@@ -164,3 +171,15 @@ def test_the_contract_page_runs_a_quantized_export(shown: dict[str, dict],
     runtime = open_export(hf_client_exports["gpt-q4"])
     assert page["tokens"] == python_tokens(runtime, PROMPTS[0], STEPS)
 
+
+
+def test_the_contract_page_generates_from_a_gemma_3_export(shown: dict[str, dict],
+                                                          hf_client_exports: Lazy) -> None:
+    """index.html (ONNX Runtime Web, onnx/model.onnx) on the imported Gemma 3: a prompt past
+    the local layers' window, and Python ONNX Runtime's greedy tokens across it."""
+    page = shown["contract-page-gemma3"]
+    assert page["state"] == "done", page["error"]
+    runtime = open_export(hf_client_exports[GEMMA3])
+    assert len(GEMMA3_IDS) > runtime.card["sliding_window"]
+    assert GEMMA3_IDS == load(hf_client_exports[GEMMA3]).tokenizer.encode(TEXTS[-1])
+    assert page["tokens"] == python_tokens(runtime, GEMMA3_IDS, STEPS)

@@ -3,11 +3,18 @@ Hugging Face model folder: nothing added or edited. Runs in examples/optimum/.ve
 optimum-onnx needs an older transformers than the zoo's own environment has.
 
     .venv/bin/python run.py FOLDER causal-lm --text "ROMEO:" [--max-new-tokens 32]
+    .venv/bin/python run.py FOLDER causal-lm-head-dim --text "ROMEO:" [--max-new-tokens 32]
     .venv/bin/python run.py FOLDER feature-extraction --text A --text B
     .venv/bin/python run.py FOLDER masked-lm --text A --text B
     .venv/bin/python run.py FOLDER sequence-classification --text A --text B
     .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
     .venv/bin/python run.py FOLDER translation --text A --text B [--max-new-tokens 32]
+
+causal-lm-head-dim is causal-lm with Optimum's empty cache sized by config.json's `head_dim`:
+optimum-onnx 0.1.0's ORTModelForCausalLM sizes it hidden_size // num_attention_heads for every
+model type but Gemma's, GPT-OSS's and Nemotron's, so a Qwen3 or Qwen3-MoE whose head_dim is
+another (Qwen3-30B-A3B: 128, not 2048 // 32) fails at its first step (huggingface/optimum#2379,
+whose fix this is).
 
 Prints one JSON object: `tokens` (prompt and new ids) for causal-lm; `last_hidden_state` (one
 (T, D) list per text) for feature-extraction; `logits` (one (T, V) list per text) for
@@ -27,15 +34,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from typing import Any
 
 
-def causal_lm(folder: str, texts: list[str], max_new_tokens: int) -> dict[str, Any]:
+def causal_lm(folder: str, texts: list[str], max_new_tokens: int,
+              head_dim: bool = False) -> dict[str, Any]:
     from optimum.onnxruntime import ORTModelForCausalLM
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = ORTModelForCausalLM.from_pretrained(folder)
+    if head_dim:  # causal-lm-head-dim: the cache's last axis as config.json gives it
+        model.embed_size_per_head = model.config.head_dim
     inputs = tokenizer(texts[0], return_tensors="pt")
     output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return {"tokens": output[0].tolist()}
@@ -104,10 +115,11 @@ def sentence_transformers(folder: str, texts: list[str]) -> dict[str, Any]:
     return {"vectors": model.encode(texts).tolist()}
 
 
-TASKS = {"causal-lm": causal_lm, "feature-extraction": feature_extraction, "masked-lm": masked_lm,
+TASKS = {"causal-lm": causal_lm, "causal-lm-head-dim": partial(causal_lm, head_dim=True),
+         "feature-extraction": feature_extraction, "masked-lm": masked_lm,
          "sequence-classification": sequence_classification,
          "sentence-transformers": sentence_transformers, "translation": translation}
-GENERATING = ("causal-lm", "translation")
+GENERATING = ("causal-lm", "causal-lm-head-dim", "translation")
 
 
 def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32) -> dict[str, Any]:
@@ -117,7 +129,9 @@ def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32) -> d
 
 
 def error_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    """The error on one line: its lines joined (ONNX Runtime's shape errors give the axis and
+    the sizes on the second)."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
 
 
 def main() -> int:

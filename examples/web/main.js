@@ -173,8 +173,20 @@ function cacheNames(graph) {
     .filter(([, output]) => graph.outputs.includes(output));
 }
 
+// weights.onnx.data beside the graph stored as `file`, where the manifest lists it (the
+// encoder-decoder's two graphs share it, as do an --optimize'd decoder's in onnx/), as the
+// externalData ONNX Runtime Web reads: the graphs name it 'weights.onnx.data'. Undefined where
+// the weights are inline.
+async function sharedWeights(folder, manifest, file) {
+  const name = file.replace(/[^/]*$/, 'weights.onnx.data');
+  if (!manifest.files[name]) return undefined;
+  const data = await fetchChecked(new URL(name, folder).href, manifest.files[name]);
+  return [{ path: 'weights.onnx.data', data }];
+}
+
 async function decoderSteps(folder, manifest, ids) {
-  const session = await openSession(folder, manifest, MODEL_GRAPH);
+  const weights = await sharedWeights(folder, manifest, graphFile(manifest, MODEL_GRAPH));
+  const session = await openSession(folder, manifest, MODEL_GRAPH, weights);
   let length = 0; // past + new: the attention mask covers all of them (no padding here)
   const feedsFor = (next) => {
     const positions = next.map((_, i) => length + i); // cumsum(mask) - 1 without padding
@@ -189,10 +201,7 @@ async function decoderSteps(folder, manifest, ids) {
 }
 
 async function seq2seqSteps(folder, manifest, ids) {
-  const data = 'weights.onnx.data';
-  const externalData = manifest.files[data] ? [{
-    path: data, data: await fetchChecked(new URL(data, folder).href, manifest.files[data]),
-  }] : undefined;
+  const externalData = await sharedWeights(folder, manifest, 'encoder.onnx');
   const encoder = await openSession(folder, manifest, 'encoder.onnx', externalData);
   const session = await openSession(folder, manifest, 'decoder.onnx', externalData);
   const mask = int64(ids.map(() => 1), [1, ids.length]);

@@ -13,7 +13,7 @@ numpy and onnx only (no torch, no gguf): the raw blocks come from the file reade
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -178,6 +178,20 @@ def nibble_halves(form: NBitsForm) -> NBitsForm:
         scales=np.ascontiguousarray(np.concatenate([scales * np.float32(16), scales], axis=1)
                                     ).reshape(-1),
         zero_points=_pack(zeros, 4).reshape(-1), minimums=None)
+
+
+def widened(form: NBitsForm) -> NBitsForm:
+    """A 4-bit form with the default zero point (8) as 8 bits with theirs (128): each code
+    plus 120, so (q + 120 - 128) * scale is the same product, exactly. For one operator that
+    takes a single width for weights of both (QMoE's expert_weight_bits)."""
+    if form.bits == 8:
+        return form
+    if form.zero_points is not None or form.minimums is not None:
+        raise ValueError(f"{form.ggml_type}: only a default-zero-point 4-bit form widens")
+    packed = form.b.reshape(form.n, -1)
+    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1) + np.uint8(120)
+    return replace(form, bits=8, b=codes.reshape(form.n, form.k // form.block_size,
+                                                 form.block_size))
 
 
 def nbits_nodes(form: NBitsForm, x: str, y: str, prefix: str, accuracy_level: int = 4,

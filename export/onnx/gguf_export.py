@@ -26,6 +26,7 @@ from onnx import helper, numpy_helper
 
 from export.onnx.forms import drop_unused_initializers
 from export.onnx.gguf_blocks import (
+    MAPPED,
     NBitsForm,
     gather_nodes,
     nbits_nodes,
@@ -35,10 +36,17 @@ from export.onnx.gguf_blocks import (
 )
 from export.onnx.optimize import ensure_ms_opset
 from export.onnx.quantize import ACCURACY_LEVEL, GGUF, fold_transposed_weights
+from export.onnx.quantize_experts import (
+    GGUF_EXPERT_BITS,
+    GGUFExperts,
+    place_gguf_experts,
+    qmoe_layers,
+)
 from registry.errors import ZooError
 from zoo.files.gguf_blocks import Blocks, read_blocks
 
 EMBEDDING, HEAD = "embeddings.token.weight", "head.weight"
+EXPERTS = ".feed_forward.experts."  # a MoE layer's experts: QMoE, not MatMulNBits
 # Linears whose MatMulNBits take float32 activations (accuracy_level 0) instead of int8 blocks
 # (ACCURACY_LEVEL 4): on SmolLM2 the down projection's int8 rounding moved greedy tokens most
 # (BENCHMARKS.md, "GGUF files"), and its 4-bit float32 kernel costs little at batch 1.
@@ -80,6 +88,8 @@ def gguf_forms(blocks: dict[str, Blocks], weights: dict[str, np.ndarray], tied: 
     for name, found in blocks.items():
         if name not in weights:
             raise ZooError(f"{found.source}: the model has no weight {name} for its blocks")
+        if EXPERTS in name and found.ggml_type not in MAPPED:
+            continue  # its layer's experts stay fp32 dequantized (expert_outcome says so)
         forms[name] = to_matmul_nbits(found.source, found.ggml_type, found.raw, found.shape)
         check_exact(found.source, forms[name], weights[name])
     if tied and EMBEDDING in forms and HEAD not in forms:
@@ -239,7 +249,9 @@ def quantize_gguf(model: onnx.ModelProto, forms: dict[str, NBitsForm],
     """Every linear with blocks as MatMulNBits, the embedding as GatherBlockQuantized; returns
     the model and its MatMulNBits count. A linear left unmatched is refused by name."""
     fold_transposed_weights(model)
-    linears = {name: form for name, form in forms.items() if name != EMBEDDING}
+    place_gguf_experts(model, gguf_expert_layers(forms, weights), ACCURACY_LEVEL, file)
+    linears = {name: form for name, form in forms.items()
+               if name != EMBEDDING and EXPERTS not in name}
     taken = set(replace_joined(model, linears, weights))
     rest = {name: form for name, form in linears.items() if name not in taken}
     for level in sorted({accuracy_level([name]) for name in rest}):
@@ -271,7 +283,8 @@ def _one_of_each_name(graph: onnx.GraphProto) -> None:
 
 
 def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
-                   counts: dict[str, int]) -> dict[str, Any]:
+                   counts: dict[str, int], experts: dict[str, str] | None = None
+                   ) -> dict[str, Any]:
     """What manifest.json says of a gguf export: per tensor its type and form, and counts."""
     types = Counter(found.ggml_type for found in blocks.values())
     return {
@@ -285,8 +298,8 @@ def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
         "method": "the GGUF file's own blocks (export/onnx/gguf_blocks.py), no re-quantization",
         "types": dict(sorted(types.items())),
         "tensors": {name: {"gguf": found.source, "ggml_type": found.ggml_type,
-                           "form": form_label(forms[name]) + _embedding_note(name, forms,
-                                                                             blocks)}
+                           "form": (experts or {}).get(name) or form_label(forms[name])
+                           + _embedding_note(name, forms, blocks)}
                     for name, found in blocks.items()},
         "exact": "every form's (q - zero point) * scale + minimum equals the imported weight "
                  "(gguf's dequantize) bit for bit",
@@ -307,3 +320,78 @@ def type_counts_line(blocks: dict[str, Blocks]) -> str:
     types = Counter(found.ggml_type for found in blocks.values())
     return "GGUF blocks kept: " + ", ".join(f"{count} {kind}" for kind, count in
                                             sorted(types.items()))
+
+
+def _expert_parts(name: str) -> tuple[str, int, str]:
+    """"layers.0.feed_forward.experts.3.gate.weight" -> (its layer's prefix, 3, "gate")."""
+    prefix, rest = name.split(EXPERTS)
+    index, part = rest.split(".")[:2]
+    return prefix + EXPERTS.rstrip("."), int(index), part
+
+
+def _expert_names(names: Any) -> dict[str, dict[str, dict[int, str]]]:
+    """{layer prefix: {"gate"|"up"|"down": {expert: weight name}}} of the expert weights."""
+    layers: dict[str, dict[str, dict[int, str]]] = {}
+    for name in names:
+        if EXPERTS in name:
+            prefix, index, part = _expert_parts(name)
+            layers.setdefault(prefix, {}).setdefault(part, {})[index] = name
+    return layers
+
+
+def gguf_expert_layers(forms: dict[str, NBitsForm], weights: dict[str, np.ndarray]
+                       ) -> list[GGUFExperts]:
+    """The layers whose every expert weight is Q4_0 or Q8_0 (what QMoE holds exactly)."""
+    found = []
+    for prefix, parts in _expert_names(weights).items():
+        names = [name for part in parts.values() for name in part.values()]
+        if set(parts) != {"gate", "up", "down"} or not all(
+                name in forms and forms[name].ggml_type in GGUF_EXPERT_BITS for name in names):
+            continue
+        ordered = {part: [parts[part][index] for index in sorted(parts[part])]
+                   for part in parts}
+        found.append(GGUFExperts(
+            prefix, *([forms[name] for name in ordered[part]] for part in ("gate", "up", "down")),
+            fc2=np.stack([weights[name] for name in ordered["down"]])))
+    return found
+
+
+def expert_outcome(protos: dict[str, onnx.ModelProto], blocks: dict[str, Blocks],
+                   ) -> tuple[list[str], dict[str, str]]:
+    """What became of the file's quantized experts in each graph: the notes to print and each
+    expert weight's form for the manifest. A layer not placed as QMoE stays fp32, gguf's
+    dequantize of its blocks (the imported weights), never re-quantized."""
+    layers = _expert_names(blocks)
+    if not layers:
+        return [], {}
+    notes, forms = [], {name: [] for name in blocks if EXPERTS in name}
+    for file, proto in protos.items():
+        placed = qmoe_layers(proto.graph)
+        moe = any(node.op_type in ("MoE", "QMoE") for node in proto.graph.node)
+        if placed:
+            widths = sorted({f"{bits}-bit" for bits in placed.values()})
+            notes.append(f"{len(placed)} MoE layers in {file} are QMoE holding the file's "
+                         f"blocks ({', '.join(widths)})")
+        for prefix, parts in layers.items():
+            names = [name for part in parts.values() for name in part.values()]
+            if prefix in placed:
+                for name in names:
+                    forms[name].append(f"QMoE bits {placed[prefix]}, block 32, zero point "
+                                       f"default{_widened(blocks[name], placed[prefix])} "
+                                       f"({file})")
+                continue
+            for name in names:
+                forms[name].append(f"fp32 dequantized ({file})")
+            if moe:
+                types = ", ".join(f"{part} " + "/".join(sorted(
+                    {blocks[n].ggml_type for n in at.values()})) for part, at in parts.items())
+                notes.append(f"note: {file}: {prefix} stay fp32 dequantized (exact): {types}; "
+                             "QMoE holds Q4_0 and Q8_0 experts exactly, not these")
+        if not moe:
+            notes.append(f"note: {file}: the experts of {len(layers)} MoE layers stay fp32 "
+                         "dequantized (exact): this graph stacks them, no MatMul to place")
+    return notes, {name: "; ".join(labels) for name, labels in forms.items()}
+
+
+def _widened(found: Blocks, bits: int) -> str:
+    return ", Q4_0 codes + 120" if found.ggml_type == "Q4_0" and bits == 8 else ""

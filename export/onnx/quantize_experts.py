@@ -33,12 +33,16 @@ MatMulNBits (int4 top-1 0.45 / 0.44, top-5 0.91 / 0.92; int8 0.95 / 0.94).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from export.onnx.experts import OPERATOR
+from export.onnx.gguf_blocks import NBitsForm, widened
+from registry.errors import ZooError
 
 DOMAIN, MOE = OPERATOR.rsplit(".", 1)
 QUANTIZED = "QMoE"
@@ -187,3 +191,106 @@ def experts_entry(protos: dict[str, onnx.ModelProto], choice: str,
         entry["experts"] = {"operator": f"{DOMAIN}.{QUANTIZED}", "files": files,
                             "symmetric": True, "zero_points": "the kernel's default"}
     return notes
+
+
+# --quantize gguf (export/onnx/gguf_export.py): a layer's experts as QMoE holding the GGUF
+# file's own blocks. Q4_0 is d * (q - 8) and Q8_0 d * q (q int8, stored here as q + 128): the
+# kernel's symmetric 4- and 8-bit forms with their default zero points, blocks of 32, one fp32
+# scale (the file's float16 d) per block. One expert_weight_bits for fc1 and fc2: a layer that
+# mixes the two is held at 8 bits, its Q4_0 codes plus 120 (gguf_blocks.widened), as exact.
+GGUF_EXPERT_BITS = {"Q4_0": 4, "Q8_0": 8}
+
+
+@dataclass(frozen=True)
+class GGUFExperts:
+    """One layer's experts in the file's forms (per expert), and its fp32 down weights
+    (experts, d_model, moe_d_ff) stacked, by which its MoE node is found."""
+
+    prefix: str  # "layers.0.feed_forward.experts"
+    gate: list[NBitsForm]
+    up: list[NBitsForm]
+    down: list[NBitsForm]
+    fc2: np.ndarray
+
+    @property
+    def bits(self) -> int:
+        return max(form.bits for form in self.gate + self.up + self.down)
+
+
+def _stacked_rows(forms: list[NBitsForm], bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per expert (rows, K * bits / 8) codes and (rows, K / 32) scales, stacked."""
+    held = [form if form.bits == bits else widened(form) for form in forms]
+    return (np.stack([form.b.reshape(form.n, -1) for form in held]),
+            np.stack([form.scales.reshape(form.n, -1) for form in held]))
+
+
+def _interleaved_rows(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """(E, F, x) each -> (E, 2F, x), gate row j at 2j and up row j at 2j + 1 (experts.py)."""
+    return np.stack([gate, up], axis=2).reshape(gate.shape[0], -1, gate.shape[2])
+
+
+def qmoe_dequantized(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.ndarray:
+    """(E, rows, K) float32 a QMoE weight holds as the kernel reads it: low nibble first,
+    (q - 8) * scale for 4 bits, (q - 128) * scale for 8, a scale per block along K."""
+    codes = packed if bits == 8 else np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(
+        *packed.shape[:2], -1)
+    experts, rows, k = codes.shape
+    blocks = scales.shape[2]
+    grouped = codes.reshape(experts, rows, blocks, k // blocks).astype(np.float32)
+    zero = np.float32(2 ** (bits - 1))
+    return ((grouped - zero) * scales[..., None]).reshape(experts, rows, k)
+
+
+def place_gguf_experts(model: onnx.ModelProto, layers: list[GGUFExperts], accuracy_level: int,
+                       file: str) -> list[str]:
+    """Each MoE node whose fc2 is, value for value, a layer's stacked down weights becomes a
+    QMoE node of that layer's blocks, in place, after checking bit for bit that its weights
+    dequantize to the node's fp32 ones; returns the prefixes of the layers placed."""
+    graph = model.graph
+    placed = []
+    for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
+        fc1, fc2 = (constant_value(model, node.input[index]) for index in (FC1, FC2))
+        layer = None if fc1 is None or fc2 is None or not _renormalised(node) else next(
+            (layer for layer in layers if layer.fc2.shape == fc2.shape
+             and np.array_equal(layer.fc2, fc2)), None)
+        if layer is None:
+            continue
+        bits, p = layer.bits, layer.prefix
+        (gate, gate_scales), (up, up_scales) = (_stacked_rows(forms, bits)
+                                                for forms in (layer.gate, layer.up))
+        codes1, scales1 = _interleaved_rows(gate, up), _interleaved_rows(gate_scales, up_scales)
+        codes2, scales2 = _stacked_rows(layer.down, bits)
+        for codes, scales, weight, which in ((codes1, scales1, fc1, "fc1"),
+                                             (codes2, scales2, fc2, "fc2")):
+            held = qmoe_dequantized(codes, scales, bits) + np.float32(0.0)
+            expected = np.asarray(weight, np.float32) + np.float32(0.0)
+            if held.shape != expected.shape or not np.array_equal(
+                    held.view(np.uint32), expected.view(np.uint32)):
+                raise ZooError(f"{file}: {p}: the file's blocks as QMoE {which} do not give "
+                               "the imported weights bit for bit (re-import the GGUF file)")
+        inits = [numpy_helper.from_array(codes1, f"{p}.fc1.q{bits}"),
+                 numpy_helper.from_array(scales1, f"{p}.fc1.scales"),
+                 numpy_helper.from_array(codes2, f"{p}.fc2.q{bits}"),
+                 numpy_helper.from_array(scales2, f"{p}.fc2.scales")]
+        graph.initializer.extend(inits)
+        inputs = [*node.input[:FC1], inits[0].name, inits[1].name, _optional(node, FC1_BIAS),
+                  inits[2].name, inits[3].name, _optional(node, FC2_BIAS)]
+        quantized = helper.make_node(QUANTIZED, inputs, list(node.output), name=f"{p}.QMoE",
+                                     domain=DOMAIN, expert_weight_bits=bits,
+                                     block_size=layer.down[0].block_size,
+                                     accuracy_level=accuracy_level)
+        quantized.attribute.extend(node.attribute)  # k, routing, SwiGLU: as the MoE node's
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        graph.node.insert(index, quantized)
+        placed.append(p)
+    drop_dead_nodes(graph)
+    return placed
+
+
+def qmoe_layers(graph: onnx.GraphProto) -> dict[str, int]:
+    """{layer prefix: expert_weight_bits} of the QMoE nodes place_gguf_experts named."""
+    return {node.name.removesuffix(f".{QUANTIZED}"): next(
+        a.i for a in node.attribute if a.name == "expert_weight_bits")
+        for node in graph.node if node.op_type == QUANTIZED and node.name.endswith(
+            f".{QUANTIZED}")}

@@ -30,6 +30,7 @@ from export.family import Family
 from export.onnx.dynamic import QUANTIZED_OPS, DynamicSettings, quantize_dynamic_graph
 from export.onnx.gguf_export import (
     GGUFWeights,
+    expert_outcome,
     manifest_entry,
     quantize_gguf,
     type_counts_line,
@@ -89,7 +90,10 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
                                                        file)
             variant.notes.append(f"{counts[file]} MatMulNBits in {file} hold the file's blocks")
         variant.notes.append(type_counts_line(gguf.blocks))
-        variant.manifest["quantization"] = manifest_entry(gguf.blocks, gguf.forms, counts)
+        expert_notes, expert_forms = expert_outcome(protos, gguf.blocks)
+        variant.notes.extend(expert_notes)
+        variant.manifest["quantization"] = manifest_entry(gguf.blocks, gguf.forms, counts,
+                                                          expert_forms)
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}

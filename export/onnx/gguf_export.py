@@ -385,8 +385,11 @@ def expert_outcome(protos: dict[str, onnx.ModelProto], blocks: dict[str, Blocks]
             if moe:
                 types = ", ".join(f"{part} " + "/".join(sorted(
                     {blocks[n].ggml_type for n in at.values()})) for part, at in parts.items())
+                exact = {blocks[name].ggml_type for name in names} <= set(GGUF_EXPERT_BITS)
+                why = ("its MoE node's routing is not QMoE's" if exact
+                       else "QMoE holds Q4_0 and Q8_0 experts exactly, not these")
                 notes.append(f"note: {file}: {prefix} stay fp32 dequantized (exact): {types}; "
-                             "QMoE holds Q4_0 and Q8_0 experts exactly, not these")
+                             f"{why}")
         if not moe:
             notes.append(f"note: {file}: the experts of {len(layers)} MoE layers stay fp32 "
                          "dequantized (exact): this graph stacks them, no MatMul to place")

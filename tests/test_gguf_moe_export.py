@@ -32,8 +32,11 @@ EXPERTS = 4
 TYPES = [dict(gate="Q8_0", up="Q8_0", down="Q8_0"), dict(gate="Q4_0", up="Q4_0", down="Q4_0"),
          dict(gate="Q4_0", up="Q4_0", down="Q8_0")]
 BITS = [8, 4, 8]
-# measured: the largest logit difference from the fp32 import 0.4% of the logits' range (QMoE's
-# int8 activations at accuracy_level 4, as #38's MatMulNBits); the bound is #38's 5%
+# #38's bound for int8 activations (accuracy_level 4: QMoE's, which 8-bit experts use at any
+# level, and the Q8_0 attention's MatMulNBits): the largest logit difference from the fp32
+# import within 5% of the logits' range. Measured on this file: 2.0% for the prompt below, at
+# most 3.5% over 20 random prompts (3.0% with QMoE's fp32 path, ORT_QMOE_CPU_QNBIT_GEMM=0: most
+# of it is the attention's int8 activations)
 SPREAD_SHARE = 0.05
 
 
@@ -137,6 +140,7 @@ def test_the_qmoe_nodes_hold_the_files_experts_bit_for_bit(made: tuple) -> None:
     assert "QMoE bits 8" in mixed and "Q4_0 codes + 120" in mixed
     assert manifest["tensors"]["layers.0.self_attention.query.weight"]["form"].startswith(
         "MatMulNBits bits 8")
+    assert "com.microsoft.QMoE" in manifest["experts"]
     assert manifest["agreement"]["passed"]
 
 

@@ -11,6 +11,13 @@ Before anything is written each form is dequantized here, (q - zero point) * sca
 in float32 as the kernel does, and compared bit for bit with the fp32 weight the import made
 with gguf's dequantize: the graph's weights are the file's. A linear with blocks that no
 MatMul takes, or a type with no exact form, is refused in one line.
+
+A mixture of experts (a MoE file's fused expert tensors, imported per expert): in --optimize's
+graph a layer whose experts are all Q4_0 or Q8_0 becomes ONNX Runtime's QMoE holding their
+blocks (quantize_experts.py's place_gguf_experts, checked bit for bit the same way); a layer
+of other types (Q4_1's minimum, K-quants) and the plain graph's experts (stacked, no MatMul of
+their own) stay fp32, gguf's dequantize of the blocks (the imported weights, exact), with a
+printed note: never re-quantized. The manifest gives each expert tensor's form per graph.
 """
 
 from __future__ import annotations
@@ -305,7 +312,12 @@ def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
                  "(gguf's dequantize) bit for bit",
         "matmuls": counts,
         "check": "top-1 agreement with the fp32 dequantized model instead of the parity grid",
-    }
+    } | ({"experts": "--optimize's graph: a layer of Q4_0/Q8_0 experts as com.microsoft.QMoE "
+                     "holding the file's blocks (bits 4: (q - 8) * d; bits 8: (q - 128) * d, "
+                     "a Q4_0/Q8_0 layer's Q4_0 codes + 120), fp32 scales of the file's float16 "
+                     f"d, accuracy_level {ACCURACY_LEVEL} (int8 activations); other types and "
+                     "the plain graph's stacked experts fp32 dequantized (exact)"}
+         if experts else {})
 
 
 def _embedding_note(name: str, forms: dict[str, NBitsForm], blocks: dict[str, Blocks]) -> str:
@@ -352,7 +364,7 @@ def gguf_expert_layers(forms: dict[str, NBitsForm], weights: dict[str, np.ndarra
                    for part in parts}
         found.append(GGUFExperts(
             prefix, *([forms[name] for name in ordered[part]] for part in ("gate", "up", "down")),
-            fc2=np.stack([weights[name] for name in ordered["down"]])))
+            fc2=[weights[name] for name in ordered["down"]]))
     return found
 
 

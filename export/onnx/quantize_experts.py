@@ -203,14 +203,21 @@ GGUF_EXPERT_BITS = {"Q4_0": 4, "Q8_0": 8}
 
 @dataclass(frozen=True)
 class GGUFExperts:
-    """One layer's experts in the file's forms (per expert), and its fp32 down weights
-    (experts, d_model, moe_d_ff) stacked, by which its MoE node is found."""
+    """One layer's experts in the file's forms (per expert), and its fp32 down weights (per
+    expert, (d_model, moe_d_ff): references, not copies), by which its MoE node is found."""
 
     prefix: str  # "layers.0.feed_forward.experts"
     gate: list[NBitsForm]
     up: list[NBitsForm]
     down: list[NBitsForm]
-    fc2: np.ndarray
+    fc2: list[np.ndarray]
+
+    def holds(self, fc2: np.ndarray) -> bool:
+        """`fc2` (experts, d_model, moe_d_ff) is this layer's down weights, value for value
+        (the first row compared first: a real model's layers are large)."""
+        return fc2.shape == (len(self.fc2), *self.fc2[0].shape) and np.array_equal(
+            fc2[0, 0], self.fc2[0][0]) and all(
+            np.array_equal(fc2[index], weight) for index, weight in enumerate(self.fc2))
 
     @property
     def bits(self) -> int:
@@ -251,8 +258,7 @@ def place_gguf_experts(model: onnx.ModelProto, layers: list[GGUFExperts], accura
     for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
         fc1, fc2 = (constant_value(model, node.input[index]) for index in (FC1, FC2))
         layer = None if fc1 is None or fc2 is None or not _renormalised(node) else next(
-            (layer for layer in layers if layer.fc2.shape == fc2.shape
-             and np.array_equal(layer.fc2, fc2)), None)
+            (layer for layer in layers if layer.holds(fc2)), None)
         if layer is None:
             continue
         bits, p = layer.bits, layer.prefix

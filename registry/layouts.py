@@ -140,6 +140,23 @@ class GGUFLayout:
         return target
 
 
+GGUF_MAPPINGS = ("config", "optional", "fields", "defaults", "shifted")
+GGUF_LISTS = ("refused", "wide_query_scale", "rope_scaling")
+
+
+def _check_kinds(section: dict, where: str) -> None:
+    """A map's optional `gguf` keys of the kind the import reads (a plugin's map with a list
+    where a mapping goes is one line, not a traceback at import time)."""
+    for key in GGUF_MAPPINGS:
+        if not isinstance(section.get(key) or {}, dict):
+            raise LayoutError(f"{where}: gguf: {key} should be a mapping")
+    for key in GGUF_LISTS:
+        if not isinstance(section.get(key) or [], list):
+            raise LayoutError(f"{where}: gguf: {key} should be a list")
+    if not isinstance(section.get("when") or "", str):
+        raise LayoutError(f"{where}: gguf: when should name one key of the file")
+
+
 def gguf_layout(section: Any, where: str) -> GGUFLayout:
     """A `gguf` section checked: its sections there, each tensor named once, `permuted`
     naming tensors of the section and heads registry/sizes.py knows."""
@@ -153,8 +170,10 @@ def gguf_layout(section: Any, where: str) -> GGUFLayout:
             raise LayoutError(f"{where}: gguf: permuted: {source}: {heads} should name one of "
                               f"its tensors and one of {', '.join(PERMUTED_HEADS)}")
     rules = [Rule(source, [target], ["none"]) for source, target in tensors.items()]
+    _check_kinds(section, where)
     shifted = section.get("shifted") or {}
-    if not isinstance(shifted, dict) or not set(shifted) <= set(tensors):
+    if not set(shifted) <= set(tensors) or not all(
+            isinstance(value, int | float) for value in shifted.values()):
         raise LayoutError(f"{where}: gguf: shifted should map some of its tensors to numbers")
     return GGUFLayout(str(section["architecture"]), dict(section["config"]),
                       dict(section.get("optional") or {}), list(section.get("refused") or []),

@@ -8,6 +8,7 @@ its prompt is chunked stops the chunks."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,9 @@ def test_a_long_prompt_is_prefilled_in_chunks_between_the_others_steps(
 
     first = Job(short, 60, Sampling(), (), True, on_running)  # a piece a token
     scheduler.submit(first)
-    while not running.events:
+    deadline = time.monotonic() + 60
+    while not running.events:  # the running row's first token: the scheduler now waits
+        assert time.monotonic() < deadline, "the running row never got its first token"
         threading.Event().wait(0.002)
     joined: list[int] = []  # the running row's tokens when the long prompt's first one came
 

@@ -249,6 +249,10 @@ def test_genai_configs_type_is_the_maps(tmp_path: Path, monkeypatch: pytest.Monk
     ({"architecture": "qwen2"}, "gguf: needs architecture, config, tensors"),
     ({"permuted": {"blk.{i}.attn_x.{p}": "heads"}}, "blk.{i}.attn_x.{p}: heads should name"),
     ({"permuted": {"blk.{i}.attn_q.{p}": "groups"}}, "groups should name one of its tensors"),
+    ({"fields": ["rope_theta"]}, "gguf: fields should be a mapping"),
+    ({"refused": "expert_count"}, "gguf: refused should be a list"),
+    ({"when": ["expert_count"]}, "gguf: when should name one key of the file"),
+    ({"shifted": {"output_norm.weight": "one"}}, "shifted should map some of its tensors"),
 ])
 def test_a_malformed_gguf_section_is_one_line(tmp_path: Path, section: dict, message: str
                                               ) -> None:

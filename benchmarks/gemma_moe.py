@@ -16,14 +16,16 @@ intra-op pool, GenAI's session options, torch.set_num_threads).
    LLLLLG period), a prompt longer than its 512-token sliding window, --tokens new tokens:
    transformers' generate, the zoo's plain export (plain loop), --optimize (GroupQueryAttention
    with local_window_size, shared cache) and --optimize --quantize int4, run by `zoo run`'s
-   generate; GenAI's builder fp32 and int4 in GenAI's loop (where it builds gemma3_text).
-2. A Qwen3-MoE-shaped model scaled down (--moe-layers, 64 experts, 8 per token, d_model 1024,
+   generate; GenAI's builder fp32 and int4 in GenAI's loop (its 0.18 reads Gemma 3's rotary
+   bases by transformers 4's names: LEGACY_GEMMA3 hands them over so; a builder that still
+   fails is reported and skipped).
+2. A Qwen3-MoE-shaped model scaled down (--moe-layers, --experts 48, 8 per token, d_model 1024,
    expert d_ff 256) and a dense Qwen3 of the same active size (one SwiGLU of d_ff 8 x 256):
    transformers, the zoo's plain export (every expert computed, weighted by a router weight
    that is zero outside the top 8) and --optimize (ONNX Runtime's MoE operator: the chosen
    experts only). Tokens/s, and each engine's ratio to the dense model under the same engine:
    near 1 means only the chosen experts' products were computed; the plain graph's ratio shows
-   the cost of computing all 64.
+   the cost of computing all of them.
 
 Agreement: how many of each engine's greedy tokens follow transformers' (fp32) before the
 first difference. Random weights make near-ties, so a late flip is a rounding, not a bug.
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -52,12 +55,10 @@ sys.path.insert(0, str(HERE))
 from peers import hf_greedy, interleaved  # noqa: E402
 from smollm2 import same_steps, say  # noqa: E402
 
-from export.bench.genai_vs_zoo import genai_runner  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
 from export.cpu import cpu_flags  # noqa: E402
-from runtime.files.atomic import atomic_write_bytes  # noqa: E402
 
-Run = Callable[[], list[int]]
+Run = Callable[[int], list[int]]  # new tokens -> greedy tokens
 SEED = 0
 ZOO = Path(sys.executable).parent / "zoo"
 BUILDER = HERE / ".venv-builder" / "bin" / "python"
@@ -81,7 +82,7 @@ MOE = {"vocab_size": 32768, "hidden_size": 1024, "num_attention_heads": 16,
        "num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 4096,
        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False,
        "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1}
-EXPERTS = {"num_experts": 64, "num_experts_per_tok": 8, "moe_intermediate_size": 256,
+EXPERTS = {"num_experts_per_tok": 8, "moe_intermediate_size": 256,
            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
 DENSE_FF = EXPERTS["num_experts_per_tok"] * EXPERTS["moe_intermediate_size"]
 ZOO_KINDS = {"plain": (), "optimize": ("--optimize",),
@@ -120,13 +121,14 @@ def gemma_folder(work: Path, layers: int) -> Path:
                      lambda: Gemma3ForCausalLM(Gemma3TextConfig(**config)))
 
 
-def moe_folders(work: Path, layers: int) -> dict[str, Path]:
+def moe_folders(work: Path, layers: int, experts: int) -> dict[str, Path]:
     """The mixture of experts, and the dense model of its active size."""
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     shape = {**MOE, "num_hidden_layers": layers}
-    return {"moe": hf_folder(work / f"hf-moe-{layers}l", lambda: Qwen3MoeForCausalLM(
-                Qwen3MoeConfig(**shape, **EXPERTS, intermediate_size=DENSE_FF))),
+    return {"moe": hf_folder(work / f"hf-moe-{layers}l-{experts}e", lambda: Qwen3MoeForCausalLM(
+                Qwen3MoeConfig(**shape, **EXPERTS, num_experts=experts,
+                               intermediate_size=DENSE_FF))),
             "dense": hf_folder(work / f"hf-dense-{layers}l", lambda: Qwen3ForCausalLM(
                 Qwen3Config(**shape, intermediate_size=DENSE_FF)))}
 
@@ -154,6 +156,27 @@ def zoo_cli(*args: str) -> None:
         raise SystemExit(f"zoo {' '.join(args)}: {result.stdout}{result.stderr}")
 
 
+# GenAI 0.18's builder reads Gemma 3's rotary bases as transformers 4 named them
+# (rope_local_base_freq, and one flat rope_parameters); transformers 5's per-layer-kind
+# rope_parameters stop it with KeyError 'rope_type'. Its config is handed over in that form,
+# the same values (in the builder's own process; its Gemma 3 class alone is wrapped).
+LEGACY_GEMMA3 = """
+import runpy, sys
+import onnxruntime_genai.models  # puts its folder on sys.path: the builder imports `builders`
+from builders.gemma import Gemma3Model
+init = Gemma3Model.__init__
+def legacy(self, config, *args):
+    rope = config.rope_parameters
+    if "sliding_attention" in rope:
+        config.rope_local_base_freq = rope["sliding_attention"]["rope_theta"]
+        config.rope_parameters = rope["full_attention"]
+    init(self, config, *args)
+Gemma3Model.__init__ = legacy
+sys.argv[0] = "builder"
+runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__")
+"""
+
+
 def builder_export(source: Path, precision: str) -> Path | str:
     """GenAI's model builder's CPU export of the folder, or the reason it made none."""
     out = source.with_name(source.name.replace("hf-", "builder-", 1) + f"-{precision}")
@@ -162,50 +185,74 @@ def builder_export(source: Path, precision: str) -> Path | str:
     say(f"GenAI's model builder {source.name} {precision}...")
     python = BUILDER if BUILDER.exists() else Path(sys.executable)
     result = subprocess.run(
-        [str(python), "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o",
-         str(out), "-p", precision, "-e", "cpu", "-c", str(source.parent / "builder-cache")],
+        [str(python), "-c", LEGACY_GEMMA3, "-i", str(source), "-o", str(out), "-p", precision,
+         "-e", "cpu", "-c", str(source.parent / "builder-cache")],
         capture_output=True, text=True, check=False)
     if result.returncode or not (out / "genai_config.json").exists():
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+        lines = [line for line in (result.stderr + result.stdout).splitlines()
+                 if "Error" in line or "error:" in line]
         return f"the builder failed (exit {result.returncode}): " + \
-            (lines[-1] if lines else "no output")
+            (lines[-1] if lines else "no error line")
     return out
 
 
-def genai_on_threads(folder: Path, prompt: list[int], new_tokens: int, threads: int) -> Run:
-    """GenAI's loop with its sessions' intra-op threads set in the folder's genai_config.json."""
-    path = folder / "genai_config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    config["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
-    atomic_write_bytes(path, json.dumps(config, indent=4).encode())
-    return genai_runner(folder, prompt, new_tokens)
+def genai_runner(folder: Path, prompt: list[int], threads: int) -> Run:
+    """GenAI's own loop (as export/bench/genai_vs_zoo.py runs it), its sessions on `threads`."""
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": threads}}}}))
+    model = og.Model(config)
+
+    def run(new_tokens: int) -> list[int]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + new_tokens, do_sample=False,
+                                  min_length=len(prompt) + new_tokens)  # no early eos
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([prompt], np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+        return generator.get_sequence(0)[len(prompt):].tolist()
+
+    return run
 
 
-def zoo_runner(folder: Path, prompt: list[int], new_tokens: int, threads: int) -> Run:
+def zoo_runner(folder: Path, prompt: list[int], threads: int) -> Run:
     """`zoo run`'s load and generate (no eos: every run decodes new_tokens)."""
     from runtime.exported import load
     from runtime.generate import generate
 
     runtime = load(folder, threads=threads).runtime
     ids = np.array([prompt], np.int64)
-    return lambda: generate(runtime, ids, None, new_tokens).tolist()[0]
+    return lambda new_tokens: generate(runtime, ids, None, new_tokens).tolist()[0]
 
 
-def transformers_runner(source: Path, prompt: list[int], new_tokens: int) -> Run:
+def transformers_runner(source: Path, prompt: list[int]) -> Run:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None  # random weights: no early stop
-    return lambda: hf_greedy(model, prompt, new_tokens)
+    return lambda new_tokens: hf_greedy(model, prompt, new_tokens)
 
 
 def race(runs: dict[str, Run], rounds: int, new_tokens: int, reference: str) -> dict:
-    """Tokens checked first (that run is each engine's warm-up), then timed interleaved."""
+    """Tokens checked first (that run is each engine's warm-up), then timed interleaved: each
+    engine's whole run of new_tokens, and its run of one token (the prompt's prefill and the
+    first token), so the difference is the time of new_tokens - 1 decoding steps."""
     say(f"checking tokens, then {len(runs)} engines x {rounds} rounds...")
-    tokens = {name: list(run()) for name, run in runs.items()}
-    timings = interleaved(runs, rounds, warm_up=False)
-    return {"tokens_per_s": {name: round(new_tokens / t["median"], 2)
-                             for name, t in timings.items()},
+    tokens = {name: list(run(new_tokens)) for name, run in runs.items()}
+    first = {f"{name}, 1 token": partial(run, 1) for name, run in runs.items()}
+    for run in first.values():
+        run()
+    timings = interleaved({**{name: partial(run, new_tokens) for name, run in runs.items()},
+                           **first}, rounds, warm_up=False)
+    whole = {name: timings[name]["median"] for name in runs}
+    prefill = {name: timings[f"{name}, 1 token"]["median"] for name in runs}
+    return {"tokens_per_s": {name: round(new_tokens / whole[name], 2) for name in runs},
+            "first_token_s": {name: round(prefill[name], 3) for name in runs},
+            "decode_tokens_per_s": {name: round((new_tokens - 1) / max(
+                whole[name] - prefill[name], 1e-6), 2) for name in runs},
             "steps_following_transformers": {name: same_steps(tokens[name], tokens[reference])
                                              for name in runs},
             "seconds": timings}
@@ -217,8 +264,8 @@ def gemma_rows(work: Path, args: argparse.Namespace) -> list[dict]:
     rng = np.random.default_rng(SEED)
     prompt = [int(i) for i in rng.integers(3, GEMMA_270M["vocab_size"], args.prompt)]
     n, t = args.tokens, args.threads
-    runs: dict[str, Run] = {"transformers generate": transformers_runner(source, prompt, n)}
-    runs.update({f"zoo generate {kind}": zoo_runner(folder, prompt, n, t)
+    runs: dict[str, Run] = {"transformers generate": transformers_runner(source, prompt)}
+    runs.update({f"zoo generate {kind}": zoo_runner(folder, prompt, t)
                  for kind, folder in zoo.items()})
     skipped = {}
     for precision in ("fp32", "int4"):
@@ -227,7 +274,7 @@ def gemma_rows(work: Path, args: argparse.Namespace) -> list[dict]:
             print(f"genai builder {precision}: skipped: {built}", flush=True)
             skipped[f"genai builder {precision}"] = built
         else:
-            runs[f"genai builder {precision}"] = genai_on_threads(built, prompt, n, t)
+            runs[f"genai builder {precision}"] = genai_runner(built, prompt, t)
     row = race(runs, args.rounds, n, "transformers generate")
     speed = row["tokens_per_s"]
     ratios = {f"{name} / transformers": round(speed[name] / speed["transformers generate"], 2)
@@ -242,7 +289,7 @@ def gemma_rows(work: Path, args: argparse.Namespace) -> list[dict]:
 
 
 def moe_rows(work: Path, args: argparse.Namespace) -> list[dict]:
-    sources = moe_folders(work, args.moe_layers)
+    sources = moe_folders(work, args.moe_layers, args.experts)
     rng = np.random.default_rng(SEED)
     prompt = [int(i) for i in rng.integers(3, MOE["vocab_size"], args.moe_prompt)]
     n, t = args.tokens, args.threads
@@ -250,21 +297,23 @@ def moe_rows(work: Path, args: argparse.Namespace) -> list[dict]:
     speeds = {}
     for model, source in sources.items():
         zoo = zoo_exports(source, ("plain", "optimize"))
-        runs: dict[str, Run] = {"transformers generate": transformers_runner(source, prompt, n)}
-        runs.update({f"zoo generate {kind}": zoo_runner(folder, prompt, n, t)
+        runs: dict[str, Run] = {"transformers generate": transformers_runner(source, prompt)}
+        runs.update({f"zoo generate {kind}": zoo_runner(folder, prompt, t)
                      for kind, folder in zoo.items()})
         row = race(runs, args.rounds, n, "transformers generate")
-        speeds[model] = row["tokens_per_s"]
+        speeds[model] = row
         rows.append({"work": f"{model}: {args.moe_layers} layers, d_model {MOE['hidden_size']}, "
-                             + (f"{EXPERTS['num_experts']} experts of d_ff "
+                             + (f"{args.experts} experts of d_ff "
                                 f"{EXPERTS['moe_intermediate_size']}, "
                                 f"{EXPERTS['num_experts_per_tok']} per token" if model == "moe"
                                 else f"one SwiGLU of d_ff {DENSE_FF}")
                              + f"; greedy, batch 1, prompt {len(prompt)} + {n} new", **row})
     rows.append({"work": "mixture of experts / dense of the same active size (tokens/s ratio; "
                          "1 = only the chosen experts computed)",
-                 "moe_over_dense": {name: round(speeds["moe"][name] / speeds["dense"][name], 2)
-                                    for name in speeds["moe"]}})
+                 **{f"moe_over_dense_{rate}": {
+                     name: round(speeds["moe"][rate][name] / speeds["dense"][rate][name], 2)
+                     for name in speeds["moe"][rate]}
+                    for rate in ("tokens_per_s", "decode_tokens_per_s")}})
     return rows
 
 
@@ -275,6 +324,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6,
                         help="gemma-3-270m's layers to build (18: the published depth)")
     parser.add_argument("--moe-layers", type=int, default=4)
+    # 64 and more fail --optimize's onnx.checker on main (BENCHMARKS.md: the fused plain
+    # graph's Split widths reach the external-data threshold)
+    parser.add_argument("--experts", type=int, default=48,
+                        help="experts per layer of the mixture (8 chosen per token)")
     parser.add_argument("--prompt", type=int, default=600,
                         help="Gemma's prompt length (past its 512-token window)")
     parser.add_argument("--moe-prompt", type=int, default=32)

@@ -40,9 +40,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from statistics import median
 
 import numpy as np
 import torch
@@ -237,25 +237,36 @@ def transformers_runner(source: Path, prompt: list[int]) -> Run:
 
 
 def race(runs: dict[str, Run], rounds: int, new_tokens: int, reference: str) -> dict:
-    """Tokens checked first (that run is each engine's warm-up), then timed interleaved: each
-    engine's whole run of new_tokens, and its run of one token (the prompt's prefill and the
-    first token), so the difference is the time of new_tokens - 1 decoding steps."""
+    """Tokens checked first (that run is each engine's warm-up), then timed interleaved: in each
+    round each engine runs one token (the prompt's prefill and the first token) and then
+    new_tokens, back to back, so a round's difference is new_tokens - 1 decoding steps under
+    the same load."""
     say(f"checking tokens, then {len(runs)} engines x {rounds} rounds...")
     tokens = {name: list(run(new_tokens)) for name, run in runs.items()}
-    first = {f"{name}, 1 token": partial(run, 1) for name, run in runs.items()}
-    for run in first.values():
-        run()
-    timings = interleaved({**{name: partial(run, new_tokens) for name, run in runs.items()},
-                           **first}, rounds, warm_up=False)
-    whole = {name: timings[name]["median"] for name in runs}
-    prefill = {name: timings[f"{name}, 1 token"]["median"] for name in runs}
+    for run in runs.values():
+        run(1)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
+
+    def paired(name: str, run: Run) -> Callable[[], None]:
+        def timed() -> None:
+            start = time.perf_counter()
+            run(1)
+            middle = time.perf_counter()
+            run(new_tokens)
+            times[name].append((middle - start, time.perf_counter() - middle))
+        return timed
+
+    interleaved({name: paired(name, run) for name, run in runs.items()}, rounds, warm_up=False)
+    first = {name: median(a for a, _ in pairs) for name, pairs in times.items()}
+    whole = {name: median(b for _, b in pairs) for name, pairs in times.items()}
+    decode = {name: median(b - a for a, b in pairs) for name, pairs in times.items()}
     return {"tokens_per_s": {name: round(new_tokens / whole[name], 2) for name in runs},
-            "first_token_s": {name: round(prefill[name], 3) for name in runs},
-            "decode_tokens_per_s": {name: round((new_tokens - 1) / max(
-                whole[name] - prefill[name], 1e-6), 2) for name in runs},
+            "first_token_s": {name: round(first[name], 3) for name in runs},
+            "decode_tokens_per_s": {name: round((new_tokens - 1) / decode[name], 2)
+                                    for name in runs},
             "steps_following_transformers": {name: same_steps(tokens[name], tokens[reference])
                                              for name in runs},
-            "seconds": timings}
+            "seconds_first_and_whole": times}
 
 
 def gemma_rows(work: Path, args: argparse.Namespace) -> list[dict]:
@@ -348,7 +359,8 @@ def main() -> None:
         if args.only in (None, name):
             for row in part(args.work, args):
                 report["rows"].append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "seconds"}), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if not k.startswith("seconds")}),
+                      flush=True)
     report["after"] = machine(args.threads)
     report["seconds"] = round(time.perf_counter() - start, 1)
     print(json.dumps({"load_1min_after": report["after"]["load_1min"],

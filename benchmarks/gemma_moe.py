@@ -27,8 +27,11 @@ intra-op pool, GenAI's session options, torch.set_num_threads).
    near 1 means only the chosen experts' products were computed; the plain graph's ratio shows
    the cost of computing all of them.
 
-Agreement: how many of each engine's greedy tokens follow transformers' (fp32) before the
-first difference. Random weights make near-ties, so a late flip is a rounding, not a bug.
+Timing: each round runs each engine for 1 new token (the prefill and the first token) and then
+for --tokens, back to back; tokens/s of the whole run, the first token's seconds, and decode
+tokens/s from the rounds' differences. Agreement: how many of each engine's greedy tokens follow
+transformers' (fp32) before the first difference; random weights make near-ties, so a flip
+(an int4 export's at once) is a rounding, not a bug. BENCHMARKS.md has the figures.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ intra-op pool, GenAI's session options, torch.set_num_threads).
    generate; GenAI's builder fp32 and int4 in GenAI's loop (its 0.18 reads Gemma 3's rotary
    bases by transformers 4's names: LEGACY_GEMMA3 hands them over so; a builder that still
    fails is reported and skipped).
-2. A Qwen3-MoE-shaped model scaled down (--moe-layers, --experts 48, 8 per token, d_model 1024,
+2. A Qwen3-MoE-shaped model scaled down (--moe-layers, --experts 64, 8 per token, d_model 1024,
    expert d_ff 256) and a dense Qwen3 of the same active size (one SwiGLU of d_ff 8 x 256):
    transformers, the zoo's plain export (every expert computed, weighted by a router weight
    that is zero outside the top 8) and --optimize (ONNX Runtime's MoE operator: the chosen
@@ -338,9 +338,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=6,
                         help="gemma-3-270m's layers to build (18: the published depth)")
     parser.add_argument("--moe-layers", type=int, default=4)
-    # 64 and more fail --optimize's onnx.checker on main (BENCHMARKS.md: the fused plain
-    # graph's Split widths reach the external-data threshold)
-    parser.add_argument("--experts", type=int, default=48,
+    parser.add_argument("--experts", type=int, default=64,  # OLMoE's count
                         help="experts per layer of the mixture (8 chosen per token)")
     parser.add_argument("--prompt", type=int, default=600,
                         help="Gemma's prompt length (past its 512-token window)")

@@ -8,12 +8,24 @@ from pathlib import Path
 
 import onnx
 from onnx import numpy_helper
+from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
 from registry.errors import ZooError
 from registry.paths import display_path, inside
 
 SHARED_DATA = "weights.onnx.data"
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline
+# Integer tensors are shape arguments (Split's widths, Reshape's shape) that onnx.checker's
+# shape inference must read from the graph: a mixture of 64 experts fuses its router and 128
+# projections into one MatMul whose Split takes 129 widths (1,032 bytes), which the checker
+# cannot parse from external data. Such tensors stay inline up to this size.
+INLINE_INTEGER_BYTES = 1 << 20
+INTEGER_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
+def stays_inline(tensor: onnx.TensorProto, size: int) -> bool:
+    return size < EXTERNAL_MIN_BYTES or (
+        tensor.data_type in INTEGER_TYPES and size < INLINE_INTEGER_BYTES)
 ALIGNMENT = 64
 PROTO_LIMIT = 1_800_000_000  # protobuf cannot serialise 2 GB; stay clear of it
 
@@ -43,7 +55,7 @@ def _externalise(models: dict[str, onnx.ModelProto], folder: Path) -> None:
         for model in models.values():
             for tensor in model.graph.initializer:
                 raw = numpy_helper.to_array(tensor).tobytes()
-                if len(raw) < EXTERNAL_MIN_BYTES:
+                if stays_inline(tensor, len(raw)):
                     continue
                 # by bytes, not shape: --quantize gguf's tied head (MatMulNBits' B) and
                 # embedding (GatherBlockQuantized's data) view one block array two ways
@@ -83,11 +95,15 @@ def save_standalone(models: dict[str, onnx.ModelProto], folder: Path) -> None:
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if model.ByteSize() > PROTO_LIMIT:
-            onnx.save_model(model, str(path), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=f"{path.name}_data",
-                            size_threshold=EXTERNAL_MIN_BYTES)
-        else:
-            onnx.save_model(model, str(path))
+            convert_model_to_external_data(model, all_tensors_to_one_file=True,
+                                           location=f"{path.name}_data",
+                                           size_threshold=EXTERNAL_MIN_BYTES)
+            for tensor in model.graph.initializer:
+                if stays_inline(tensor, len(tensor.raw_data)):
+                    tensor.data_location = onnx.TensorProto.DEFAULT
+                    del tensor.external_data[:]
+            model = write_external_data_tensors(model, str(path.parent))
+        onnx.save_model(model, str(path))
 
 
 def external_data_files(graph: Path, proto: onnx.ModelProto) -> dict[str, Path]:

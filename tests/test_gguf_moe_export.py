@@ -273,3 +273,29 @@ def test_experts_of_a_type_with_no_exact_form_are_refused_by_tensor_and_type(
     assert_error_after_progress(result, "blk.0.ffn_up_exps.weight", "IQ4_NL",
                                 "no exact MatMulNBits form")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_moe_node_left_fp32_says_why_in_the_notes_and_the_manifest() -> None:
+    """--quantize int4: a node no block fits (d_model 40, moe_d_ff 24) and one whose weights
+    read a graph input stay MoE; each note and the manifest's `experts` give that node's
+    reason, in the shape a gguf export gives it."""
+    from export.onnx.quantize_experts import experts_entry, quantize_experts
+    from tests.test_moe_quantize import stacked_moe
+
+    rng = np.random.default_rng(0)
+    gate, up = (rng.standard_normal((3, 24, 40)).astype(np.float32) for _ in range(2))
+    unfit = stacked_moe(gate, up, rng.standard_normal((3, 40, 24)).astype(np.float32))
+    free = stacked_moe(gate, up, rng.standard_normal((3, 40, 24)).astype(np.float32))
+    free.graph.input.append(onnx.helper.make_tensor_value_info("down0", 1, [40, 24]))
+    free.graph.initializer.remove(next(t for t in free.graph.initializer if t.name == "down0"))
+    assert quantize_experts(unfit, 4, 4) == quantize_experts(free, 4, 4) == 0
+    entry: dict[str, object] = {}
+    notes = experts_entry({"a.onnx": unfit, "b.onnx": free}, "int4", entry)
+    unfit_why = "no block of 32 or 16 divides both d_model 40 and moe_d_ff 24"
+    free_why = "its expert weights are not constants (they read a graph input)"
+    assert notes == [f"note: a.onnx: the experts of 1 MoE layers stay fp32: {unfit_why}",
+                     f"note: b.onnx: the experts of 1 MoE layers stay fp32: {free_why}"]
+    assert entry["experts"]["files"] == {
+        "a.onnx": {"qmoe": 0, "block_size": [], "fp32": {"moe": unfit_why}},
+        "b.onnx": {"qmoe": 0, "block_size": [], "fp32": {"moe": free_why}}}
+    assert entry["experts"]["operator"] == "com.microsoft.QMoE"

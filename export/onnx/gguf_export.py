@@ -12,12 +12,16 @@ in float32 as the kernel does, and compared bit for bit with the fp32 weight the
 with gguf's dequantize: the graph's weights are the file's. A linear with blocks that no
 MatMul takes, or a type with no exact form, is refused in one line.
 
-A mixture of experts (a MoE file's fused expert tensors, imported per expert): in --optimize's
-graph a layer whose experts are all Q4_0 or Q8_0 becomes ONNX Runtime's QMoE holding their
-blocks (quantize_experts.py's place_gguf_experts, checked bit for bit the same way); a layer
-of other types (Q4_1's minimum, K-quants) and the plain graph's experts (stacked, no MatMul of
-their own) stay fp32, gguf's dequantize of the blocks (the imported weights, exact), with a
-printed note: never re-quantized. The manifest gives each expert tensor's form per graph.
+A mixture of experts (a MoE file's fused expert tensors, imported per expert): the plain
+graph runs each expert as its own SwiGLU (zoo/blocks/experts.py), so its expert weights are
+MatMuls like any linear and become MatMulNBits of their blocks, every mapped type (the
+router's fp32 columns, traced side by side with the experts' gate and up, split off as an fp32
+MatMul). In --optimize's graph a layer's experts are one MoE node: where they are all Q4_0 or
+Q8_0 it becomes ONNX Runtime's QMoE holding their blocks (quantize_experts.py's
+place_gguf_experts, checked bit for bit the same way); a layer of other types (Q4_1's minimum,
+K-quants) keeps the node's fp32 copy, gguf's dequantize of the blocks (the imported weights,
+exact), with a printed note saying why: never re-quantized. An expert of a type with no exact
+form is refused as any tensor. The manifest gives each expert tensor's form per graph.
 """
 
 from __future__ import annotations

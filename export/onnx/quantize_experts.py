@@ -15,7 +15,8 @@ What ONNX Runtime 1.31's CPU kernel takes (measured on one node against numpy):
   (q - zero point) * scale.
 - block_size must divide both d_model and moe_d_ff (the quantizer pads the last block; this
   kernel refuses it): 32 as for the other weights, else 16 (moe-tiny's 48), else the layer's
-  experts stay fp32 and the export says so.
+  experts stay fp32 and the export says so (per node, why: left_experts; the manifest's
+  `quantization.experts` lists them under `fp32`).
 - It renormalises the top k weights even with normalize_routing_weights 0 (measured): the
   MoE node is always emitted with 1 (export/onnx/experts.py rescales OLMoE's after it); a
   node with 0 would be left as it is.

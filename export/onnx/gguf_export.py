@@ -12,12 +12,16 @@ in float32 as the kernel does, and compared bit for bit with the fp32 weight the
 with gguf's dequantize: the graph's weights are the file's. A linear with blocks that no
 MatMul takes, or a type with no exact form, is refused in one line.
 
-A mixture of experts (a MoE file's fused expert tensors, imported per expert): in --optimize's
-graph a layer whose experts are all Q4_0 or Q8_0 becomes ONNX Runtime's QMoE holding their
-blocks (quantize_experts.py's place_gguf_experts, checked bit for bit the same way); a layer
-of other types (Q4_1's minimum, K-quants) and the plain graph's experts (stacked, no MatMul of
-their own) stay fp32, gguf's dequantize of the blocks (the imported weights, exact), with a
-printed note: never re-quantized. The manifest gives each expert tensor's form per graph.
+A mixture of experts (a MoE file's fused expert tensors, imported per expert): the plain
+graph runs each expert as its own SwiGLU (zoo/blocks/experts.py), so its expert weights are
+MatMuls like any linear and become MatMulNBits of their blocks, every mapped type (the
+router's fp32 columns, traced side by side with the experts' gate and up, split off as an fp32
+MatMul). In --optimize's graph a layer's experts are one MoE node: where they are all Q4_0 or
+Q8_0 it becomes ONNX Runtime's QMoE holding their blocks (quantize_experts.py's
+place_gguf_experts, checked bit for bit the same way); a layer of other types (Q4_1's minimum,
+K-quants) keeps the node's fp32 copy, gguf's dequantize of the blocks (the imported weights,
+exact), with a printed note saying why: never re-quantized. An expert of a type with no exact
+form is refused as any tensor. The manifest gives each expert tensor's form per graph.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from onnx import helper, numpy_helper
 
 from export.onnx.forms import drop_unused_initializers
 from export.onnx.gguf_blocks import (
-    MAPPED,
     NBitsForm,
     gather_nodes,
     nbits_nodes,
@@ -44,10 +47,10 @@ from export.onnx.gguf_blocks import (
 from export.onnx.optimize import ensure_ms_opset
 from export.onnx.quantize import ACCURACY_LEVEL, GGUF, fold_transposed_weights
 from export.onnx.quantize_experts import (
-    GGUF_EXPERT_BITS,
     GGUFExperts,
+    GGUFPlacement,
+    experts_object,
     place_gguf_experts,
-    qmoe_layers,
 )
 from registry.errors import ZooError
 from zoo.files.gguf_blocks import Blocks, read_blocks
@@ -95,8 +98,6 @@ def gguf_forms(blocks: dict[str, Blocks], weights: dict[str, np.ndarray], tied: 
     for name, found in blocks.items():
         if name not in weights:
             raise ZooError(f"{found.source}: the model has no weight {name} for its blocks")
-        if EXPERTS in name and found.ggml_type not in MAPPED:
-            continue  # its layer's experts stay fp32 dequantized (expert_outcome says so)
         forms[name] = to_matmul_nbits(found.source, found.ggml_type, found.raw, found.shape)
         check_exact(found.source, forms[name], weights[name])
     if tied and EMBEDDING in forms and HEAD not in forms:
@@ -174,25 +175,59 @@ def joined(forms: list[NBitsForm]) -> NBitsForm:
         else np.concatenate([f.minimums for f in forms], axis=1))
 
 
-def _split_by_value(constant: np.ndarray, columns: dict[bytes, str],
-                    weights: dict[str, np.ndarray]) -> list[str] | None:
-    """The names whose transposed weights, side by side, are `constant` (K, N), or None."""
-    names, offset = [], 0
+def _segments(constant: np.ndarray, columns: dict[bytes, str], weights: dict[str, np.ndarray]
+              ) -> list[tuple[str | None, int, int]]:
+    """`constant` (K, N) cut into (name, start, end) where its columns are a weight's transpose
+    and (None, start, end) runs of others (a router's fp32 columns beside its experts')."""
+    segments: list[tuple[str | None, int, int]] = []
+    offset = 0
     while offset < constant.shape[1]:
         name = columns.get(np.ascontiguousarray(constant[:, offset]).tobytes())
-        if name is None:
-            return None
-        width = weights[name].shape[0]
-        if not np.array_equal(constant[:, offset:offset + width], weights[name].T):
-            return None
-        names.append(name)
-        offset += width
-    return names
+        end = offset + (weights[name].shape[0] if name else 1)
+        if name is None or not np.array_equal(constant[:, offset:end], weights[name].T):
+            name, end = None, offset + 1
+        if name is None and segments and segments[-1][0] is None:
+            segments[-1] = (None, segments[-1][1], end)
+        else:
+            segments.append((name, offset, end))
+        offset = end
+    return segments
+
+
+def _runs(segments: list[tuple[str | None, int, int]]) -> list[tuple[list[str], int, int]]:
+    """Adjacent named segments as one run ([names], start, end); a run of others ([], ...)."""
+    runs: list[tuple[list[str], int, int]] = []
+    for name, start, end in segments:
+        if name is not None and runs and runs[-1][0]:
+            runs[-1] = (runs[-1][0] + [name], runs[-1][1], end)
+        else:
+            runs.append(([name] if name else [], start, end))
+    return runs
+
+
+def _run_nodes(names: list[str], x: str, y: str, forms: dict[str, NBitsForm],
+               weights: dict[str, np.ndarray]) -> tuple[list[onnx.NodeProto],
+                                                        list[onnx.TensorProto]]:
+    """y = x @ the weights `names` side by side: one MatMulNBits where their forms join,
+    else one each and a Concat."""
+    parts = [forms[name] for name in names]
+    if len(parts) == 1 or _joinable(parts):
+        form = parts[0] if len(parts) == 1 else joined(parts)
+        if len(parts) > 1:
+            check_exact("+".join(names), form, np.concatenate([weights[n] for n in names]))
+        return nbits_nodes(form, x, y, "+".join(names), accuracy_level(names))
+    nodes, inits = [], []
+    for name, form in zip(names, parts, strict=True):
+        more, extra = nbits_nodes(form, x, f"{name}.out", name, accuracy_level([name]))
+        nodes, inits = nodes + more, inits + extra
+    nodes.append(helper.make_node("Concat", [f"{name}.out" for name in names], [y], axis=-1))
+    return nodes, inits
 
 
 def replace_joined(model: onnx.ModelProto, forms: dict[str, NBitsForm],
                    weights: dict[str, np.ndarray]) -> list[str]:
-    """The MatMuls whose constant is several weights side by side; returns the names taken."""
+    """The MatMuls whose constant is several weights side by side (with, it may be, columns
+    of no blocks: those stay an fp32 MatMul, Concat after); returns the names taken."""
     graph = model.graph
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     columns = {np.ascontiguousarray(weights[name][0]).astype(np.float32).tobytes(): name
@@ -202,25 +237,27 @@ def replace_joined(model: onnx.ModelProto, forms: dict[str, NBitsForm],
         constant = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
         if constant is None or len(constant.dims) != 2:
             continue
-        names = _split_by_value(numpy_helper.to_array(constant).astype(np.float32), columns,
-                                weights)
-        if names is None or len(names) < 2:
-            continue
-        parts = [forms[name] for name in names]
-        prefix = "+".join(names)
-        if _joinable(parts):
-            form = joined(parts)
-            check_exact(prefix, form, np.concatenate([weights[name] for name in names]))
-            nodes, inits = nbits_nodes(form, node.input[0], node.output[0], prefix,
-                                       accuracy_level(names))
-        else:  # one each, side by side again
+        value = numpy_helper.to_array(constant).astype(np.float32)
+        runs = _runs(_segments(value, columns, weights))
+        names = [name for run, _, _ in runs for name in run]
+        if not names or (len(names) == 1 and len(runs) == 1):
+            continue  # no blocks, or one weight alone: replace_matmuls'
+        x, y = node.input[0], node.output[0]
+        if len(runs) == 1:
+            nodes, inits = _run_nodes(names, x, y, forms, weights)
+        else:
             nodes, inits = [], []
-            for name, form in zip(names, parts, strict=True):
-                more, extra = nbits_nodes(form, node.input[0], f"{name}.out", name,
-                                          accuracy_level([name]))
+            for index, (run, start, end) in enumerate(runs):
+                part = f"{y}.part{index}"
+                if run:
+                    more, extra = _run_nodes(run, x, part, forms, weights)
+                else:  # columns without blocks, as they were
+                    extra = [numpy_helper.from_array(np.ascontiguousarray(
+                        value[:, start:end]), f"{part}.weight")]
+                    more = [helper.make_node("MatMul", [x, f"{part}.weight"], [part])]
                 nodes, inits = nodes + more, inits + extra
-            nodes.append(helper.make_node("Concat", [f"{name}.out" for name in names],
-                                          [node.output[0]], axis=-1))
+            nodes.append(helper.make_node("Concat", [f"{y}.part{index}" for index in
+                                                     range(len(runs))], [y], axis=-1))
         position = list(graph.node).index(node)
         graph.node.remove(node)
         for offset, new in enumerate(nodes):
@@ -252,20 +289,28 @@ def replace_gathers(model: onnx.ModelProto, form: NBitsForm, weight: np.ndarray)
 
 
 def quantize_gguf(model: onnx.ModelProto, forms: dict[str, NBitsForm],
-                  weights: dict[str, np.ndarray], file: str) -> tuple[onnx.ModelProto, int]:
-    """Every linear with blocks as MatMulNBits, the embedding as GatherBlockQuantized; returns
-    the model and its MatMulNBits count. A linear left unmatched is refused by name."""
+                  weights: dict[str, np.ndarray], file: str
+                  ) -> tuple[onnx.ModelProto, int, GGUFPlacement]:
+    """Every linear with blocks as MatMulNBits (an expert's too, where a MatMul holds it: the
+    plain graph's), a MoE node's experts as QMoE where their types allow, the embedding as
+    GatherBlockQuantized; returns the model, its MatMulNBits count and what became of its MoE
+    nodes. A linear left unmatched is refused by name, unless a MoE node left fp32 holds it."""
     fold_transposed_weights(model)
-    place_gguf_experts(model, gguf_expert_layers(forms, weights), ACCURACY_LEVEL, file)
-    linears = {name: form for name, form in forms.items()
-               if name != EMBEDDING and EXPERTS not in name}
+    layers = gguf_expert_layers(forms, weights)
+    placement = place_gguf_experts(model, layers, ACCURACY_LEVEL, file)
+    in_nodes = set(placement.qmoe) | set(placement.left)  # layers a MoE node holds here
+    # a MoE node of no known layer (weights not constant) holds its experts fp32 somewhere
+    unknown = bool(in_nodes - {layer.prefix for layer in layers})
+    linears = {name: form for name, form in forms.items() if name != EMBEDDING and not (
+        EXPERTS in name and _expert_parts(name)[0] in in_nodes)}
     taken = set(replace_joined(model, linears, weights))
     rest = {name: form for name, form in linears.items() if name not in taken}
     for level in sorted({accuracy_level([name]) for name in rest}):
         taken |= set(replace_matmuls(model, {name: form for name, form in rest.items()
                                              if accuracy_level([name]) == level},
                                      weights, level))
-    missing = sorted(set(linears) - taken)
+    missing = sorted(name for name in set(linears) - taken
+                     if not (EXPERTS in name and unknown))
     if missing:
         raise ZooError(f"{file}: no MatMul computes {', '.join(missing[:4])}"
                        f"{' ...' if len(missing) > 4 else ''} with the weights the file's "
@@ -275,7 +320,7 @@ def quantize_gguf(model: onnx.ModelProto, forms: dict[str, NBitsForm],
     ensure_ms_opset(model)
     _one_of_each_name(model.graph)
     drop_unused_initializers(model.graph)
-    return model, sum(node.op_type == "MatMulNBits" for node in model.graph.node)
+    return model, sum(node.op_type == "MatMulNBits" for node in model.graph.node), placement
 
 
 def _one_of_each_name(graph: onnx.GraphProto) -> None:
@@ -290,9 +335,10 @@ def _one_of_each_name(graph: onnx.GraphProto) -> None:
 
 
 def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
-                   counts: dict[str, int], experts: dict[str, str] | None = None
-                   ) -> dict[str, Any]:
-    """What manifest.json says of a gguf export: per tensor its type and form, and counts."""
+                   counts: dict[str, int], experts: dict[str, str] | None = None,
+                   described: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What manifest.json says of a gguf export: per tensor its type and form (`experts`: an
+    expert weight's, per graph), counts, and `described`: the QMoE nodes (experts_object)."""
     types = Counter(found.ggml_type for found in blocks.values())
     return {
         "weights": GGUF,
@@ -312,12 +358,7 @@ def manifest_entry(blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
                  "(gguf's dequantize) bit for bit",
         "matmuls": counts,
         "check": "top-1 agreement with the fp32 dequantized model instead of the parity grid",
-    } | ({"experts": "--optimize's graph: a layer of Q4_0/Q8_0 experts as com.microsoft.QMoE "
-                     "holding the file's blocks (bits 4: (q - 8) * d; bits 8: (q - 128) * d, "
-                     "a Q4_0/Q8_0 layer's Q4_0 codes + 120), fp32 scales of the file's float16 "
-                     f"d, accuracy_level {ACCURACY_LEVEL} (int8 activations); other types and "
-                     "the plain graph's stacked experts fp32 dequantized (exact)"}
-         if experts else {})
+    } | ({"experts": described} if described else {})
 
 
 def _embedding_note(name: str, forms: dict[str, NBitsForm], blocks: dict[str, Blocks]) -> str:
@@ -353,12 +394,11 @@ def _expert_names(names: Any) -> dict[str, dict[str, dict[int, str]]]:
 
 def gguf_expert_layers(forms: dict[str, NBitsForm], weights: dict[str, np.ndarray]
                        ) -> list[GGUFExperts]:
-    """The layers whose every expert weight is Q4_0 or Q8_0 (what QMoE holds exactly)."""
+    """The layers whose every expert weight has blocks (gate, up and down), in their forms."""
     found = []
     for prefix, parts in _expert_names(weights).items():
         names = [name for part in parts.values() for name in part.values()]
-        if set(parts) != {"gate", "up", "down"} or not all(
-                name in forms and forms[name].ggml_type in GGUF_EXPERT_BITS for name in names):
+        if set(parts) != {"gate", "up", "down"} or not all(name in forms for name in names):
             continue
         ordered = {part: [parts[part][index] for index in sorted(parts[part])]
                    for part in parts}
@@ -368,44 +408,41 @@ def gguf_expert_layers(forms: dict[str, NBitsForm], weights: dict[str, np.ndarra
     return found
 
 
-def expert_outcome(protos: dict[str, onnx.ModelProto], blocks: dict[str, Blocks],
-                   ) -> tuple[list[str], dict[str, str]]:
-    """What became of the file's quantized experts in each graph: the notes to print and each
-    expert weight's form for the manifest. A layer not placed as QMoE stays fp32, gguf's
+def expert_outcome(protos: dict[str, onnx.ModelProto], placements: dict[str, GGUFPlacement],
+                   blocks: dict[str, Blocks], forms: dict[str, NBitsForm],
+                   ) -> tuple[list[str], dict[str, str], dict[str, Any] | None]:
+    """What became of the file's quantized experts in each graph: the notes to print, each
+    expert weight's form per graph for the manifest, and its `experts` object. An expert is
+    QMoE where its layer's MoE node took its blocks, MatMulNBits where a MatMul held it (the
+    plain graph runs each expert as its own SwiGLU), else the MoE node's fp32 copy: gguf's
     dequantize of its blocks (the imported weights), never re-quantized."""
     layers = _expert_names(blocks)
     if not layers:
-        return [], {}
-    notes, forms = [], {name: [] for name in blocks if EXPERTS in name}
+        return [], {}, None
+    notes, labels = [], {name: [] for name in blocks if EXPERTS in name}
     for file, proto in protos.items():
-        placed = qmoe_layers(proto.graph)
-        moe = any(node.op_type in ("MoE", "QMoE") for node in proto.graph.node)
+        placed, left = placements[file].qmoe, placements[file].left
         if placed:
             widths = sorted({f"{bits}-bit" for bits in placed.values()})
             notes.append(f"{len(placed)} MoE layers in {file} are QMoE holding the file's "
                          f"blocks ({', '.join(widths)})")
-        for prefix, parts in layers.items():
-            names = [name for part in parts.values() for name in part.values()]
+        notes += [f"note: {file}: {where} stay fp32 dequantized (exact): {why}"
+                  for where, why in left.items()]
+        nbits = {name for node in proto.graph.node if node.op_type == "MatMulNBits"
+                 for name in node.name.removesuffix(".MatMulNBits").split("+")}
+        for name in labels:
+            prefix = _expert_parts(name)[0]
             if prefix in placed:
-                for name in names:
-                    forms[name].append(f"QMoE bits {placed[prefix]}, block 32, zero point "
-                                       f"default{_widened(blocks[name], placed[prefix])} "
-                                       f"({file})")
-                continue
-            for name in names:
-                forms[name].append(f"fp32 dequantized ({file})")
-            if moe:
-                types = ", ".join(f"{part} " + "/".join(sorted(
-                    {blocks[n].ggml_type for n in at.values()})) for part, at in parts.items())
-                exact = {blocks[name].ggml_type for name in names} <= set(GGUF_EXPERT_BITS)
-                why = ("its MoE node's routing is not QMoE's" if exact
-                       else "QMoE holds Q4_0 and Q8_0 experts exactly, not these")
-                notes.append(f"note: {file}: {prefix} stay fp32 dequantized (exact): {types}; "
-                             f"{why}")
-        if not moe:
-            notes.append(f"note: {file}: the experts of {len(layers)} MoE layers stay fp32 "
-                         "dequantized (exact): this graph stacks them, no MatMul to place")
-    return notes, {name: "; ".join(labels) for name, labels in forms.items()}
+                label = (f"QMoE bits {placed[prefix]}, block 32, zero point default"
+                         f"{_widened(blocks[name], placed[prefix])}")
+            else:
+                label = form_label(forms[name]) if name in nbits else "fp32 dequantized"
+            labels[name].append(f"{label} ({file})")
+    left = {file: placement.left for file, placement in placements.items()}
+    described = experts_object(protos, left, "the GGUF file's own Q4_0/Q8_0 blocks (bits 4: "
+                               "(q - 8) * d; bits 8: (q - 128) * d, a Q4_0/Q8_0 layer's Q4_0 "
+                               "codes + 120), fp32 scales of the file's float16 d")
+    return notes, {name: "; ".join(found) for name, found in labels.items()}, described
 
 
 def _widened(found: Blocks, bits: int) -> str:

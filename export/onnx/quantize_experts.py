@@ -15,7 +15,8 @@ What ONNX Runtime 1.31's CPU kernel takes (measured on one node against numpy):
   (q - zero point) * scale.
 - block_size must divide both d_model and moe_d_ff (the quantizer pads the last block; this
   kernel refuses it): 32 as for the other weights, else 16 (moe-tiny's 48), else the layer's
-  experts stay fp32 and the export says so.
+  experts stay fp32 and the export says so (per node, why: left_experts; the manifest's
+  `quantization.experts` lists them under `fp32`).
 - It renormalises the top k weights even with normalize_routing_weights 0 (measured): the
   MoE node is always emitted with 1 (export/onnx/experts.py rescales OLMoE's after it); a
   node with 0 would be left as it is.
@@ -130,30 +131,73 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> None:
 
 def quantize_experts(model: onnx.ModelProto, bits: int, accuracy_level: int) -> int:
     """Every MoE node of `model` with constant expert weights whose sizes a block fits becomes
-    QMoE, in place; returns how many. The fp32 weights are left as unused initializers for the
-    caller's clean-up; the nodes that stacked them are removed."""
+    QMoE, in place; returns how many (left_experts says why each other node stays). The fp32
+    weights are left as unused initializers for the caller's clean-up; the nodes that stacked
+    them are removed."""
     graph = model.graph
     count = 0
-    for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
-        fc1, fc2 = (constant_value(model, node.input[index]) for index in (FC1, FC2))
-        block = None if fc1 is None or fc2 is None else expert_block(fc1.shape[2], fc2.shape[2])
-        if block is None or not _renormalised(node):
+    for node in moe_nodes(graph):
+        found = constant_experts(model, node)
+        block = found if isinstance(found, str) else fitting_block(*found)
+        if isinstance(block, str):
             continue
+        fc1, fc2 = found
         weights1, scales1 = _quantized_experts(fc1, node.input[FC1], bits, block)
         weights2, scales2 = _quantized_experts(fc2, node.input[FC2], bits, block)
         graph.initializer.extend([weights1, scales1, weights2, scales2])
-        inputs = [*node.input[:FC1], weights1.name, scales1.name, _optional(node, FC1_BIAS),
-                  weights2.name, scales2.name, _optional(node, FC2_BIAS)]
-        quantized = helper.make_node(QUANTIZED, inputs, list(node.output), name=node.name,
-                                     domain=DOMAIN, expert_weight_bits=bits, block_size=block,
-                                     accuracy_level=accuracy_level)
-        quantized.attribute.extend(node.attribute)  # k, routing, SwiGLU: as the MoE node's
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        graph.node.insert(index, quantized)
+        _replace(graph, node, [weights1.name, scales1.name, weights2.name, scales2.name],
+                 node.name, bits, block, accuracy_level)
         count += 1
     drop_dead_nodes(graph)
     return count
+
+
+def left_experts(model: onnx.ModelProto) -> dict[str, str]:
+    """{MoE node name: why quantize_experts left it fp32} (the same checks that decided)."""
+    left = {}
+    for node in moe_nodes(model.graph):
+        found = constant_experts(model, node)
+        why = found if isinstance(found, str) else fitting_block(*found)
+        left[node.name] = why if isinstance(why, str) else "not quantized"
+    return left
+
+
+def moe_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    return [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]
+
+
+def constant_experts(model: onnx.ModelProto, node: onnx.NodeProto
+                     ) -> tuple[np.ndarray, np.ndarray] | str:
+    """The node's (fc1, fc2) weights, or why QMoE cannot take them."""
+    if not _renormalised(node):
+        return "its normalize_routing_weights is 0, which QMoE's kernel does not honour"
+    fc1, fc2 = (constant_value(model, node.input[index]) for index in (FC1, FC2))
+    if fc1 is None or fc2 is None:
+        return "its expert weights are not constants (they read a graph input)"
+    return fc1, fc2
+
+
+def fitting_block(fc1: np.ndarray, fc2: np.ndarray) -> int | str:
+    """The kernel's block for these weights, or why none fits."""
+    d_model, moe_d_ff = fc1.shape[2], fc2.shape[2]
+    block = expert_block(d_model, moe_d_ff)
+    return block if block is not None else (
+        f"no block of {' or '.join(map(str, EXPERT_BLOCKS))} divides both d_model {d_model} "
+        f"and moe_d_ff {moe_d_ff}")
+
+
+def _replace(graph: onnx.GraphProto, node: onnx.NodeProto, weights: list[str], name: str,
+             bits: int, block: int, accuracy_level: int) -> None:
+    """The MoE `node` as a QMoE node reading `weights` (fc1, its scales, fc2, its scales)."""
+    inputs = [*node.input[:FC1], weights[0], weights[1], _optional(node, FC1_BIAS),
+              weights[2], weights[3], _optional(node, FC2_BIAS)]
+    quantized = helper.make_node(QUANTIZED, inputs, list(node.output), name=name,
+                                 domain=DOMAIN, expert_weight_bits=bits, block_size=block,
+                                 accuracy_level=accuracy_level)
+    quantized.attribute.extend(node.attribute)  # k, routing, SwiGLU: as the MoE node's
+    index = list(graph.node).index(node)
+    graph.node.remove(node)
+    graph.node.insert(index, quantized)
 
 
 def expert_nodes(graph: onnx.GraphProto) -> tuple[int, int]:
@@ -175,22 +219,56 @@ def _optional(node: onnx.NodeProto, index: int) -> str:
 def experts_entry(protos: dict[str, onnx.ModelProto], choice: str,
                   entry: dict[str, object]) -> list[str]:
     """Add the quantized experts to the manifest's quantization `entry`; the notes to print."""
-    notes, files = [], {}
+    notes, left = [], {}
     for file, proto in protos.items():
-        quantized, left = expert_nodes(proto.graph)
+        quantized, _ = expert_nodes(proto.graph)
+        left[file] = left_experts(proto)
         if quantized:
-            blocks = {attribute.i for node in proto.graph.node if node.op_type == QUANTIZED
-                      for attribute in node.attribute if attribute.name == "block_size"}
-            files[file] = {"qmoe": quantized, "block_size": sorted(blocks)}
+            blocks = ", ".join(map(str, _attribute_values(proto.graph, "block_size")))
             notes.append(f"quantized the experts of {quantized} MoE layers in {file} to {choice} "
-                         f"(QMoE, blocks of {', '.join(map(str, sorted(blocks)))})")
-        if left:
-            notes.append(f"note: {file}: the experts of {left} MoE layers stay fp32 (no block "
-                         f"of {EXPERT_BLOCKS} divides both d_model and moe_d_ff)")
-    if files:
-        entry["experts"] = {"operator": f"{DOMAIN}.{QUANTIZED}", "files": files,
-                            "symmetric": True, "zero_points": "the kernel's default"}
+                         f"(QMoE, blocks of {blocks})")
+        notes += left_notes(file, left[file])
+    described = experts_object(protos, left, "round to nearest by ONNX Runtime's blockwise "
+                                             "quantizer, as the MatMul weights")
+    if described:
+        entry["experts"] = described
     return notes
+
+
+def left_notes(file: str, left: dict[str, str]) -> list[str]:
+    """One note per reason for the MoE nodes (or layers) `left` fp32 in `file`."""
+    reasons: dict[str, int] = {}
+    for why in left.values():
+        reasons[why] = reasons.get(why, 0) + 1
+    return [f"note: {file}: the experts of {count} MoE layers stay fp32: {why}"
+            for why, count in reasons.items()]
+
+
+def experts_object(protos: dict[str, onnx.ModelProto], left: dict[str, dict[str, str]],
+                   weights: str) -> dict[str, object] | None:
+    """The manifest's `quantization.experts` (one shape for int4/int8 and gguf): per file with
+    MoE nodes its QMoE count and block sizes, and (where any) the nodes or layers left fp32 with
+    why; None where no graph has a MoE node."""
+    files: dict[str, dict[str, object]] = {}
+    for file, proto in protos.items():
+        quantized, _ = expert_nodes(proto.graph)
+        if quantized or left.get(file):
+            files[file] = {"qmoe": quantized,
+                           "block_size": _attribute_values(proto.graph, "block_size")} | (
+                {"fp32": left[file]} if left.get(file) else {})
+    if not files:
+        return None
+    bits = sorted({value for proto in protos.values()
+                   for value in _attribute_values(proto.graph, "expert_weight_bits")})
+    return {"operator": f"{DOMAIN}.{QUANTIZED}", "weights": weights,
+            "expert_weight_bits": bits, "symmetric": True,
+            "zero_points": "the kernel's default", "files": files}
+
+
+def _attribute_values(graph: onnx.GraphProto, name: str) -> list[int]:
+    """The distinct values of attribute `name` over the QMoE nodes of `graph`, sorted."""
+    return sorted({attribute.i for node in graph.node if node.op_type == QUANTIZED
+                   for attribute in node.attribute if attribute.name == name})
 
 
 # --quantize gguf (export/onnx/gguf_export.py): a layer's experts as QMoE holding the GGUF
@@ -223,6 +301,25 @@ class GGUFExperts:
     def bits(self) -> int:
         return max(form.bits for form in self.gate + self.up + self.down)
 
+    def inexact(self) -> str | None:
+        """Why QMoE cannot hold these experts' blocks exactly (their types), or None."""
+        parts = {"gate": self.gate, "up": self.up, "down": self.down}
+        types = {part: sorted({form.ggml_type for form in forms}) for part, forms in parts.items()}
+        if all(kind in GGUF_EXPERT_BITS for kinds in types.values() for kind in kinds):
+            return None
+        listed = ", ".join(f"{part} {'/'.join(kinds)}" for part, kinds in types.items())
+        return f"{listed}: QMoE holds Q4_0 and Q8_0 experts exactly, not these"
+
+
+@dataclass(frozen=True)
+class GGUFPlacement:
+    """What place_gguf_experts did in one graph: {layer prefix: expert_weight_bits} of the
+    layers now QMoE, and {layer prefix, or the MoE node's name where no layer is known: why}
+    of those whose MoE node stays fp32."""
+
+    qmoe: dict[str, int]
+    left: dict[str, str]
+
 
 def _stacked_rows(forms: list[NBitsForm], bits: int) -> tuple[np.ndarray, np.ndarray]:
     """Per expert (rows, K * bits / 8) codes and (rows, K / 32) scales, stacked."""
@@ -249,17 +346,24 @@ def qmoe_dequantized(packed: np.ndarray, scales: np.ndarray, bits: int) -> np.nd
 
 
 def place_gguf_experts(model: onnx.ModelProto, layers: list[GGUFExperts], accuracy_level: int,
-                       file: str) -> list[str]:
-    """Each MoE node whose fc2 is, value for value, a layer's stacked down weights becomes a
-    QMoE node of that layer's blocks, in place, after checking bit for bit that its weights
-    dequantize to the node's fp32 ones; returns the prefixes of the layers placed."""
+                       file: str) -> GGUFPlacement:
+    """Each MoE node whose fc2 is, value for value, a layer's stacked down weights of Q4_0 or
+    Q8_0 blocks becomes a QMoE node of those blocks, in place, after checking bit for bit that
+    they dequantize to the node's fp32 weights; returns what became of each node. A node of
+    none of `layers` (the file's experts stored as floats) is left without a word."""
     graph = model.graph
-    placed = []
-    for node in [node for node in graph.node if node.domain == DOMAIN and node.op_type == MOE]:
-        fc1, fc2 = (constant_value(model, node.input[index]) for index in (FC1, FC2))
-        layer = None if fc1 is None or fc2 is None or not _renormalised(node) else next(
-            (layer for layer in layers if layer.holds(fc2)), None)
+    placement = GGUFPlacement({}, {})
+    for node in moe_nodes(graph):
+        found = constant_experts(model, node)
+        if isinstance(found, str):
+            placement.left[node.name] = found
+            continue
+        fc1, fc2 = found
+        layer = next((layer for layer in layers if layer.holds(fc2)), None)
         if layer is None:
+            continue
+        if (why := layer.inexact()) is not None:
+            placement.left[layer.prefix] = why
             continue
         bits, p = layer.bits, layer.prefix
         (gate, gate_scales), (up, up_scales) = (_stacked_rows(forms, bits)
@@ -279,24 +383,8 @@ def place_gguf_experts(model: onnx.ModelProto, layers: list[GGUFExperts], accura
                  numpy_helper.from_array(codes2, f"{p}.fc2.q{bits}"),
                  numpy_helper.from_array(scales2, f"{p}.fc2.scales")]
         graph.initializer.extend(inits)
-        inputs = [*node.input[:FC1], inits[0].name, inits[1].name, _optional(node, FC1_BIAS),
-                  inits[2].name, inits[3].name, _optional(node, FC2_BIAS)]
-        quantized = helper.make_node(QUANTIZED, inputs, list(node.output), name=f"{p}.QMoE",
-                                     domain=DOMAIN, expert_weight_bits=bits,
-                                     block_size=layer.down[0].block_size,
-                                     accuracy_level=accuracy_level)
-        quantized.attribute.extend(node.attribute)  # k, routing, SwiGLU: as the MoE node's
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        graph.node.insert(index, quantized)
-        placed.append(p)
+        _replace(graph, node, [init.name for init in inits], f"{p}.{QUANTIZED}", bits,
+                 layer.down[0].block_size, accuracy_level)
+        placement.qmoe[p] = bits
     drop_dead_nodes(graph)
-    return placed
-
-
-def qmoe_layers(graph: onnx.GraphProto) -> dict[str, int]:
-    """{layer prefix: expert_weight_bits} of the QMoE nodes place_gguf_experts named."""
-    return {node.name.removesuffix(f".{QUANTIZED}"): next(
-        a.i for a in node.attribute if a.name == "expert_weight_bits")
-        for node in graph.node if node.op_type == QUANTIZED and node.name.endswith(
-            f".{QUANTIZED}")}
+    return placement

@@ -83,17 +83,7 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
         variant.notes.extend(_quantize_dynamic(protos, card, family, variant, progress,
                                                load_tokenizer(folder), options))
     elif options.quantize == GGUF and gguf is not None:
-        progress("placing the GGUF file's own blocks (MatMulNBits, GatherBlockQuantized)...")
-        counts = {}
-        for file in list(protos):
-            protos[file], counts[file] = quantize_gguf(protos[file], gguf.forms, gguf.weights,
-                                                       file)
-            variant.notes.append(f"{counts[file]} MatMulNBits in {file} hold the file's blocks")
-        variant.notes.append(type_counts_line(gguf.blocks))
-        expert_notes, expert_forms = expert_outcome(protos, gguf.blocks)
-        variant.notes.extend(expert_notes)
-        variant.manifest["quantization"] = manifest_entry(gguf.blocks, gguf.forms, counts,
-                                                          expert_forms)
+        _place_gguf_blocks(protos, gguf, variant, progress)
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
@@ -120,6 +110,23 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
         variant.notes.extend(f"{file} stored as {stored} (transformers.js dtype "
                              f"{DTYPES[options.quantize]})" for file, stored in moved.items())
     return variant
+
+
+def _place_gguf_blocks(protos: dict[str, onnx.ModelProto], gguf: GGUFWeights,
+                       variant: VariantResult, progress: Callable[[str], None]) -> None:
+    """--quantize gguf: every graph's linears (and experts) hold the file's own blocks."""
+    progress("placing the GGUF file's own blocks (MatMulNBits, GatherBlockQuantized)...")
+    counts, placements = {}, {}
+    for file in list(protos):
+        protos[file], counts[file], placements[file] = quantize_gguf(
+            protos[file], gguf.forms, gguf.weights, file)
+        variant.notes.append(f"{counts[file]} MatMulNBits in {file} hold the file's blocks")
+    variant.notes.append(type_counts_line(gguf.blocks))
+    notes, expert_forms, described = expert_outcome(protos, placements, gguf.blocks,
+                                                    gguf.forms)
+    variant.notes.extend(notes)
+    variant.manifest["quantization"] = manifest_entry(gguf.blocks, gguf.forms, counts,
+                                                      expert_forms, described)
 
 
 def _store_under_dtype_names(protos: dict[str, onnx.ModelProto], quantized: list[str],

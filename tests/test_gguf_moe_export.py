@@ -147,6 +147,12 @@ def assert_plain_graph_holds_every_expert(out: Path, written: dict) -> None:
     expected = file_experts(written)
     model = onnx.load(str(out / "onnx" / "model_q4.onnx"))
     assert "MoE" not in [node.op_type for node in model.graph.node]
+    # every down projection, each expert's too, takes float32 activations (#38's choice)
+    levels = {node.name: next(a.i for a in node.attribute if a.name == "accuracy_level")
+              for node in model.graph.node if node.op_type == "MatMulNBits"}
+    downs = {name for name in levels if ".down." in name}
+    assert any(".experts." in name for name in downs)
+    assert {name for name, level in levels.items() if level == 0} == downs
     covered = []
     for prefix, weight in nbits_weights(model):
         names = prefix.split("+")

@@ -26,6 +26,7 @@ form is refused as any tensor. The manifest gives each expert tensor's form per 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,14 +60,14 @@ EMBEDDING, HEAD = "embeddings.token.weight", "head.weight"
 EXPERTS = ".feed_forward.experts."  # a MoE layer's experts: QMoE, not MatMulNBits
 # Linears whose MatMulNBits take float32 activations (accuracy_level 0) instead of int8 blocks
 # (ACCURACY_LEVEL 4): on SmolLM2 the down projection's int8 rounding moved greedy tokens most
-# (BENCHMARKS.md, "GGUF files"), and its 4-bit float32 kernel costs little at batch 1.
-FLOAT_ACTIVATIONS = (".feed_forward.down.",)
+# (BENCHMARKS.md, "GGUF files"), and its 4-bit float32 kernel costs little at batch 1. Each
+# expert's down projection likewise in the plain graph (QMoE takes int8 activations anyway).
+FLOAT_ACTIVATIONS = re.compile(r"\.feed_forward\.(experts\.\d+\.)?down\.")
 
 
 def accuracy_level(names: list[str]) -> int:
-    """0 (float32 activations) where any of `names` is in FLOAT_ACTIVATIONS, else int8's."""
-    return 0 if any(part in name for name in names for part in FLOAT_ACTIVATIONS) \
-        else ACCURACY_LEVEL
+    """0 (float32 activations) where any of `names` is a down projection, else int8's."""
+    return 0 if any(FLOAT_ACTIVATIONS.search(name) for name in names) else ACCURACY_LEVEL
 
 
 @dataclass(frozen=True)

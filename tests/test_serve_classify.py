@@ -29,8 +29,8 @@ class HeldFirstBatch:
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.runs += 1
         deadline = time.monotonic() + 30
-        while (self.runs == 1 and self.embedder and len(self.embedder.inbox) < 3
-               and time.monotonic() < deadline):
+        while self.runs == 1 and self.embedder and len(self.embedder.inbox) < 3:
+            assert time.monotonic() < deadline, "the other requests never queued"
             time.sleep(0.005)
         return self.runtime.run(file, feeds)
 
@@ -50,8 +50,8 @@ def test_classify_requests_are_batched_and_each_gets_its_own(classifier_export: 
         first = asyncio.ensure_future(served.classify_batched(requests[0]))
         while not slow.runs:  # the first batch is running: the others gather meanwhile
             await asyncio.sleep(0.005)
-        return [await first, *await asyncio.gather(
-            *(served.classify_batched(prompts) for prompts in requests[1:]))]
+        others = asyncio.gather(*(served.classify_batched(prompts) for prompts in requests[1:]))
+        return [await first, *await others]
 
     replies = asyncio.run(together())
     assert slow.runs == 2  # the first request's batch, then the three others' in one

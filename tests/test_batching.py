@@ -159,3 +159,34 @@ def test_a_step_prefills_at_most_its_budget(shared_export: SharedExport) -> None
     prefills = [rows for rows, width in engine.shapes if width > 1]
     assert max(prefills) == PREFILL_TOKENS // 100 == 5 and sum(prefills) == 12
     assert got == [alone(engine.runtime, prompt, 6, Sampling()) for prompt in prompts]
+
+
+def test_a_finished_row_has_left_the_batch_when_its_client_is_told(
+        shared_export: SharedExport) -> None:
+    """/metrics' batch size counts no client that already has its answer (or was told it is
+    gone): the last event is sent once the row is out. Read on the scheduler's own thread."""
+    runtime = open_export(shared_export("gpt-tiny", "optimize")[0])
+    scheduler = Scheduler(runtime, 4, lambda ids: "x" * len(ids), "test")
+    seen: dict[str, int] = {}
+    sinks = {kind: Collected() for kind in ("short", "gone", "long")}
+
+    def telling(kind: str) -> Any:
+        def on_event(event: tuple) -> None:
+            if event[0] in ("done", "gone"):
+                seen[kind] = scheduler.gauges()[1]  # rows decoding as the client hears
+            elif kind == "gone" and len(jobs["gone"].tokens) >= 2:
+                jobs["gone"].cancelled = True
+            sinks[kind](event)
+        return on_event
+
+    jobs = {"short": Job([5, 6, 7], 3, Sampling(), (), True, telling("short")),
+            "gone": Job([8, 9], 100, Sampling(), (), True, telling("gone")),
+            "long": Job([10, 11], 40, Sampling(), (), True, telling("long"))}
+    with scheduler.wake:  # all three join in one prefill
+        for job in jobs.values():
+            scheduler.submit(job)
+    for sink in sinks.values():
+        assert sink.finished.wait(60)
+    # step 2 drops the hung-up row (cancelled at its 2nd token) before decoding: told with the
+    # two others in; the short one's 3rd token ends it in that step: told with "long" alone
+    assert seen == {"gone": 2, "short": 1, "long": 0}

@@ -171,9 +171,10 @@ class Scheduler:
     def _step(self, newcomers: list[Job]) -> None:
         gone = np.array([job.cancelled for job in self.rows], bool)
         if gone.any():
-            for job in (job for job, left in zip(self.rows, gone, strict=True) if left):
-                job.end(("gone", None))
+            left = [job for job, went in zip(self.rows, gone, strict=True) if went]
             self._keep(~gone)
+            for job in left:  # told once out of the batch: /metrics no longer counts it
+                job.end(("gone", None))
         self._fill()
         self._join(newcomers)
         if not self.rows:
@@ -185,11 +186,17 @@ class Scheduler:
             self.decoded += len(self.rows)
             self.largest = max(self.largest, len(self.rows))
         finished = np.zeros(len(self.rows), bool)
+        endings: list[tuple[Job, Event]] = []
         for index, job in enumerate(self.rows):
             self.pending[index] = token = pick_one(logits[index], job.sampling, job.rng)
-            finished[index] = self._advance(job, token)
+            ending = self._advance(job, token)
+            if ending is not None:
+                finished[index] = True
+                endings.append((job, ending))
         if finished.any():
             self._keep(~finished)
+        for job, ending in endings:  # after its row left: a client with its answer is not
+            job.end(ending)          # counted in /metrics' batch size any more
 
     def _join(self, newcomers: list[Job]) -> None:
         """Prefill the step's newcomers together, left-padded as `zoo run` pads a batch of
@@ -232,8 +239,11 @@ class Scheduler:
         """Pick the first tokens of prefilled jobs; the rows of those not done join."""
         tokens = np.array([pick_one(row, job.sampling, job.rng)
                            for row, job in zip(logits, jobs, strict=True)], np.int64)
-        going = np.array([not self._advance(job, int(token))
-                          for job, token in zip(jobs, tokens, strict=True)])
+        endings = [self._advance(job, int(token)) for job, token in zip(jobs, tokens, strict=True)]
+        for job, ending in zip(jobs, endings, strict=True):
+            if ending is not None:  # done at its first token: it never joins the batch
+                job.end(ending)
+        going = np.array([ending is None for ending in endings])
         if not going.any():
             return
         if not going.all():
@@ -259,16 +269,17 @@ class Scheduler:
             self.rows = [self.rows[index] for index in rows]
             self.pending = self.pending[rows]
 
-    def _advance(self, job: Job, token: int) -> bool:
-        """Add the token to the job's answer; send what text is final; True when it is done
-        (eos, its max_tokens, a stop string: cut there, as `zoo run`'s text cut there)."""
+    def _advance(self, job: Job, token: int) -> Event | None:
+        """Add the token to the job's answer; send what text is final; its last event when it
+        is done (eos, its max_tokens, a stop string: cut there, as `zoo run`'s text cut there),
+        for the caller to send once its row is out of the batch."""
         if not job.tokens:
             job.first_token_at = time.perf_counter()
         job.tokens.append(token)
         eos = token == self.eos
         done = eos or len(job.tokens) == job.max_tokens
         if not (job.stops or job.stream or done):
-            return False
+            return None
         text = self.decode_text(job.tokens)
         cuts = [text.find(stop) for stop in job.stops if stop in text]
         if cuts:
@@ -283,8 +294,7 @@ class Scheduler:
                 if len(ready) > len(job.sent):
                     job.emit(("piece", ready[len(job.sent):]))
                     job.sent = ready
-            return False
+            return None
         if job.stream and text.startswith(job.sent) and len(text) > len(job.sent):
             job.emit(("piece", text[len(job.sent):]))
-        job.end(("done", Completion(len(job.prompt), job.tokens, text, reason)))
-        return True
+        return ("done", Completion(len(job.prompt), job.tokens, text, reason))

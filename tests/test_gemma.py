@@ -21,8 +21,12 @@ from export.opening import open_model
 from registry.params import count_parameters
 from runtime.generate import generate, left_padded
 from tests.conftest import SharedExport, card, on_shared
-from tests.helpers import assert_one_line_error, imported_folders, zoo
-from tests.hf_decoders import assert_padded_logits_match
+from tests.helpers import imported_folders, zoo
+from tests.hf_decoders import (
+    assert_import_refused,
+    assert_padded_logits_match,
+    changed_source,
+)
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -244,12 +248,8 @@ def test_refusals(case: str, sources: dict, tmp_path: Path,
                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     name, changes, parts = REFUSED[case]
-    folder = shutil.copytree(sources[name][0], tmp_path / "src")
-    path = folder / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-    before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_line_error(zoo("import", "src", "-o", "out"), "error: src/config.json: ", *parts)
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    changed_source(sources[name][0], changes, tmp_path)
+    assert_import_refused(tmp_path, "error: src/config.json: ", *parts)
 
 
 def test_an_explicit_null_cap_is_no_cap(sources: dict, tmp_path: Path) -> None:

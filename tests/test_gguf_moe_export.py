@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from runtime.generate import open_session
 from tests.helpers import assert_error_after_progress, zoo, zoo_ok
+from tests.hf_decoders import randomise
 from tests.test_gguf_export import nbits_weights
 from tests.test_gguf_gemma_moe import CASES, SIZES, converted, metadata
 from zoo.files.weights import load_built
@@ -47,13 +48,7 @@ STEPS = 12  # greedy tokens, teacher-forced on the fp32 import's
 def hf_model(layers: int) -> torch.nn.Module:
     _, config_class, model_class, own = CASES[KIND]
     config = getattr(transformers, config_class)(**SIZES | own | {"num_hidden_layers": layers})
-    model = getattr(transformers, model_class)(config)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            mean, std = (1.0, 0.3) if "norm" in name else (0.0, 0.2)
-            parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
+    return randomise(getattr(transformers, model_class)(config))
 
 
 def write_file(path: Path, types: list[dict[str, str]]) -> dict[str, tuple[np.ndarray, str]]:

@@ -10,7 +10,6 @@ in one line.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,13 @@ import torch
 
 from export.opening import open_model
 from runtime.generate import generate, left_padded
-from tests.helpers import assert_one_line_error, imported_folders, zoo
-from tests.hf_decoders import assert_padded_logits_match
+from tests.helpers import imported_folders, zoo
+from tests.hf_decoders import (
+    assert_import_refused,
+    assert_padded_logits_match,
+    changed_source,
+    randomise,
+)
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
 
@@ -52,17 +56,6 @@ SCALINGS = {"qwen2-rope-yarn": YARN, "llama-rope-yarn-mscale": {
                                   "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 16}}
 PROMPTS = [[11, 52, 7, 80, 33, 19, 64], [40, 9, 71, 23]]  # two lengths: the second left-padded
-
-
-def randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Norm weights around one, biases around zero and weights far from the 0.02 init, so a
-    wrong norm, bias, eps or theta shows in the logits."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            mean, std = (1.0, 0.3) if "norm" in name else (0.0, 0.3 if "bias" in name else 0.2)
-            parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -188,12 +181,8 @@ def test_refusals(case: str, sources: dict, tmp_path: Path,
                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     name, changes, parts = REFUSED[case]
-    folder = shutil.copytree(sources[name][0], tmp_path / "src")
-    path = folder / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
-    before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_line_error(zoo("import", "src", "-o", "out"), "error: src/config.json: ", *parts)
-    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no OUT, no staging left
+    changed_source(sources[name][0], changes, tmp_path)
+    assert_import_refused(tmp_path, "error: src/config.json: ", *parts)
 
 
 

@@ -9,7 +9,6 @@ compute is refused in one line.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,13 @@ from safetensors.torch import load_file, save_file
 
 from export.opening import open_model
 from runtime.generate import generate, left_padded
-from tests.helpers import assert_one_line_error, imported_folders, zoo
-from tests.hf_decoders import assert_padded_logits_match
+from tests.helpers import imported_folders
+from tests.hf_decoders import (
+    assert_import_refused,
+    assert_padded_logits_match,
+    changed_source,
+    randomise,
+)
 from zoo.blocks.experts import MixtureOfExperts
 from zoo.blocks.feedforward import SwiGLUFeedForward
 from zoo.files.importers import RECORD
@@ -55,17 +59,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {  # transformers' class, and its
 SPARSE = {"qwen3_moe": [False, True, True], "qwen3_moe-step": [False, True, False],
           "olmoe": [True] * 3, "mixtral": [True] * 3}
 PROMPTS = [[11, 52, 7, 80, 33, 19, 64], [40, 9, 71, 23]]  # the second left-padded
-
-
-def randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Norm weights around one, the rest far from the 0.02 init, so a wrong norm, routing or
-    expert shows in the logits."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            mean, std = (1.0, 0.3) if "norm" in name else (0.0, 0.2)
-            parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +191,7 @@ def test_refusals(case: str, sources: dict, tmp_path: Path,
                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     name, changes, change_folder, parts = REFUSED[case]
-    folder = shutil.copytree(sources[name][0], tmp_path / "src")
-    path = folder / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    folder = changed_source(sources[name][0], changes, tmp_path)
     if change_folder is not None:
         change_folder(folder)
-    before = sorted(p.name for p in tmp_path.iterdir())
-    assert_one_line_error(zoo("import", "src", "-o", "out"), *parts)
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert_import_refused(tmp_path, *parts)

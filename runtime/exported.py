@@ -15,7 +15,8 @@ from registry.options import option
 from registry.paths import display_path, inside
 from runtime.classify import SequenceOutputs, run_sequences
 from runtime.encode import MaskedPrediction, encode
-from runtime.files.chat import CHAT_TEMPLATE, render_chat
+from runtime.files.chat import CHAT_TEMPLATE
+from runtime.files.chat_worker import render_chat
 from runtime.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
 from runtime.generate import generate, left_padded
 from runtime.opening import open_export

@@ -42,11 +42,17 @@ def _pick(logits: np.ndarray, sampling: Sampling, uniforms: np.ndarray) -> np.nd
     """One token per row; `uniforms` holds each row's draw in [0, 1) (unused when greedy)."""
     if sampling.temperature == 0:
         return logits.argmax(axis=-1)
-    scaled = logits.astype(np.float64) / sampling.temperature
+    # Shifted by each row's maximum before dividing: every scaled logit is then <= 0 and the
+    # largest is 0, so any positive temperature, even 1e-308, gives finite probabilities (a
+    # tiny one underflows the others to exactly 0: greedy, ties shared), where dividing first
+    # overflowed to inf - inf = NaN.
+    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):
+        scaled = shifted / sampling.temperature
     if sampling.top_k:
         kth = np.sort(scaled, axis=-1)[:, -min(sampling.top_k, scaled.shape[-1])][:, None]
         scaled = np.where(scaled < kth, -np.inf, scaled)
-    probs = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    probs = np.exp(scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
     if sampling.top_p < 1:
         order = np.argsort(-probs, axis=-1)

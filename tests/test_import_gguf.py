@@ -396,7 +396,8 @@ TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}\n{{ m['content'] }}
 def test_the_files_chat_template_renders_as_transformers_renders_it(tmp_path: Path) -> None:
     """`zoo run --chat` puts a message in the template the GGUF carries (imported as
     chat_template.jinja): the ids transformers' apply_chat_template gives."""
-    from runtime.files.chat import CHAT_TEMPLATE, render_chat
+    from runtime.files.chat import CHAT_TEMPLATE
+    from runtime.files.chat_worker import render_chat
     from runtime.files.tokenizer import HuggingFaceTokenizer
 
     bpe = byte_level_bpe(300)
@@ -418,7 +419,7 @@ def test_the_files_chat_template_renders_as_transformers_renders_it(tmp_path: Pa
 
 def test_a_hostile_chat_template_is_refused_in_the_sandbox(tmp_path: Path) -> None:
     from registry.errors import ZooError
-    from runtime.files.chat import render_chat
+    from runtime.files.chat_worker import render_chat
 
     (tmp_path / "chat_template.jinja").write_text("{{ ''.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ZooError, match="the chat template failed"):

@@ -392,8 +392,9 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def scrape(server: Server) -> dict[tuple, float]:
-    """GET /metrics (no key: it is open) parsed: {(name, sorted labels): value}."""
-    request = urllib.request.Request(server.base + "/metrics")
+    """GET /metrics (with the key: it is behind it) parsed: {(name, sorted labels): value}."""
+    request = urllib.request.Request(server.base + "/metrics",
+                                     headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = response.read().decode()

@@ -206,10 +206,11 @@ def test_only_four_files_switch_on_a_family_name(tmp_path: Path) -> None:
 # Running an export needs neither torch nor the exporter: runtime/ imports the standard library,
 # the libraries that run a graph and read its files, and registry/ (jinja2 and sentencepiece
 # only inside the functions that read a chat template or MarianMT's files; starlette and uvicorn
-# only in runtime/serve/, `zoo serve`'s server).
+# (and h11, uvicorn's HTTP parser, whose refusals the server words) only in runtime/serve/,
+# `zoo serve`'s server).
 RUNTIME_LIBRARIES = {"numpy", "onnxruntime", "tokenizers", "yaml", "jinja2", "sentencepiece",
                      "registry", "runtime"}
-SERVER_LIBRARIES = {"starlette", "uvicorn"}
+SERVER_LIBRARIES = {"starlette", "uvicorn", "h11"}
 
 
 def foreign_imports(modules: dict[str, Path]) -> list[str]:

@@ -3,7 +3,9 @@ turns a conversation into the prompt the model was tuned on. Rendered in Jinja's
 sandbox, since a template arrives inside someone else's model file: it may loop and branch, but
 not reach Python's attributes or change anything outside it, and a render is bounded: it stops
 after RENDER_SECONDS or RENDER_CHARS of text (the sandbox bounds one `range`, not two nested
-ones), and any error inside it is one line naming the file."""
+ones), and it runs in a worker process whose address space is limited (runtime/files/
+chat_worker.py `render_chat`: one operation, as `'%1000000000d' % 1`, can make gigabytes
+between two checks); any error inside it is one line naming the file."""
 
 from __future__ import annotations
 
@@ -146,7 +148,7 @@ def _refuse(message: str) -> None:
     raise TemplateError(message)
 
 
-def _size_checked(path: Path) -> Path:
+def size_checked(path: Path) -> Path:
     """`path`, refused unread where it is larger than any prompt it could make (real chat
     templates are a few KB; the parser would hold a huge one whole)."""
     size = Path(path).stat().st_size
@@ -158,7 +160,7 @@ def _size_checked(path: Path) -> Path:
 
 def check_chat_template(path: Path) -> None:
     """Refuse, in one line, a file that is not UTF-8 Jinja (compiling runs none of it)."""
-    source = _size_checked(path)
+    source = size_checked(path)
     try:
         _ticking(_environment(_Budget(RENDER_SECONDS, RENDER_CHARS)),
                  source.read_text(encoding="utf-8"))
@@ -166,22 +168,28 @@ def check_chat_template(path: Path) -> None:
         raise ZooError(f"{display_path(path)}: not a chat template: {_said(exc)}") from exc
 
 
-def render_chat(path: Path, messages: list[dict[str, str]], bos: str = "", eos: str = "",
-                seconds: float = RENDER_SECONDS, chars: int = RENDER_CHARS) -> str:
-    """The prompt text for `messages` ({role, content} each), ending where the assistant's
-    reply begins (add_generation_prompt, as transformers' apply_chat_template); refused in one
-    line past `seconds` or `chars`, or on any error the template raises."""
-    source = _size_checked(path)
+class RenderRefused(Exception):
+    """A render refused (past its budget, or the template's own error): the line after the
+    template's path in the ZooError that runtime/files/chat_worker.py `render_chat` raises."""
+
+
+def render_source(source: str, messages: list[dict[str, str]], bos: str, eos: str,
+                  seconds: float, chars: int) -> str:
+    """The prompt text for `messages` from a template's text, in this process (the worker's
+    part of `render_chat`)."""
     budget = _Budget(seconds, chars)
     try:
-        template = _ticking(_environment(budget), source.read_text(encoding="utf-8"))
+        template = _ticking(_environment(budget), source)
         pieces = template.generate(messages=messages, add_generation_prompt=True,
                                    bos_token=bos, eos_token=eos)
         return "".join(budget.write(piece) for piece in pieces)
     except _OverBudget as exc:
-        raise ZooError(f"{display_path(path)}: refused the chat template: it {exc}") from exc
+        raise RenderRefused(f"refused the chat template: it {exc}") from exc
+    except MemoryError:  # the worker's address-space limit, met inside one operation
+        raise RenderRefused("refused the chat template: it needed more memory than a render "
+                            "may use") from None
     except Exception as exc:  # the sandbox's refusals, and Python's errors inside it
-        raise ZooError(f"{display_path(path)}: the chat template failed: {_said(exc)}") from exc
+        raise RenderRefused(f"the chat template failed: {_said(exc)}") from exc
 
 
 def _said(exc: Exception) -> str:

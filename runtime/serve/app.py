@@ -1,11 +1,13 @@
 """The OpenAI-compatible routes over served exports (runtime/serve/models.py):
 POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/classify (ours: OpenAI has no
-classifier route); GET /v1/models, /health and /metrics (those two open to all, for a load
-balancer and a Prometheus scraper; the /v1 routes need the API key when one is set).
+classifier route); GET /v1/models, /health (open to all, for a load balancer) and /metrics
+(behind the API key when one is set, unless `--public-metrics`; the /v1 routes need the key).
 
 Every refusal is OpenAI's error object naming the field, checked before any work is queued;
-an unexpected fault is logged here with its traceback and reaches the client as one line.
-One log line a request: method, path, status, tokens, milliseconds."""
+an unexpected fault is one log line (its traceback with `--tracebacks`) and reaches the client
+as a bare 500, and the server keeps serving. A chat's template and a prompt's tokens are made
+in a thread, off the event loop. One log line a request: method, path, status, tokens,
+milliseconds. docs/serve.md lists every limit and what a client gets past it."""
 
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ from typing import Any
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.serve import bodies
-from runtime.serve.errors import ApiError
+from runtime.serve.errors import ApiError, log_fault
+from runtime.serve.http import Guard
 from runtime.serve.metrics import Metrics
 from runtime.serve.models import Served, Ticket
 from runtime.serve.scheduler import Completion, Job
@@ -36,7 +40,8 @@ LOG = logging.getLogger("zoo.serve")
 Handler = Callable[[Request, dict[str, Served]], Awaitable[tuple[Response, int]]]
 
 
-def make_app(models: dict[str, Served], api_key: str | None) -> Starlette:
+def make_app(models: dict[str, Served], api_key: str | None, public_metrics: bool = False
+             ) -> Starlette:
     def route(path: str, handler: Handler, method: str, keyed: bool = True) -> Route:
         async def endpoint(request: Request) -> Response:
             start, tokens = time.perf_counter(), 0
@@ -48,9 +53,10 @@ def make_app(models: dict[str, Served], api_key: str | None) -> Starlette:
                 response, tokens = await handler(request, models)
             except ApiError as exc:
                 response = JSONResponse(exc.body(), exc.status)
-            except Exception:  # a fault of the server, never of the request: logged, not sent
-                LOG.exception("%s %s: internal error", request.method, path)
-                response = JSONResponse(ApiError(500, "internal server error").body(), 500)
+            except Exception as exc:  # a fault of the server, never of the request
+                log_fault(LOG, f"{request.method} {path}", exc)
+                response = JSONResponse(ApiError(500, "internal server error", None,
+                                                 "server_error").body(), 500)
             # the model's label only once it names a served export: a client's made-up names
             # never become series of their own
             metrics.request(request.state.model, path, response.status_code)
@@ -66,20 +72,22 @@ def make_app(models: dict[str, Served], api_key: str | None) -> Starlette:
               route("/v1/classify", classify, "POST"),
               route("/v1/models", listing, "GET"),
               route("/health", health, "GET", keyed=False),
-              # open like /health: Prometheus' scrapers rarely carry a bearer token, and the
-              # figures name only the served exports, which /health lists anyway
-              route("/metrics", scrape, "GET", keyed=False)]
+              # the figures tell a stranger how busy the server is and what its clients
+              # send; Prometheus sends the key as `authorization: {credentials: KEY}`
+              route("/metrics", scrape, "GET", keyed=not public_metrics)]
     metrics = Metrics()
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, middleware=[Middleware(Guard)],
+                    exception_handlers={HTTPException: http_error})
     app.state.metrics = metrics
     return app
 
 
 def authorized(request: Request, key: str) -> bool:
-    given = request.headers.get("authorization", "")
-    scheme, _, token = given.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
-                                                              key.encode())
+    """`Authorization: Bearer KEY`, the key's bytes exactly (nothing stripped: a key and a
+    no-break space is another key), compared in constant time."""
+    given = request.headers.get("authorization", "").encode("latin-1")  # the bytes sent
+    scheme, _, token = given.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token, key.encode())
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -135,7 +143,7 @@ async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, i
     body = await read_body(request, "chat")
     served = model_of(request, body, models, "chat")
     sampled = bodies.sampled(body)
-    ids = served.prompt_ids(bodies.messages(body), "messages")
+    ids = await asyncio.to_thread(served.prompt_ids, bodies.messages(body), "messages")
     return await answer(request, served, ids, sampled, "chat.completion")
 
 
@@ -143,7 +151,7 @@ async def completions(request: Request, models: dict[str, Served]) -> tuple[Resp
     body = await read_body(request, "completions")
     served = model_of(request, body, models, "completions")
     sampled = bodies.sampled(body)
-    ids = served.prompt_ids(bodies.prompt(body), "prompt")
+    ids = await asyncio.to_thread(served.prompt_ids, bodies.prompt(body), "prompt")
     return await answer(request, served, ids, sampled, "text_completion")
 
 
@@ -224,7 +232,11 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
                 yield "data: [DONE]\n\n"
             else:  # the headers are sent: the fault can only be told in the stream
                 status = "failed"
-                yield sse(ApiError(500, "internal server error").body())
+                yield STREAM_FAULT
+    except Exception as exc:  # a fault here, after the headers: told in the stream as well
+        status = "failed"
+        log_fault(LOG, "stream", exc)
+        yield STREAM_FAULT
     except BaseException:
         status = "client gone"
         raise
@@ -239,10 +251,14 @@ def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+# made once: the event that tells a stream's client of a fault cannot fail to be made
+STREAM_FAULT = sse(ApiError(500, "internal server error", None, "server_error").body())
+
+
 async def embeddings(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "embeddings")
     served = model_of(request, body, models, "embeddings")
-    prompts = served.embed_tokens(bodies.inputs(body))
+    prompts = await asyncio.to_thread(served.embed_tokens, bodies.inputs(body))
     tokens = sum(len(row) for row in prompts)
     vectors = await served.embed_batched(prompts)
     request.app.state.metrics.counted(served.name, tokens, 0)
@@ -260,7 +276,7 @@ async def classify(request: Request, models: dict[str, Served]) -> tuple[Respons
     label's probability (most likely first), as `zoo.load(OUT).classify` gives them."""
     body = await read_body(request, "classify")
     served = model_of(request, body, models, "classify")
-    prompts = served.embed_tokens(bodies.texts(body))
+    prompts = await asyncio.to_thread(served.embed_tokens, bodies.texts(body))
     tokens = sum(len(row) for row in prompts)
     rows = await served.classify_batched(prompts)
     request.app.state.metrics.counted(served.name, tokens, 0)

@@ -14,6 +14,10 @@ from runtime.serve.errors import ApiError
 
 MAX_BODY = 1 << 20  # bytes; a chat history of a tiny-context model is far below it
 MAX_STOPS = 4  # as OpenAI
+# characters in one stop string: far past any real one (a closing tag, a role marker), and
+# what a body may carry four of without its tables (runtime/serve/stops.py) mattering
+MAX_STOP_CHARS = 1000
+SEEDS = 2**64  # numpy's generators take a non-negative seed; OpenAI takes any integer
 
 SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
             "n", "user"}
@@ -94,10 +98,15 @@ def sampled(body: dict[str, Any]) -> Sampled:
     stop = read(body, "stop", (str, list), (), "a string or a list of up to 4 strings")
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
     if len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
-        raise wrong("stop", "a string or a list of up to 4 non-empty strings")
+        raise wrong("stop", f"a string or a list of up to {MAX_STOPS} non-empty strings")
+    longest = max(map(len, stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise ApiError(400, f"stop: a stop string of {longest} characters, past the "
+                       f"{MAX_STOP_CHARS} served", "stop", "invalid_value")
     read(body, "stream_options", dict, None, "an object")
     read(body, "user", str, None)
-    return Sampled(max_tokens, temperature, top_p, read(body, "seed", int, None),
+    seed = read(body, "seed", int, None)  # any integer, as OpenAI: -1 is a seed like 1
+    return Sampled(max_tokens, temperature, top_p, None if seed is None else seed % SEEDS,
                    stops, read(body, "stream", bool, False))
 
 

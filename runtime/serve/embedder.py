@@ -13,6 +13,7 @@ from concurrent.futures import Future
 
 from runtime.corpus import CorpusOutputs, run_corpus, token_budget
 from runtime.engine import Engine
+from runtime.serve.errors import log_fault
 
 LOG = logging.getLogger("zoo.serve")
 
@@ -44,7 +45,7 @@ class Embedder:
                 result = run_corpus(self.engine, [row for rows, _ in jobs for row in rows],
                                     self.budget)
             except Exception as exc:  # a fault of the server: each request gets a 500
-                LOG.exception("embedding batch failed")
+                log_fault(LOG, "embedding batch", exc)
                 for _, future in jobs:
                     future.set_exception(exc)
                 continue

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+from registry.errors import first_line
 
 
 @dataclass
@@ -24,3 +27,10 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
                           "code": self.code}}
+
+
+def log_fault(log: logging.Logger, where: str, exc: BaseException) -> None:
+    """A fault of the server (never of a request) as one line; its traceback at DEBUG, which
+    `zoo serve --tracebacks` shows. The client gets a bare 500: no traceback leaves."""
+    log.error("%s: internal error: %s: %s", where, type(exc).__name__, first_line(exc)[:300])
+    log.debug("%s: the traceback", where, exc_info=exc)

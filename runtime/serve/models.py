@@ -24,7 +24,7 @@ from runtime.files.tokenizer import sequence_ids
 from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
-from runtime.serve.errors import ApiError
+from runtime.serve.errors import ApiError, log_fault
 from runtime.serve.options import PREFILL_TOKENS
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
@@ -87,8 +87,9 @@ class Served:
         self.admitted += 1
 
     def generate(self, ids: list[int], options: GenerateOptions, sampled: Sampled) -> Ticket:
-        """Queue a generation (on the event loop); its events come on the ticket."""
-        self.admit()
+        """Queue a generation (on the event loop); its events come on the ticket. Its place is
+        taken once the job is made and given back by its last event ("done", "gone" or
+        "error", which every queued job gets), or here if queueing it fails."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -97,14 +98,23 @@ class Served:
             if event[0] in ENDS:
                 self.admitted -= 1
 
+        def emit(event: Event) -> None:  # from the scheduler's or the worker's thread
+            if not loop.is_closed():  # closed: the server has stopped, no one is waiting
+                loop.call_soon_threadsafe(deliver, event)
+
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
-                  sampled.stream, lambda event: loop.call_soon_threadsafe(deliver, event))
-        if self.scheduler is not None:
-            self.scheduler.submit(job)
-        else:
-            with self.lock:
-                self.waiting += 1
-            self.worker.submit(self._alone, job, options)
+                  sampled.stream, emit)
+        self.admit()
+        try:
+            if self.scheduler is not None:
+                self.scheduler.submit(job)
+            else:
+                with self.lock:
+                    self.waiting += 1
+                self.worker.submit(self._alone, job, options)
+        except BaseException:
+            self.admitted -= 1
+            raise
         return Ticket(queue, job)
 
     def _alone(self, job: Job, options: GenerateOptions) -> None:
@@ -117,8 +127,8 @@ class Served:
             for piece in self.deltas(completion) if job.stream else []:
                 job.emit(("piece", piece))
             job.end(("done", completion))
-        except Exception:
-            LOG.exception("generation failed")
+        except Exception as exc:
+            log_fault(LOG, "generation", exc)
             job.end(("error", "internal server error"))
         finally:
             with self.lock:

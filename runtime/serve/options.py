@@ -30,3 +30,7 @@ class ServeOptions:
                                     "folder's name].", flags=("--name",))
     provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
     threads: int | None = option(None, "ONNX Runtime CPU threads per export [all cores].")
+    public_metrics: bool = option(False, "Serve GET /metrics without the API key (for a "
+                                  "Prometheus that sends none).")
+    tracebacks: bool = option(False, "Log each internal error's traceback (one line "
+                              "without).")

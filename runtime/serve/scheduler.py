@@ -39,7 +39,9 @@ import numpy as np
 from runtime.engine import Engine
 from runtime.generate import left_padded, open_session
 from runtime.sampling import Sampling, pick_one
+from runtime.serve.errors import log_fault
 from runtime.serve.options import PREFILL_TOKENS
+from runtime.serve.stops import StopFinder
 
 LOG = logging.getLogger("zoo.serve")
 
@@ -89,16 +91,11 @@ class Job:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.sampling.seed)
+        self.finder = StopFinder(self.stops)  # built here, on the event loop
 
     def end(self, event: Event) -> None:
         self.ended = True
         self.emit(event)
-
-
-def held_back(text: str, stops: tuple[str, ...]) -> int:
-    """How many characters at the end of `text` may begin a stop string (not sent yet)."""
-    return max((size for stop in stops for size in range(1, len(stop))
-                if text.endswith(stop[:size])), default=0)
 
 
 class Scheduler:
@@ -130,27 +127,33 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
-            with self.wake:
-                while not self.inbox and not self.rows and self.filling is None:
-                    self.wake.wait()
-                budget = self.chunk
-                if self.filling is not None:
-                    budget -= min(self.chunk, len(self.filling.job.prompt) - self.filling.fed)
-                elif (self.inbox and len(self.inbox[0].prompt) > self.chunk
-                      and len(self.rows) < self.max_batch):
-                    self.filling, budget = Filling(self.inbox.popleft()), 0
-                newcomers = self._newcomers(budget)
+            newcomers: list[Job] = []
             try:
-                self._step(newcomers)
-            except Exception:  # a fault of the server: every job in hand ends with an error
-                LOG.exception("decoding step failed")
-                filling = [self.filling.job] if self.filling else []
-                for job in (*self.rows, *newcomers, *filling):
-                    if not job.ended:
-                        job.end(("error", "internal server error"))
                 with self.wake:
-                    self.rows, self.session, self.pending = [], None, np.zeros(0, np.int64)
-                    self.filling = None
+                    while not self.inbox and not self.rows and self.filling is None:
+                        self.wake.wait()
+                    budget = self.chunk
+                    if self.filling is not None:
+                        budget -= min(self.chunk, len(self.filling.job.prompt) - self.filling.fed)
+                    elif (self.inbox and len(self.inbox[0].prompt) > self.chunk
+                          and len(self.rows) < self.max_batch):
+                        self.filling, budget = Filling(self.inbox.popleft()), 0
+                    newcomers = self._newcomers(budget)
+                self._step(newcomers)
+            except Exception as exc:  # a fault of the server: every job in hand ends with an
+                log_fault(LOG, "decoding step", exc)  # error, and the thread goes on
+                self._fail(newcomers)
+
+    def _fail(self, newcomers: list[Job]) -> None:
+        """End every job in hand with an error (each gives its place back) and start afresh;
+        the jobs still waiting are decoded next."""
+        filling = [self.filling.job] if self.filling else []
+        for job in (*self.rows, *newcomers, *filling):
+            if not job.ended:
+                job.end(("error", "internal server error"))
+        with self.wake:
+            self.rows, self.session, self.pending = [], None, np.zeros(0, np.int64)
+            self.filling = None
 
     def _newcomers(self, budget: int) -> list[Job]:
         """Waiting jobs (none longer than a chunk) whose padded prefill fits in `budget` (a
@@ -281,16 +284,16 @@ class Scheduler:
         if not (job.stops or job.stream or done):
             return None
         text = self.decode_text(job.tokens)
-        cuts = [text.find(stop) for stop in job.stops if stop in text]
-        if cuts:
-            text, done, reason = text[:min(cuts)], True, "stop"
+        found = job.finder.update(text)
+        if found.cut is not None:
+            text, done, reason = text[:found.cut], True, "stop"
         else:
             reason = "stop" if eos else "length"
         if not done:
             # a piece of a character waits for the rest; text that may begin a stop string
             # waits to see whether it does
             if job.stream and text.startswith(job.sent) and not text.endswith("\ufffd"):
-                ready = text[:len(text) - held_back(text, job.stops)]
+                ready = text[:len(text) - found.held]
                 if len(ready) > len(job.sent):
                     job.emit(("piece", ready[len(job.sent):]))
                     job.sent = ready

@@ -22,6 +22,7 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
         import uvicorn
 
         from runtime.serve.app import make_app
+        from runtime.serve.http import MAX_HEADER_BYTES, JsonErrorsH11
         from runtime.serve.models import Served
     except ImportError as exc:
         raise ZooError(f"zoo serve needs the serve extra ({exc.name} is missing): pip install "
@@ -44,9 +45,15 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
               for name, folder in zip(names, folders, strict=True)}
     api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if options.tracebacks:
+        logging.getLogger("zoo.serve").setLevel(logging.DEBUG)
     progress(f"serving {', '.join(names)} on http://{options.host}:{options.port}/v1"
              + (" (API key required)" if api_key else ""))
-    config = uvicorn.Config(make_app(models, api_key), host=options.host, port=options.port,
+    # h11 named (not uvicorn's "auto", which takes httptools where it is installed): its
+    # refusals are the ones worded as JSON (runtime/serve/http.py)
+    config = uvicorn.Config(make_app(models, api_key, options.public_metrics),
+                            host=options.host, port=options.port, http=JsonErrorsH11,
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                             log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACE)
     # uvicorn handles SIGTERM and Ctrl-C itself, then raises the signal again for the handler

@@ -1,0 +1,89 @@
+"""What reaches the client when the request is not one the app can see, or the app fails: the
+same JSON error object as every other refusal (runtime/serve/errors.py).
+
+- `JsonErrorsH11`: uvicorn's h11 protocol, which refuses what h11 cannot parse (a header
+  section past MAX_HEADER_BYTES: a long URL, a huge header, thousands of headers; a malformed
+  request line; bytes left over after a body) with a plain-text 400 of its own. Here the
+  refusal is the JSON object, with h11's status hint (431 for a header section too large).
+  Chosen over documenting a reverse proxy's setting: the server answers strangers itself.
+- `Guard`: an exception that escapes the routes (one raised while a stream is sent, or
+  by Starlette itself) is one log line (runtime/serve/errors.py `log_fault`), a JSON 500 when
+  no response has started, and never uvicorn's "Exception in ASGI application" traceback."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from runtime.serve.errors import ApiError, log_fault
+
+LOG = logging.getLogger("zoo.serve")
+MAX_HEADER_BYTES = 16 * 1024  # the request line and headers together (h11's default)
+ASGIApp = Callable[..., Any]
+
+
+def error_bytes(status: int, message: str, code: str) -> bytes:
+    return json.dumps(ApiError(status, message, None, code).body()).encode()
+
+
+class JsonErrorsH11(H11Protocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusal: h11.RemoteProtocolError | None = None
+        parse = self.conn.next_event  # the one connection object, reused for every request
+
+        def next_event() -> Any:
+            try:
+                return parse()
+            except h11.RemoteProtocolError as exc:
+                self.refusal = exc  # for send_400_response, which is told only a fixed text
+                raise
+
+        self.conn.next_event = next_event  # type: ignore[method-assign]
+
+    def send_400_response(self, msg: str) -> None:
+        status = getattr(self.refusal, "error_status_hint", 400)
+        if status == 431:
+            message = f"the request's header section is over {MAX_HEADER_BYTES} bytes"
+            code = "headers_too_large"
+        else:
+            said = str(self.refusal or "")[:120]
+            message, code = f"the request is not valid HTTP/1.1 ({said})", "invalid_http"
+        body = error_bytes(status, message, code)
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=status, headers=headers),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+class Guard:
+    """Starlette middleware (inside its ServerErrorMiddleware, which would send plain text
+    and re-raise the exception for uvicorn to log with its traceback)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = False
+
+        async def tracking(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:
+            log_fault(LOG, f"{scope.get('method', '')} {scope.get('path', '')}", exc)
+            if scope["type"] == "http" and not started:
+                body = error_bytes(500, "internal server error", "server_error")
+                await send({"type": "http.response.start", "status": 500,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})

@@ -8,6 +8,7 @@ read: the outside text is never printed."""
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -112,6 +113,50 @@ def test_a_template_file_larger_than_any_prompt_is_refused_unread(chat_export: P
     result = chat(chat_export, "{{ 'x' }}" * (RENDER_CHARS // 9 + 1))
     assert time.monotonic() - start < RENDER_SECONDS
     assert_one_line_error(result, CHAT_TEMPLATE, f"past the {RENDER_CHARS} the zoo reads")
+
+
+# --- issue 43: bounded by memory as well -----------------------------------------------------
+
+@pytest.mark.parametrize("template", [
+    "{{ '%1000000000d' % 1 }}",
+    "{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}",
+    "{{ '{:1000000000}'.format(1) }}",
+], ids=["printf-width", "replace", "format-width"])
+def test_one_operation_that_makes_gigabytes_is_refused(tmp_path: Path, template: str) -> None:
+    """Each makes a gigabyte or more in one C call, between two of the sandbox's checks: the
+    render's worker process meets its address-space limit (RENDER_MEMORY) and refuses; this
+    process's peak memory does not move by it, and the next render is served."""
+    from registry.errors import ZooError
+    from runtime.files.chat_worker import render_chat
+
+    path = tmp_path / CHAT_TEMPLATE
+    messages = [{"role": "user", "content": "hi"}]
+    path.write_text(GOOD, encoding="utf-8")
+    assert render_chat(path, messages) == "<|user|> hi <|assistant|>"  # the worker started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    path.write_text(template, encoding="utf-8")
+    with pytest.raises(ZooError, match="refused the chat template: it needed more memory"):
+        render_chat(path, messages)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - peak < 100 << 20
+    path.write_text(GOOD, encoding="utf-8")
+    assert render_chat(path, messages) == "<|user|> hi <|assistant|>"
+
+
+def test_a_render_past_its_deadline_loses_its_worker(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A render stuck inside one C call never reaches the budget's clock: its worker is killed
+    at the deadline (made to have passed here), and the next render starts another."""
+    import runtime.files.chat_worker as chat_worker
+    from registry.errors import ZooError
+
+    path = tmp_path / CHAT_TEMPLATE
+    path.write_text(GOOD, encoding="utf-8")
+    messages = [{"role": "user", "content": "hi"}]
+    with monkeypatch.context() as patch:
+        patch.setattr(chat_worker, "GRACE", -10 * RENDER_SECONDS)
+        with pytest.raises(ZooError, match=f"ran past the {RENDER_SECONDS:g} s"):
+            chat_worker.render_chat(path, messages)
+    assert chat_worker.render_chat(path, messages) == "<|user|> hi <|assistant|>"
 
 
 # --- item 7: Python's errors inside the sandbox ---------------------------------------------

@@ -24,6 +24,7 @@ from runtime.serve.errors import ApiError, log_fault
 
 LOG = logging.getLogger("zoo.serve")
 MAX_HEADER_BYTES = 16 * 1024  # the request line and headers together (h11's default)
+LINGER = 2.0  # seconds a refused connection may go on sending before it is closed
 ASGIApp = Callable[..., Any]
 
 
@@ -31,15 +32,27 @@ def error_bytes(status: int, message: str, code: str) -> bytes:
     return json.dumps(ApiError(status, message, None, code).body()).encode()
 
 
+def header_bytes(request: h11.Request) -> int:
+    """The size of a request's header section as sent (line ends and separators counted)."""
+    line = len(request.method) + len(request.target) + len(b"  HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in request.headers) + 2
+
+
 class JsonErrorsH11(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.refusal: h11.RemoteProtocolError | None = None
+        self.refused = False  # answered a refusal: what the client still sends is dropped
         parse = self.conn.next_event  # the one connection object, reused for every request
 
         def next_event() -> Any:
             try:
-                return parse()
+                event = parse()
+                if isinstance(event, h11.Request) and header_bytes(event) > MAX_HEADER_BYTES:
+                    # h11 bounds only a section still incomplete: one that arrived whole in
+                    # one read passes its limit, so the limit is held here as well
+                    raise h11.RemoteProtocolError("header section too large", 431)
+                return event
             except h11.RemoteProtocolError as exc:
                 self.refusal = exc  # for send_400_response, which is told only a fixed text
                 raise
@@ -55,11 +68,25 @@ class JsonErrorsH11(H11Protocol):
             said = str(self.refusal or "")[:120]
             message, code = f"the request is not valid HTTP/1.1 ({said})", "invalid_http"
         body = error_bytes(status, message, code)
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
         for event in (h11.Response(status_code=status, headers=headers),
                       h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
-        self.transport.close()
+        # A lingering close: closing with the client's bytes unread would send a reset that
+        # can destroy this answer before the client reads it (it is still sending its 1 MB
+        # header). So: end our side, drop what still comes, close at the client's end or
+        # after LINGER seconds.
+        self.refused = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER, self.transport.close)
+        else:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.refused:
+            super().data_received(data)
 
 
 class Guard:

@@ -99,8 +99,8 @@ def test_optimize_with_a_head_size_gqa_refuses_is_one_line_before_any_tracing(
         ["export", card_name, "--onnx", "--optimize", *(f"--set={s}" for s in sets)],
         tmp_path / "out" / "export",
         f"{card_name}: --optimize's shared-cache graph (onnx/model_kv.onnx, ONNX Runtime's "
-        "GroupQueryAttention) needs a head size that is a multiple of 8; this card's is 12: "
-        "export without --optimize")
+        "GroupQueryAttention) cannot run it: head size 12 is not a multiple of 8, which "
+        "GroupQueryAttention needs; export without --optimize")
 
 
 # --- 12. the int8-dynamic quality gate, one criterion at a time --------------------------------

@@ -14,6 +14,7 @@ import torch
 
 from registry.params import count_parameters
 from tests.conftest import SharedExport, card, on_shared, random_ids, renamed
+from tests.hf_decoders import randomise
 from zoo.assemble import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -44,11 +45,11 @@ NAMES = {"embeddings.token": "model.embed_tokens", "final_norm": "model.norm",
          "lm_head.weight"}
 
 
-def pair(variant: str) -> tuple[torch.nn.Module, torch.nn.Module, object]:
+def pair(variant: str, **more: object) -> tuple[torch.nn.Module, torch.nn.Module, object]:
     """(ours, transformers', card) with the same random weights (biases and norms randomised
-    too, so each one counts)."""
+    too, so each one counts); `more`: card fields besides the variant's."""
     fields, kind, extra = VARIANTS[variant]
-    tiny = card("llama-tiny", dropout=0.0, rope_theta=500.0, **fields)
+    tiny = card("llama-tiny", dropout=0.0, rope_theta=500.0, **fields, **more)
     ours = build_model(tiny, seed=3).eval()
     with torch.no_grad():
         for name, parameter in ours.named_parameters():
@@ -96,6 +97,58 @@ def test_a_step_on_the_cache_gives_transformers_logits(variant: str) -> None:
     head_dim = tiny["head_dim"] or tiny["d_model"] // tiny["n_heads"]
     assert all(key.shape == (2, heads, 7, head_dim) for key, _ in past)
     torch.testing.assert_close(step[:, -1], expected, atol=1e-5, rtol=1e-4)
+
+
+ROPES = ["llama-gqa", "llama-rope-llama3", "llama-rope-linear", "llama-rope-yarn"]
+
+
+@pytest.mark.parametrize("variant", ROPES)
+def test_logits_past_position_1000_are_transformers(variant: str) -> None:
+    """Issue 49, finding 3: each rope type the cards use, over 1,100 positions (rope_theta 500,
+    so the angles turn fast). The frequencies are transformers' float32 bits
+    (tests/test_references.py), so the angles are too: the logits agree at every position as
+    they do at the first ones. With frequencies computed in float64 and rounded, the largest
+    difference grew down the positions to several times this tolerance."""
+    ours, reference, tiny = pair(variant, max_positions=1152)
+    reference.load_state_dict(renamed(randomise(ours).state_dict(), NAMES), strict=False)
+    ids = random_ids(tiny, 1, 1100)
+    with torch.no_grad():
+        expected = reference(ids).logits[0]
+        logits, _ = ours(ids)
+    scale = float(expected.abs().max())
+    assert scale > 1.0
+    # twice the float32 summation noise measured over 1,100 keys (2.8e-6 of the scale), a third
+    # of the smallest difference float64 frequencies made past position 1000 (1.7e-5)
+    torch.testing.assert_close(logits[0, 1000:], expected[1000:], atol=6e-6 * scale, rtol=0)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+@pytest.mark.parametrize("theta", [500.0, 10000.0, 500000.0, 1000000.0])
+@pytest.mark.parametrize("scaling", [
+    None, {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {**YARN, "original_max_position_embeddings": 4096},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+     "mscale": 0.707, "mscale_all_dim": 0.707, "truncate": False}],
+    ids=["default", "linear", "llama3", "yarn", "yarn-mscale-untruncated"])
+def test_rotary_frequencies_are_transformers_bits(scaling: dict | None, theta: float,
+                                                  head_dim: int) -> None:
+    """The frequencies and the cos/sin scale, equal to the last bit to what transformers'
+    rotary embedding computes for the same config."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from zoo.blocks.positions import RotaryPositions
+
+    config = transformers.LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2,
+                                      head_dim=head_dim, max_position_embeddings=32768,
+                                      rope_theta=theta,  # a copy: transformers adds to it
+                                      rope_scaling=dict(scaling) if scaling else None)
+    theirs = LlamaRotaryEmbedding(config)
+    ours = RotaryPositions(head_dim * 2, 32768, head_dim, theta, scaling)
+    assert ours.inv_freq.dtype == theirs.inv_freq.dtype == torch.float32
+    assert torch.equal(ours.inv_freq, theirs.inv_freq)
+    assert ours.attention_scale == theirs.attention_scaling
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -20,6 +20,7 @@ from export.inspect.maps import decoder_maps
 from export.onnx.experts import OPERATOR as EXPERTS_OPERATOR
 from export.onnx.experts import experts_operator
 from export.onnx.files import set_metadata, strip_debug
+from export.onnx.gqa_rules import AttentionPlan, attention_plan
 from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
 from export.onnx.trace import export_graph
 from export.onnx.wrappers import DecoderGraph
@@ -32,9 +33,6 @@ from runtime.contract import MODEL_GRAPH
 from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
-# ONNX Runtime's GroupQueryAttention (model_kv.onnx's attention) refuses any other head size
-# when it first runs ("head_size must be a multiple of 8"; tests/test_hostile_clients.py runs it).
-GQA_HEAD_MULTIPLE = 8
 KV_FILE_PATH = Path(KV_FILE)
 SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/families/sequence.py)
 
@@ -72,25 +70,31 @@ class DecoderFamily(Family):
     def check_optimize(self, card: Card) -> None:
         """--optimize's point for a decoder is model_kv.onnx: refused rather than exported
         without it, so one command's files do not depend on a card's head size."""
-        head_dim = attention_sizes(card).head_dim
-        if head_dim % GQA_HEAD_MULTIPLE:
+        plan = self.attention_plan(card)
+        if not plan.runs:
             raise ZooError(f"{card.name}: --optimize's shared-cache graph ({KV_FILE}, ONNX "
-                           f"Runtime's GroupQueryAttention) needs a head size that is a "
-                           f"multiple of {GQA_HEAD_MULTIPLE}; this card's is {head_dim}: "
-                           "export without --optimize")
+                           f"Runtime's GroupQueryAttention) cannot run it: {plan.why}; export "
+                           "without --optimize")
+
+    @staticmethod
+    def attention_plan(card: Card) -> AttentionPlan:
+        return attention_plan(attention_sizes(card).head_dim, card["position"] == "rotary")
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,
                          metadata: dict[str, str], progress: Any) -> Extras:
         progress(f"exporting {KV_FILE} (key/value cache updated in place)...")
-        graph, args, shapes = kv_trace(model, card)
+        plan = self.attention_plan(card)
+        graph, args, shapes = kv_trace(model, card, plan.rotary_in_kernel)
         names = kv_names(card["n_layers"])
-        with shared_cache_attention(model, card), experts_operator(model) as experts:
+        with shared_cache_attention(model, card, plan.rotary_in_kernel), \
+                experts_operator(model) as experts:
             proto = export_graph(graph, args, shapes, names, opset, KV_FILE_PATH)
         strip_debug(proto)
         set_metadata(proto, metadata)
         return Extras({KV_FILE: proto}, {"generation": {
             "file": KV_FILE,
             "attention": "com.microsoft.GroupQueryAttention",
+            "rotary": plan.why,
             **({"experts": EXPERTS_OPERATOR} if experts else {}),
             "inputs": names[0],
             "outputs": names[1],

@@ -124,18 +124,24 @@ class SharedCacheDecoderGraph(nn.Module):
     """(input_ids, position_ids, seqlens_k, total_sequence_length, *buffers) ->
     (logits of each row's last real token, *buffers)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, rotary_in_kernel: bool = True) -> None:
         super().__init__()
         self.model = model
+        self.rotary_in_kernel = rotary_in_kernel
 
     def forward(self, input_ids, position_ids, seqlens_k, total_sequence_length, past):  # noqa: ANN001
         m = self.model
         x = m.embeddings(input_ids, position_ids)
         rotary = m.embeddings.position.rotary(position_ids)
+        # the local layers' own table, for a core that rotates before the kernel (one that
+        # rotates in it holds each kind's cos and sin caches and reads `rotary` as a flag)
+        local = getattr(m, "local_attention", None)
+        own = local is not None and local.rotary is not None and not self.rotary_in_kernel
+        rotaries = {False: rotary, True: local.rotary.rotary(position_ids) if own else rotary}
         lengths = (seqlens_k, total_sequence_length, position_ids)
         presents = []
         for layer, cache in zip(m.layers, pair_up(past), strict=True):
-            x, present = layer(x, lengths, past=cache, rotary=rotary)
+            x, present = layer(x, lengths, past=cache, rotary=rotaries[layer.local])
             presents.append(present)
         # Row b's last real token: seqlens_k[b] in a first (compacted) prompt, the last column
         # in a decoding step; both are min(seqlens_k, T - 1).
@@ -146,17 +152,19 @@ class SharedCacheDecoderGraph(nn.Module):
         return (m.head(x, m.embeddings.token.weight)[:, 0], *flatten(presents))
 
 
-def shared_cache_attention(model: nn.Module, card: Card) -> contextlib.AbstractContextManager:
+def shared_cache_attention(model: nn.Module, card: Card, rotary_in_kernel: bool = True
+                           ) -> contextlib.AbstractContextManager:
     """Every decoder layer's self-attention on GroupQueryAttention, for the export only; local
-    layers' with their window and rotary tables."""
-    global_tables = rotary_tables(model, card)
+    layers' with their window and rotary tables. `rotary_in_kernel` False (a head size the
+    kernel's rotary refuses: export/onnx/gqa_rules.py): queries and keys rotated before it."""
+    global_tables = rotary_tables(model, card) if rotary_in_kernel else None
     local = getattr(model, "local_attention", None)
     stack = contextlib.ExitStack()
     stack.enter_context(attention_core(
         (layer.self_attention for layer in model.layers if not layer.local),
         GroupQueryAttentionCore(global_tables)))
     if local is not None:
-        local_tables = (global_tables if local.rotary is None
+        local_tables = (global_tables if local.rotary is None or not rotary_in_kernel
                         else position_tables(local.rotary, card["max_positions"]))
         stack.enter_context(attention_core(
             (layer.self_attention for layer in model.layers if layer.local),
@@ -179,7 +187,8 @@ def position_tables(position: nn.Module, max_positions: int) -> Rotary:
     return angles.cos() * scale, angles.sin() * scale
 
 
-def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:
+def kv_trace(model: nn.Module, card: Card, rotary_in_kernel: bool = True
+             ) -> tuple[nn.Module, tuple, tuple]:
     """(graph module, example args, dynamic shapes) for torch.onnx.export."""
     b, t, capacity = TRACE_BATCH, TRACE_SEQUENCE, TRACE_CAPACITY
     cache = tuple(torch.zeros(cache_shape(card, b, capacity)) for _ in range(2 * card["n_layers"]))
@@ -189,4 +198,4 @@ def kv_trace(model: nn.Module, card: Card) -> tuple[nn.Module, tuple, tuple]:
     batch, sequence, slots = Dim("batch_size"), Dim("sequence_length"), Dim("capacity")
     shapes = ({0: batch, 1: sequence}, {0: batch, 1: sequence}, {0: batch}, None,
               tuple({0: batch, 2: slots} for _ in cache))
-    return SharedCacheDecoderGraph(model), args, shapes
+    return SharedCacheDecoderGraph(model, rotary_in_kernel), args, shapes

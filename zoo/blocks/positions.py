@@ -100,9 +100,8 @@ class RotaryPositions(nn.Module):
     def __init__(self, d_model: int, max_positions: int, head_dim: int, theta: float,
                  scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
-        inv_freq = scaled_frequencies(1.0 / theta**exponent, scaling, head_dim, theta)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        inv_freq = scaled_frequencies(base_frequencies(head_dim, theta), scaling, head_dim, theta)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scale = yarn_attention_factor(scaling)  # cos and sin scaled by it
 
     def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -114,6 +113,17 @@ class RotaryPositions(nn.Module):
         if self.attention_scale == 1.0:
             return angle.cos(), angle.sin()
         return angle.cos() * self.attention_scale, angle.sin() * self.attention_scale
+
+
+# The frequencies are computed in float32 with transformers' operations in transformers'
+# order (modeling_rope_utils), so they are its bits: computed in float64 and rounded once
+# they differed by an ulp, and an ulp of a frequency is a growing angle error down the
+# positions (4e-4 in a tiny OLMoE's logits at position 300 with rope_theta 500).
+
+def base_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """1 / theta^(2i / head_dim), float32."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    return 1.0 / (theta ** exponent)
 
 
 def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None,
@@ -132,20 +142,20 @@ def scaled_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any] | None,
     if kind == "linear":
         return inv_freq / factor
     if kind == "yarn":
-        return _yarn_frequencies(inv_freq, scaling, head_dim, theta)
+        return _yarn_frequencies(scaling, head_dim, theta)
     low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     original = float(scaling["original_max_position_embeddings"])
     wavelength = 2 * math.pi / inv_freq
     scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
     smooth = (original / wavelength - low) / (high - low)
     blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    medium = ~(wavelength < original / high) * ~(wavelength > original / low)
     return torch.where(medium, blended, scaled)
 
 
-def _yarn_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any], head_dim: int,
-                      theta: float) -> torch.Tensor:
+def _yarn_frequencies(scaling: dict[str, Any], head_dim: int, theta: float) -> torch.Tensor:
     original = float(scaling["original_max_position_embeddings"])
+    factor = float(scaling["factor"])
 
     def dimension(rotations: float) -> float:  # the dimension that turns this often
         return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
@@ -156,9 +166,10 @@ def _yarn_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any], head_dim:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, head_dim - 1)
     high = high + 0.001 if low == high else high
-    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     kept = 1 - ramp  # 1 for the high frequencies (extrapolated), 0 for the interpolated
-    return inv_freq / float(scaling["factor"]) * (1 - kept) + inv_freq * kept
+    powers = theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    return 1.0 / (factor * powers) * (1 - kept) + 1.0 / powers * kept
 
 
 def yarn_attention_factor(scaling: dict[str, Any] | None) -> float:

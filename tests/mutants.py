@@ -250,7 +250,7 @@ MUTANTS = [
            ("tests/test_hostile_clients.py::test_a_probability_change_alone_just_over_its_threshold_is_refused",)),
     Mutant("optimize-head-size-unchecked", "export/families/decoder.py",
            "        if not plan.runs:", "        if False:",
-           ("tests/test_hostile_clients.py::test_optimize_with_a_head_size_gqa_refuses_is_one_line_before_any_tracing",)),
+           ("tests/test_hostile_clients.py::test_optimize_with_a_head_size_gqa_refuses_exports_without_the_shared_cache_graph",)),
     Mutant("marian-decoder-keeps-the-trailing-space", "export/serving/marian_tokenizer.py",
            'EDGE_SPACES = r"(?<![\\s\\S]) +| +(?![\\s\\S])"', 'EDGE_SPACES = r"(?<![\\s\\S]) +"',
            ("tests/test_marian.py::test_the_exports_tokenizer_json_decodes_marian_tokenizers_text",)),

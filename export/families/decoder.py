@@ -26,13 +26,13 @@ from export.onnx.trace import export_graph
 from export.onnx.wrappers import DecoderGraph
 from export.serving.genai import GenAIFiles, decoder_genai
 from registry.catalog import Card
-from registry.errors import ZooError
 from registry.families import DECODER
 from registry.sizes import attention_sizes
 from runtime.contract import MODEL_GRAPH
 from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
+PLAIN_ATTENTION = "MatMul and Softmax on the cache passed in and out (the contract graph)"
 KV_FILE_PATH = Path(KV_FILE)
 SEQUENCE = SequenceDecoderFamily()  # a decoder card with a pooling (export/families/sequence.py)
 
@@ -67,23 +67,18 @@ class DecoderFamily(Family):
                                     self.open_session(candidate, capacity, True),
                                     reference.card, AGREEMENT_PROMPT, steps, seed)
 
-    def check_optimize(self, card: Card) -> None:
-        """--optimize's point for a decoder is model_kv.onnx: refused rather than exported
-        without it, so one command's files do not depend on a card's head size."""
-        plan = self.attention_plan(card)
-        if not plan.runs:
-            raise ZooError(f"{card.name}: --optimize's shared-cache graph ({KV_FILE}, ONNX "
-                           f"Runtime's GroupQueryAttention) cannot run it: {plan.why}; export "
-                           "without --optimize")
-
     @staticmethod
     def attention_plan(card: Card) -> AttentionPlan:
         return attention_plan(attention_sizes(card).head_dim, card["position"] == "rotary")
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,
                          metadata: dict[str, str], progress: Any) -> Extras:
-        progress(f"exporting {KV_FILE} (key/value cache updated in place)...")
         plan = self.attention_plan(card)
+        if not plan.runs:  # the fusions still apply to the contract graph; it generates
+            progress(f"no {KV_FILE}: {plan.why}")
+            return Extras({}, {"attention": {MODEL_GRAPH: PLAIN_ATTENTION, KV_FILE:
+                                             f"not made: {plan.why}"}})
+        progress(f"exporting {KV_FILE} (key/value cache updated in place)...")
         graph, args, shapes = kv_trace(model, card, plan.rotary_in_kernel)
         names = kv_names(card["n_layers"])
         with shared_cache_attention(model, card, plan.rotary_in_kernel), \
@@ -91,10 +86,10 @@ class DecoderFamily(Family):
             proto = export_graph(graph, args, shapes, names, opset, KV_FILE_PATH)
         strip_debug(proto)
         set_metadata(proto, metadata)
-        return Extras({KV_FILE: proto}, {"generation": {
+        attention = {MODEL_GRAPH: PLAIN_ATTENTION, KV_FILE: f"GroupQueryAttention, {plan.why}"}
+        return Extras({KV_FILE: proto}, {"attention": attention, "generation": {
             "file": KV_FILE,
             "attention": "com.microsoft.GroupQueryAttention",
-            "rotary": plan.why,
             **({"experts": EXPERTS_OPERATOR} if experts else {}),
             "inputs": names[0],
             "outputs": names[1],

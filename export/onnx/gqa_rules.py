@@ -13,7 +13,8 @@ rotary in and out of the kernel, at several sequence lengths and past lengths.
 So: a head size that is a multiple of 16 rotates in the kernel (do_rotary, its cos and sin
 caches); a multiple of 8 that is not (8, 24, 40, ...) runs the kernel with queries and keys
 rotated before it, as the plain graph rotates them (about twenty nodes a layer more); any other
-head size cannot use the kernel at all (the export says so before tracing)."""
+head size cannot use the kernel at all: `--optimize` then makes no shared-cache graph and keeps
+its other fusions (the manifest's `attention` says why)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import resource
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -117,6 +118,8 @@ def test_a_template_file_larger_than_any_prompt_is_refused_unread(chat_export: P
 
 # --- issue 43: bounded by memory as well -----------------------------------------------------
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="only Linux's kernel enforces a worker's RLIMIT_AS")
 @pytest.mark.parametrize("template", [
     "{{ '%1000000000d' % 1 }}",
     "{% set s = 'a' * 100000 %}{{ s.replace('a', s) }}",

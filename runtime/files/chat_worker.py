@@ -8,7 +8,8 @@ the operation raises MemoryError inside the worker, which answers with a refusal
 A render that overruns its time inside one C call (no check reached) has its worker killed at
 `seconds` + GRACE. Workers are started on first use (python and jinja2: some 100 ms) and
 reused, at most MAX_WORKERS at once; each render costs a round trip over two pipes.
-Where the platform has no RLIMIT_AS (Windows), a render runs in this process as before.
+Where the kernel does not enforce RLIMIT_AS (macOS, Windows), a render runs in this process as
+before, under the time and size bounds only.
 
 Run as `python -m runtime.files.chat_worker`, this module is the worker: length-prefixed JSON
 requests on stdin, replies on stdout (the real stdout: anything else printed goes to stderr).
@@ -45,12 +46,13 @@ _PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds run
 
 
 def limited() -> bool:
-    """Can a worker's address space be limited here?"""
+    """Can a worker's address space be limited here? Linux's kernel enforces RLIMIT_AS; macOS
+    accepts some values and enforces none, Windows has no `resource`."""
     try:
         import resource
     except ImportError:
         return False
-    return hasattr(resource, "RLIMIT_AS")
+    return sys.platform.startswith("linux") and hasattr(resource, "RLIMIT_AS")
 
 
 def render_chat(path: Path, messages: list[dict[str, str]], bos: str = "", eos: str = "",

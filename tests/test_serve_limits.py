@@ -1,7 +1,8 @@
 """Issue 43's findings 2 and 3 below the server: the stop-string finder against the plain
 definitions it replaced (text.find, and the longest proper prefix of a stop string that ends
 the text), its work independent of the stop strings' length, and the sampler at temperatures
-that once overflowed (numpy's argmax and softmax as the references)."""
+that once overflowed (numpy's argmax and softmax as the references); and the header limit on
+a request that arrives whole, at the protocol (no socket: deterministic)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,74 @@ def test_sampling_draws_from_the_softmax_at_a_usual_temperature() -> None:
     expected = [int(np.searchsorted(np.cumsum(p) / p.sum(), u, side="right"))
                 for p, u in zip(probs, uniforms, strict=True)]
     assert _pick(logits, Sampling(temperature=0.7), uniforms).tolist() == expected
+
+
+class Transport:
+    """What uvicorn's protocol writes, for one connection (no socket)."""
+
+    def __init__(self) -> None:
+        self.written, self.closed, self.ended = b"", False, False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        self.ended = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /v1/models?" + b"a" * 65536 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-H: 1\r\n" * 10000 + b"\r\n",
+], ids=["a 64 KB URL", "10,000 headers"])
+def test_a_header_section_past_the_limit_in_one_read_is_a_json_431(request_bytes: bytes
+                                                                     ) -> None:
+    """h11 bounds only a header section still incomplete: one that arrives whole in one read
+    (as a fast client's on loopback may) passed it and reached the app. The server's protocol
+    holds the limit on every parsed request: the app is never called, the answer is the JSON
+    error object, and the connection ends after it."""
+    import asyncio
+    import json
+
+    pytest.importorskip("uvicorn")
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from runtime.serve.http import MAX_HEADER_BYTES, JsonErrorsH11
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the app was called")
+
+    config = Config(app, http=JsonErrorsH11, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                    log_level="critical")
+    config.load()
+    loop = asyncio.new_event_loop()
+    try:
+        protocol = JsonErrorsH11(config, ServerState(), {}, _loop=loop)
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(request_bytes)  # the whole request in one read
+        loop.run_until_complete(asyncio.sleep(0))  # an app's task would start here
+    finally:
+        loop.close()
+    head, _, body = transport.written.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    assert transport.ended  # lingering: the client still reads the answer

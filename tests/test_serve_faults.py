@@ -233,3 +233,21 @@ def test_metrics_are_behind_the_key_unless_public(served: dict[str, Any]) -> Non
     assert status == 200 and b"zoo_batch_size" in body
     assert asgi(make_app(served, KEY, public_metrics=True), "GET", "/metrics")[0] == 200
     assert asgi(keyed, "GET", "/health")[0] == 200  # a load balancer's, open to all
+
+
+def test_tracebacks_are_logged_only_when_asked(app: Any, served: dict[str, Any],
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """`zoo serve --tracebacks` sets the server's logger to DEBUG (runtime/serve/server.py):
+    the fault's one line is followed by its traceback; without it, the line alone."""
+    with monkeypatch.context() as patch:
+        patch.setattr(served["chat"], "options", fail)
+        with caplog.at_level(logging.INFO, "zoo.serve"):
+            assert completion(app)[0] == 500
+        assert not any(r.exc_info for r in caplog.records)
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, "zoo.serve"):
+            assert completion(app)[0] == 500
+    traced = [r for r in caplog.records if r.exc_info]
+    assert len(traced) == 1 and traced[0].exc_info[1].args == ("injected fault",)
+    assert settled(served) == (0, 0, 0)

@@ -8,6 +8,7 @@ gets 429."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import threading
@@ -99,8 +100,8 @@ class Served:
                 self.admitted -= 1
 
         def emit(event: Event) -> None:  # from the scheduler's or the worker's thread
-            if not loop.is_closed():  # closed: the server has stopped, no one is waiting
-                loop.call_soon_threadsafe(deliver, event)
+            with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped,
+                loop.call_soon_threadsafe(deliver, event)  # no one waits for this event
 
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
                   sampled.stream, emit)

@@ -11,6 +11,8 @@ import numpy as np
 
 from registry.errors import ZooError
 
+SEEDS = 2**64
+
 
 @dataclass
 class Sampling:
@@ -21,6 +23,12 @@ class Sampling:
     top_p: float = 1.0
     seed: int = 0
     beams: int = 1
+
+    def generator(self) -> np.random.Generator:
+        """The draws' generator. Any integer is a seed (OpenAI's `seed` and `zoo run --seed`
+        alike): numpy wants a non-negative one, so it is taken modulo 2**64 (-1 draws as
+        2**64 - 1 does)."""
+        return np.random.default_rng(self.seed % SEEDS)
 
     def check(self) -> None:
         if self.temperature < 0:
@@ -97,7 +105,7 @@ def decode(session: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
     on when the other rows finish."""
     if sampling.beams > 1:
         return _beam_search(session, ids, mask, new_tokens, sampling.beams, eos)
-    rng = np.random.default_rng(sampling.seed)
+    rng = sampling.generator()
     logits = session.prefill(ids, mask)
     batch = len(ids)
     result = np.full((batch, new_tokens), 0 if eos is None else eos, np.int64)

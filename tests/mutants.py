@@ -255,8 +255,8 @@ MUTANTS = [
            'EDGE_SPACES = r"(?<![\\s\\S]) +| +(?![\\s\\S])"', 'EDGE_SPACES = r"(?<![\\s\\S]) +"',
            ("tests/test_marian.py::test_the_exports_tokenizer_json_decodes_marian_tokenizers_text",)),
     # issue 43: the hostile-server findings, each planted back
-    Mutant("serve-seed-taken-as-sent", "runtime/serve/bodies.py",
-           "None if seed is None else seed % SEEDS", "seed",
+    Mutant("serve-seed-taken-as-sent", "runtime/sampling.py",
+           "np.random.default_rng(self.seed % SEEDS)", "np.random.default_rng(self.seed)",
            ("tests/test_serve_faults.py::test_seed_minus_one_is_a_seed_and_leaks_nothing",)),
     Mutant("serve-place-taken-before-the-job-is-made", "runtime/serve/models.py",
            "                  sampled.stream, emit)\n        self.admit()",

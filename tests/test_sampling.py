@@ -232,3 +232,12 @@ def test_a_rows_samples_do_not_depend_on_when_other_rows_finish() -> None:
                    EOS)
     assert (early[0] == EOS).all() and not (plain[0] == EOS).all()
     np.testing.assert_array_equal(early[1:], plain[1:])
+
+
+def test_any_integer_is_a_seed_for_zoo_run_as_for_the_server() -> None:
+    """`zoo run --seed -1` was a numpy traceback (the server's finding 1 of issue 43, at the
+    depth both share): a negative seed draws as numpy's generator seeded with it modulo
+    2**64 does."""
+    for seed in (-1, -(10**30), 2**70 + 5):
+        assert Sampling(seed=seed).generator().random() == \
+            np.random.default_rng(seed % 2**64).random()

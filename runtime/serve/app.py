@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from runtime.serve import bodies
-from runtime.serve.errors import ApiError, log_fault
+from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.http import Guard
 from runtime.serve.metrics import Metrics
 from runtime.serve.models import Served, Ticket
@@ -55,8 +55,7 @@ def make_app(models: dict[str, Served], api_key: str | None, public_metrics: boo
                 response = JSONResponse(exc.body(), exc.status)
             except Exception as exc:  # a fault of the server, never of the request
                 log_fault(LOG, f"{request.method} {path}", exc)
-                response = JSONResponse(ApiError(500, "internal server error", None,
-                                                 "server_error").body(), 500)
+                response = JSONResponse(internal_error().body(), 500)
             # the model's label only once it names a served export: a client's made-up names
             # never become series of their own
             metrics.request(request.state.model, path, response.status_code)
@@ -252,7 +251,7 @@ def sse(data: dict[str, Any]) -> str:
 
 
 # made once: the event that tells a stream's client of a fault cannot fail to be made
-STREAM_FAULT = sse(ApiError(500, "internal server error", None, "server_error").body())
+STREAM_FAULT = sse(internal_error().body())
 
 
 async def embeddings(request: Request, models: dict[str, Served]) -> tuple[Response, int]:

@@ -17,7 +17,6 @@ MAX_STOPS = 4  # as OpenAI
 # characters in one stop string: far past any real one (a closing tag, a role marker), and
 # what a body may carry four of without its tables (runtime/serve/stops.py) mattering
 MAX_STOP_CHARS = 1000
-SEEDS = 2**64  # numpy's generators take a non-negative seed; OpenAI takes any integer
 
 SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
             "n", "user"}
@@ -105,8 +104,8 @@ def sampled(body: dict[str, Any]) -> Sampled:
                        f"{MAX_STOP_CHARS} served", "stop", "invalid_value")
     read(body, "stream_options", dict, None, "an object")
     read(body, "user", str, None)
-    seed = read(body, "seed", int, None)  # any integer, as OpenAI: -1 is a seed like 1
-    return Sampled(max_tokens, temperature, top_p, None if seed is None else seed % SEEDS,
+    # any integer, as OpenAI: -1 is a seed like 1 (runtime/sampling.py `Sampling.generator`)
+    return Sampled(max_tokens, temperature, top_p, read(body, "seed", int, None),
                    stops, read(body, "stream", bool, False))
 
 

@@ -29,6 +29,11 @@ class ApiError(Exception):
                           "code": self.code}}
 
 
+def internal_error() -> ApiError:
+    """What a client learns of a fault of the server: that it was one, nothing more."""
+    return ApiError(500, "internal server error", None, "server_error")
+
+
 def log_fault(log: logging.Logger, where: str, exc: BaseException) -> None:
     """A fault of the server (never of a request) as one line; its traceback at DEBUG, which
     `zoo serve --tracebacks` shows. The client gets a bare 500: no traceback leaves."""

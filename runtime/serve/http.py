@@ -20,7 +20,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from runtime.serve.errors import ApiError, log_fault
+from runtime.serve.errors import ApiError, internal_error, log_fault
 
 LOG = logging.getLogger("zoo.serve")
 MAX_HEADER_BYTES = 16 * 1024  # the request line and headers together (h11's default)
@@ -109,7 +109,7 @@ class Guard:
         except Exception as exc:
             log_fault(LOG, f"{scope.get('method', '')} {scope.get('path', '')}", exc)
             if scope["type"] == "http" and not started:
-                body = error_bytes(500, "internal server error", "server_error")
+                body = json.dumps(internal_error().body()).encode()
                 await send({"type": "http.response.start", "status": 500,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(body)).encode())]})

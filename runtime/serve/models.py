@@ -25,7 +25,7 @@ from runtime.files.tokenizer import sequence_ids
 from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
-from runtime.serve.errors import ApiError, log_fault
+from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.options import PREFILL_TOKENS
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
@@ -57,7 +57,7 @@ class Ticket:
                 return value
             if name == "gone":  # nginx's status for it: no one reads this answer
                 raise ApiError(499, "the client closed the request", None, "client_gone")
-        raise ApiError(500, "internal server error", None, "server_error")
+        raise internal_error()
 
 
 class Served:

@@ -90,7 +90,7 @@ class Job:
     ended: bool = False  # its last event ("done", "gone" or "error") sent
 
     def __post_init__(self) -> None:
-        self.rng = np.random.default_rng(self.sampling.seed)
+        self.rng = self.sampling.generator()
         self.finder = StopFinder(self.stops)  # built here, on the event loop
 
     def end(self, event: Event) -> None:

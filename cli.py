@@ -156,7 +156,7 @@ EXPORT = "export.options:ExportOptions"
 @fields("options", EXPORT, "opset provider atol rtol")
 @seed_option("Seed when building a card.")
 @sets_option
-@fields("options", EXPORT, "optimize quantize calibration attentions")
+@fields("options", EXPORT, "optimize quantize dtype calibration attentions")
 @click.option("--triton", "triton_repo", type=click.Path(file_okay=False), metavar="REPO",
               help="Also write a Triton model repository for the export (instances on "
                    "--provider's device; `zoo triton` has the other settings).")
@@ -297,7 +297,7 @@ BENCH = "export.bench.run:BenchOptions"
 @fields("options", BENCH, "provider threads")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
               help="Write every figure to this JSON file.")
-@fields("options", BENCH, "repeats optimize quantize profile seed")
+@fields("options", BENCH, "repeats optimize quantize dtype profile seed")
 @force_option("an existing --json file")
 @registry_option
 def bench(source: str, json_path: str | None, force: bool, registries: tuple[str, ...],

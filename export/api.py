@@ -33,7 +33,8 @@ def export_model(source: str | Path, out: str | Path, options: ExportOptions | N
     checked export in `out`; returns the check's report (it raised if the check failed).
     The options are checked once, by the pipeline, before anything is traced."""
     options = options or ExportOptions()
-    refuse_existing(Path(out), options.force)  # before the model is built or loaded
+    options.check()  # before the model is built or loaded
+    refuse_existing(Path(out), options.force)
     progress(f"loading {source}...")
     model, card = load_source(str(source), tuple(registries), seed, overrides)
     folder = Path(source) if Path(source).is_dir() else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL
+from export.onnx.precision import DTYPES, FP16, FP32, HALF_QUANTIZE, PrecisionError, check_dtype
 from export.onnx.quantize import CHOICES, DYNAMIC, check_choice
 from export.onnx.trace import DEFAULT_OPSET, check_opset
 from registry.errors import ZooError
@@ -32,6 +33,11 @@ class ExportOptions:
         "fp32; int8-dynamic (encoders, embedders, classifiers): int8 weights and activations, "
         "checked by a quality gate (sentence cosine, label agreement, MLM top-1) instead of "
         "the parity grid.", choices=CHOICES)
+    dtype: str = option(
+        "fp32", "fp16: weights, activations and the decoders' cache in float16 (positions, "
+        "masks, softmax and RMS norms kept float32, as transformers computes them), stored as "
+        "onnx/model_fp16.onnx; with --quantize int4, 4-bit weights and float16 activations "
+        "(onnx/model_q4f16.onnx). Checked against PyTorch run in float16.", choices=DTYPES)
     attentions: bool = option(
         False, "Also output every layer's attention maps (attentions.{i}, Hugging Face's "
         "names); checked by the parity grid like every output.")
@@ -43,7 +49,7 @@ class ExportOptions:
     @property
     def plain(self) -> bool:
         """Neither optimized nor quantized: the parity grid's report alone is the result."""
-        return not self.optimize and not self.quantize
+        return not self.optimize and not self.quantize and self.dtype == FP32
 
     def check(self) -> None:
         """Refuse what cannot be done before minutes of exporting (a CUDA provider that
@@ -52,6 +58,11 @@ class ExportOptions:
         require_provider(self.provider)
         if self.quantize:
             check_choice(self.quantize)
+        check_dtype(self.dtype, self.provider)
+        if self.dtype == FP16 and self.quantize not in (None, *HALF_QUANTIZE):
+            raise PrecisionError(f"--dtype fp16 --quantize {self.quantize}: float16 "
+                                 f"activations go with --quantize {', '.join(HALF_QUANTIZE)} "
+                                 "(q4f16) or no quantization (fp16)")
         # the file itself is read (and refused) by export_and_verify, before the trace
         if self.calibration is not None and self.quantize != DYNAMIC:
             raise ZooError(f"--calibration: only --quantize {DYNAMIC} calibrates (it "

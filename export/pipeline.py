@@ -16,6 +16,7 @@ from export.checks.quality import GateReport, calibration_batch
 from export.checks.verify import verify
 from export.families import family_of
 from export.onnx.gguf_export import GGUFWeights, gguf_weights
+from export.onnx.precision import FP16, check_weights_fit
 from export.onnx.quantize import GGUF
 from export.onnx.writer import export_onnx
 from export.opening import open_staged
@@ -61,6 +62,8 @@ def export_and_verify(
     family.check_quantization(card, options.quantize)
     if options.optimize:
         family.check_optimize(card)
+    if options.dtype == FP16:
+        check_weights_fit(model, card.name)
     gguf = _gguf_weights(model, card, options, source_folder)
     if options.calibration is not None:  # every refusal of the file before the trace
         tokenizer = load_tokenizer(source_folder) if source_folder is not None else None

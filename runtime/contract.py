@@ -33,7 +33,11 @@ CLIENT_FOLDER = "onnx/"  # graphs the Hugging Face clients open: quantized ones 
 DTYPES = {"int8-dynamic": "q8", "int8": "int8", "int4": "q4"}
 DTYPES["gguf"] = "q4"  # MatMulNBits blocks, as int4's (Q8_0 / K-quant linears at 8 bits)
 # transformers.js's DEFAULT_DTYPE_SUFFIX_MAPPING (src/utils/dtypes.js, 4.x), for these dtypes.
-DTYPE_SUFFIXES = {"fp32": "", "q8": "_quantized", "int8": "_int8", "q4": "_q4"}
+DTYPE_SUFFIXES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "int8": "_int8", "q4": "_q4",
+                  "q4f16": "_q4f16"}
+# `zoo export --dtype fp16`: transformers.js's dtype with float16 activations, by its float32
+# one (int4's MatMulNBits with float16 scales and activations is its q4f16).
+HALF_DTYPES = {"fp32": "fp16", "q4": "q4f16"}
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 
 
@@ -48,10 +52,18 @@ def past_names(n_layers: int, prefix: str, *infixes: str) -> list[str]:
             for kind in ("key", "value")]
 
 
-def quantized_name(file: str, choice: str) -> str:
-    """Where `--quantize choice` stores the client graph `file`: `onnx/model.onnx` becomes
-    `onnx/model_q4.onnx` for int4, the file transformers.js opens with `dtype: "q4"`."""
-    return f"{file.removesuffix('.onnx')}{DTYPE_SUFFIXES[DTYPES[choice]]}.onnx"
+def client_dtype_of(quantize: str | None, dtype: str = "fp32") -> str:
+    """transformers.js's dtype for an export made with `--quantize quantize --dtype dtype`."""
+    base = DTYPES[quantize] if quantize else "fp32"
+    return HALF_DTYPES[base] if dtype == "fp16" else base
+
+
+def quantized_name(file: str, choice: str | None, dtype: str = "fp32") -> str:
+    """Where `--quantize choice [--dtype fp16]` stores the client graph `file`:
+    `onnx/model.onnx` becomes `onnx/model_q4.onnx` for int4 (`model_q4f16.onnx` with fp16,
+    `model_fp16.onnx` for fp16 alone), the file transformers.js opens with that `dtype`."""
+    suffix = DTYPE_SUFFIXES[client_dtype_of(choice, dtype)]
+    return f"{file.removesuffix('.onnx')}{suffix}.onnx"
 
 
 def client_dtype(file: str, stored: str) -> str:
@@ -64,7 +76,16 @@ def client_dtype(file: str, stored: str) -> str:
 def stored_files(manifest: Mapping[str, Any]) -> dict[str, str]:
     """{contract name: the file that holds it} for each graph the manifest lists: the name
     itself, or for a quantized client graph its dtype name (`quantization.stored_as`)."""
-    quantization = manifest.get("quantization")
-    stored_as = quantization.get("stored_as") if isinstance(quantization, dict) else None
-    contract_name = {file: name for name, file in (stored_as or {}).items()}
+    contract_name = {file: name for name, file in renamed_graphs(manifest).items()}
     return {contract_name.get(file, file): file for file in manifest.get("graphs", {})}
+
+
+def renamed_graphs(manifest: Mapping[str, Any]) -> dict[str, str]:
+    """{contract name: stored name} of the graphs a quantized or float16 export renamed: its
+    `quantization.stored_as`, or a float16 export's `precision.stored_as`."""
+    for entry in ("quantization", "precision"):
+        record = manifest.get(entry)
+        stored_as = record.get("stored_as") if isinstance(record, dict) else None
+        if stored_as:
+            return dict(stored_as)
+    return {}

@@ -17,14 +17,16 @@ from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.families import spec_of
 from registry.paths import display_path
-from runtime.contract import LAYOUT, MANIFEST, stored_files
+from runtime.contract import CACHE_OUTPUT, LAYOUT, MANIFEST, stored_files
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ORT's SkipLayerNormalization CPU kernel took 0.2 ms per 128 x 768 call here, eight times
 # LayerNormalization + Add (bert-base forward: 5.2 ms against 0.6 ms + 0.3 ms, see
 # BENCHMARKS.md), so its online fusion is switched off; decoding steps are unaffected.
 DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
-ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+ORT_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32,
+              "tensor(float16)": np.float16}
+FLOAT_TYPES = ("tensor(float)", "tensor(float16)")
 # ORT's own logger prints multi-line errors (e.g. a CUDA library it cannot load) before we can
 # report them in one line; every failure it logs is raised to us and reported by us.
 ort.set_default_logger_severity(4)
@@ -135,8 +137,28 @@ class Graph:
                     raise OrtError(f"{where}: input {name} axis {axis} should be {want}, "
                                         f"got {got}")
 
+    def in_graph_dtypes(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Float feeds in the float type the graph takes (a float16 export's cache and
+        encoder states): callers hand float32 or what the graph gave them back."""
+        converted = dict(feeds)
+        for name, value in feeds.items():
+            spec = self.inputs.get(name)
+            if (spec is not None and spec.type in FLOAT_TYPES and isinstance(value, np.ndarray)
+                    and value.dtype in (np.float32, np.float16)):
+                converted[name] = value.astype(ORT_DTYPES[spec.type], copy=False)
+        return converted
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs by name; a float16 export's outputs in float32 for the caller's
+        arithmetic, except the cache (CACHE_OUTPUT), handed back as the graph will take it."""
+        feeds = self.in_graph_dtypes(feeds)
         self.check_feeds(feeds)
+        outputs = self._run(feeds)
+        return {name: value.astype(np.float32) if value.dtype == np.float16
+                and not name.startswith(CACHE_OUTPUT) else value
+                for name, value in outputs.items()}
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.provider == "cuda":  # bind so outputs are produced on the device, copied once
             binding = self.session.io_binding()
             for name, value in feeds.items():
@@ -179,6 +201,7 @@ class Runtime:
         # the clients' layout (manifest `layout`): opened on first use, by its checks alone;
         # {contract name: file}, as for the graphs (quantized, under dtype names)
         self.layout_files = stored_files({"quantization": manifest.get("quantization"),
+                                          "precision": manifest.get("precision"),
                                           "graphs": manifest.get(LAYOUT, {}).get("graphs", {})})
 
     @property

@@ -20,7 +20,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.sizes import cache_shape
 from runtime.contract import CACHE_INPUT, CACHE_OUTPUT, past_names
-from runtime.sessions import Graph
+from runtime.sessions import ORT_DTYPES, Graph
 
 
 class SharedCacheSession:
@@ -37,8 +37,11 @@ class SharedCacheSession:
         """Buffers for `batch` rows; zeroed, so unused slots hold no stale rows."""
         self.held = batch
         shape = cache_shape(self.card, batch, self.capacity)
-        self.buffers = [np.zeros(shape, np.float32) for _ in self.past_inputs]
-        self.full_logits = np.zeros((batch, self.card["vocab_size"]), np.float32)
+        inputs, outputs = self.graph.inputs, self.graph.session.get_outputs()
+        cache_type = ORT_DTYPES[inputs[self.past_inputs[0]].type]  # float16 in an fp16 export
+        logits_type = ORT_DTYPES[next(o.type for o in outputs if o.name == "logits")]
+        self.buffers = [np.zeros(shape, cache_type) for _ in self.past_inputs]
+        self.full_logits = np.zeros((batch, self.card["vocab_size"]), logits_type)
         self.full_ids = np.zeros((batch, 1), np.int64)
         self.full_positions = np.zeros((batch, 1), np.int64)
         self.full_seqlens = np.zeros(batch, np.int32)
@@ -72,7 +75,8 @@ class SharedCacheSession:
 
     def _run(self) -> np.ndarray:
         self.graph.session.run_with_iobinding(self.binding)
-        return self.logits.copy()  # the next step overwrites the bound buffer
+        # a copy: the next step overwrites the bound buffer; float32 for the caller
+        return self.logits.astype(np.float32)
 
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """Compact each row's real tokens to the front (positions count real tokens, exactly

@@ -131,6 +131,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "int8-dynamic": {"quantize": "int8-dynamic"},
     "optimize-int4": {"optimize": True, "quantize": "int4"},
     "optimize-int8": {"optimize": True, "quantize": "int8"},
+    "fp16": {"dtype": "fp16"}, "optimize-fp16": {"optimize": True, "dtype": "fp16"},
+    "q4f16": {"quantize": "int4", "dtype": "fp16"},
 }
 SharedExport = Callable[..., tuple[Path, Any]]
 

@@ -211,6 +211,7 @@ def decoder_profile(runtime: Runtime, card: Card, threads: int | None, folder: P
     feeds = {"input_ids": np.array([[5]]), "attention_mask": np.ones((1, past + 1), np.int64),
              "position_ids": np.array([[past]]), **{name: empty for name in inputs}}
     graph = profiled_graph(runtime.graphs[MODEL_GRAPH].path, runtime.provider, threads, folder)
+    feeds = graph.in_graph_dtypes(feeds)
     result = {f"model.onnx decode step, past {past}": op_times(
         graph, lambda: graph.session.run(None, feeds))}
     entry = runtime.manifest.get("generation")

@@ -65,5 +65,6 @@ def forward_profile(runtime: Runtime, card: Card, threads: int | None, folder: P
     if file == MODEL_GRAPH:
         feeds = encoder_feeds(card, feeds["input_ids"], feeds["attention_mask"])
     graph = profiled_graph(runtime.graphs[file].path, runtime.provider, threads, folder)
+    feeds = graph.in_graph_dtypes(feeds)
     return {f"{file} forward 1 x {length}": op_times(
         graph, lambda: graph.session.run(None, feeds))}

@@ -24,6 +24,7 @@ from export.bench.machine import cpu_name, load_average, matmul_flops, read_band
 from export.bench.profile import temporary_folder
 from export.family import Family
 from export.onnx.manifest import package_versions
+from export.onnx.precision import DTYPES
 from export.onnx.quantize import CHOICES
 from export.opening import open_export
 from export.options import ExportOptions
@@ -54,6 +55,8 @@ class BenchOptions:
                             flags=("--optimize/--no-optimize",))
     quantize: str | None = option(None, "When exporting NAME or a built folder: --quantize it.",
                                   choices=CHOICES)
+    dtype: str = option("fp32", "When exporting NAME or a built folder: --dtype it.",
+                        choices=DTYPES)
     profile: bool = option(False, "Add ONNX Runtime's per-operator times.")
     seed: int = option(0, "Seed when building a card.")
 
@@ -68,7 +71,8 @@ def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, wo
     model, card = load_source(source, registries, options.seed)
     out = work / "export"
     export_and_verify(model, card, out, ExportOptions(optimize=options.optimize,
-                                                      quantize=options.quantize), progress)
+                                                      quantize=options.quantize,
+                                                      dtype=options.dtype), progress)
     return out, model, card
 
 
@@ -80,6 +84,7 @@ def _export_facts(folder: Path, runtime: Runtime) -> dict[str, Any]:
     return {
         "optimized": "optimization" in manifest,
         "quantized": manifest.get("quantization", {}).get("weights", "fp32"),
+        "dtype": manifest.get("precision", {}).get("dtype", "fp32"),
         "shared_cache_graph": runtime.kv_graph is not None,
         "onnx_bytes": onnx_bytes,
         "safetensors_bytes": weights.stat().st_size if weights.is_file() else 0,

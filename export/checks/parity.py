@@ -34,6 +34,9 @@ class Row:
     max_abs: float
     max_rel: float
     passed: bool
+    # a float16 export's row (export/checks/half.py): its derived tolerance; max_abs is then
+    # the distance from PyTorch float16, max_rel the distance from PyTorch float32
+    tolerance: float | None = None
 
 
 @dataclass
@@ -46,12 +49,17 @@ class Report:
         return all(r.passed for r in self.rows) and all(same for _, same, _ in self.generation)
 
     def table(self) -> str:
-        lines = [f"{'output':<28} {'case':<26} {'max abs':>10} {'max rel':>10}  pass"]
+        half = any(r.tolerance is not None for r in self.rows)
+        heads = ("vs fp16", "vs fp32", "tolerance") if half else ("max abs", "max rel", "")
+        lines = [f"{'output':<28} {'case':<26} {heads[0]:>10} {heads[1]:>10} {heads[2]:>10}"
+                 "  pass"]
         for r in self.rows:
-            lines.append(f"{r.output:<28} {r.case:<26} {r.max_abs:>10.2e} {r.max_rel:>10.2e}  "
-                         f"{'yes' if r.passed else 'NO'}")
+            allowed = f"{r.tolerance:>10.2e}" if r.tolerance is not None else " " * 10
+            second = f"{r.max_rel:>10.2e}" if r.max_rel == r.max_rel else f"{'-':>10}"  # NaN
+            lines.append(f"{r.output:<28} {r.case:<26} {r.max_abs:>10.2e} {second} "
+                         f"{allowed}  {'yes' if r.passed else 'NO'}")
         for what, same, steps in self.generation:
-            verdict = "identical" if same else "DIFFERENT"
+            verdict = ("agree" if half else "identical") if same else "DIFFERENT"
             lines.append(f"greedy tokens ({what}, {steps} steps): {verdict}")
         lines.append("parity: " + ("PASSED" if self.passed else "FAILED"))
         return "\n".join(lines)

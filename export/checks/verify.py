@@ -5,6 +5,7 @@ proves that its shared-cache loop gives the plain loop's logits and tokens."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -12,6 +13,7 @@ from torch import nn
 
 from export.checks.agreement import STEPS, THRESHOLDS, AgreementError, AgreementReport
 from export.checks.cases import local_window
+from export.checks.half import check_float16
 from export.checks.layout import check_layout
 from export.checks.parity import (
     DEFAULT_ATOL,
@@ -24,6 +26,7 @@ from export.checks.parity import (
     compare,
 )
 from export.checks.quality import GateError, GateReport
+from export.onnx.precision import FP16
 from export.onnx.quantize import DYNAMIC
 from export.onnx.shared_cache import KV_FILE
 from export.runtime.engines import TorchEngine
@@ -95,10 +98,19 @@ def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT
         if layout is not None and not layout.passed:  # the layout beside quantized graphs
             raise ParityError(layout)
         return _quantized(reference, runtime, quantization["weights"], progress)
-    progress(f"checking parity against ONNX Runtime ({runtime.provider})...")
-    report = check_parity(reference, runtime, atol, rtol)
+    half = runtime.manifest.get("precision", {}).get("dtype") == FP16
+    if half:
+        progress(f"checking parity against PyTorch in float16 ({runtime.provider})...")
+        report = check_float16(model, reference, runtime)
+    else:
+        progress(f"checking parity against ONNX Runtime ({runtime.provider})...")
+        report = check_parity(reference, runtime, atol, rtol)
     if runtime.kv_graph is not None:
+        if half:  # both loops in float16: within the grid's derived logits tolerance
+            atol, rtol = max(r.tolerance or 0.0 for r in report.rows), 0.0
         row, tokens = shared_cache_matches_plain(runtime, atol, rtol)
+        if half:  # the table's columns are then "vs PyTorch fp16" and "vs fp32"
+            row.tolerance, row.max_rel = atol, math.nan
         report.rows.append(row)
         report.generation.append(tokens)
     if layout is not None:

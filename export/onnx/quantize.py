@@ -32,6 +32,11 @@ BLOCK_SIZE = 32
 # (VNNI on x86). Measured on gpt2-small (decode step at past 256): int8 5.2 ms at level 4
 # against 82 ms at level 0 (fp32 dot products); top-1 agreement 61 against 62 of 64 tokens.
 ACCURACY_LEVEL = 4
+# q4f16 (--quantize int4 --dtype fp16): level 0, each provider's own compute type. With 4, ONNX
+# Runtime 1.31's CPU provider computes a float16 MatMulNBits with int8 activations in a graph
+# but in float16 inside an If (the seq2seq layout's merged decoder): measured 0.33 apart in a
+# tiny decoder's cache; at levels 0 to 2 both places run one kernel, bit for bit.
+HALF_ACCURACY_LEVEL = 0
 
 
 class QuantizeError(ZooError):
@@ -72,7 +77,8 @@ def fold_transposed_weights(model: onnx.ModelProto) -> int:
     return folded
 
 
-def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]:
+def quantize(model: onnx.ModelProto, choice: str, accuracy_level: int = ACCURACY_LEVEL
+             ) -> tuple[onnx.ModelProto, int]:
     """The quantized model and the number of MatMuls it quantized."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -82,7 +88,7 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
     with quiet_loggers("onnxruntime", "onnxruntime.quantization", disable=logging.WARNING):
         try:
             quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=BLOCK_SIZE,
-                                             is_symmetric=True, accuracy_level=ACCURACY_LEVEL,
+                                             is_symmetric=True, accuracy_level=accuracy_level,
                                              op_types_to_quantize=("MatMul",))
             quantizer.process()
         except Exception as exc:  # the quantizer raises many types; report one line
@@ -90,6 +96,6 @@ def quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]
     quantized = quantizer.model.model
     ensure_ms_opset(quantized)
     count = sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)
-    quantize_experts(quantized, bits, ACCURACY_LEVEL)  # the MoE node's 3-D weights: QMoE
+    quantize_experts(quantized, bits, accuracy_level)  # the MoE node's 3-D weights: QMoE
     drop_unused_initializers(quantized.graph)
     return quantized, count

@@ -36,12 +36,20 @@ from export.onnx.gguf_export import (
     type_counts_line,
 )
 from export.onnx.optimize import FusionReport, fuse
-from export.onnx.quantize import ACCURACY_LEVEL, BLOCK_SIZE, DYNAMIC, GGUF, quantize
+from export.onnx.precision import FP16, to_float16
+from export.onnx.quantize import (
+    ACCURACY_LEVEL,
+    BLOCK_SIZE,
+    DYNAMIC,
+    GGUF,
+    HALF_ACCURACY_LEVEL,
+    quantize,
+)
 from export.onnx.quantize_experts import experts_entry
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.paths import display_path
-from runtime.contract import CLIENT_FOLDER, DTYPES, quantized_name
+from runtime.contract import CLIENT_FOLDER, client_dtype_of, quantized_name
 from runtime.files.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -55,8 +63,12 @@ class VariantResult:
 
     @property
     def stored_as(self) -> dict[str, str]:
-        """{contract graph: the file a quantized one is stored as}; empty when none moved."""
-        return self.manifest.get("quantization", {}).get("stored_as", {})
+        """{contract graph: the file a quantized (or float16) one is stored as}: the manifest
+        entry's own dict, which the writer adds the layout's renames to; empty when none."""
+        for entry in ("quantization", "precision"):
+            if entry in self.manifest:
+                return self.manifest[entry].setdefault("stored_as", {})
+        return {}
 
 
 def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Card,
@@ -87,29 +99,55 @@ def apply_variant(protos: dict[str, onnx.ModelProto], model: nn.Module, card: Ca
     elif options.quantize:
         progress(f"quantizing MatMul weights to {options.quantize} (MatMulNBits)...")
         counts = {}
+        level = HALF_ACCURACY_LEVEL if options.dtype == FP16 else ACCURACY_LEVEL
         for file in list(protos):
-            protos[file], counts[file] = quantize(protos[file], options.quantize)
+            protos[file], counts[file] = quantize(protos[file], options.quantize, level)
             variant.notes.append(f"quantized {counts[file]} MatMul weights in {file} to "
                                  f"{options.quantize}")
         variant.manifest["quantization"] = {
             "weights": options.quantize,
             "activations": "fp32 in and out (weight-only); accuracy_level 4 lets MatMulNBits "
-                           "quantize activation blocks to int8 inside its dot products",
-            "accuracy_level": ACCURACY_LEVEL,
+                           "quantize activation blocks to int8 inside its dot products"
+                           if level == ACCURACY_LEVEL else "float16 (q4f16); accuracy_level 0: "
+                           "each provider's own compute type",
+            "accuracy_level": level,
             "method": "onnxruntime MatMulNBitsQuantizer", "block_size": BLOCK_SIZE,
             "symmetric": True, "matmuls": counts,
             "check": "top-1 agreement with fp32 instead of the parity grid",
         }
         variant.notes.extend(experts_entry(protos, options.quantize,
                                            variant.manifest["quantization"]))
-    if options.quantize:
-        quantized = variant.manifest["quantization"]["matmuls"]
-        moved = _store_under_dtype_names(
-            protos, [file for file in contract_files if file in quantized], options.quantize)
-        variant.manifest["quantization"]["stored_as"] = moved
-        variant.notes.extend(f"{file} stored as {stored} (transformers.js dtype "
-                             f"{DTYPES[options.quantize]})" for file, stored in moved.items())
+    if options.dtype == FP16:
+        progress("converting to float16 (positions, masks, softmax and RMS norms kept "
+                 "float32)...")
+        variant.manifest["precision"] = _to_float16(protos)
+        variant.notes.append(f"float16 weights and activations in {len(protos)} graph(s)")
+    if options.quantize or options.dtype == FP16:
+        entry = variant.manifest["quantization" if options.quantize else "precision"]
+        renamed = [file for file in contract_files
+                   if file in entry.get("matmuls", protos)]  # quantized, or all in fp16
+        moved = _store_under_dtype_names(protos, renamed, options.quantize, options.dtype)
+        entry["stored_as"] = moved
+        dtype = client_dtype_of(options.quantize, options.dtype)
+        variant.notes.extend(f"{file} stored as {stored} (transformers.js dtype {dtype})"
+                             for file, stored in moved.items())
     return variant
+
+
+def _to_float16(protos: dict[str, onnx.ModelProto]) -> dict[str, Any]:
+    """Every graph in float16 (export/onnx/precision.py); the manifest's `precision` entry."""
+    kept = {}
+    for file in list(protos):
+        protos[file], plan = to_float16(protos[file], file)
+        kept[file] = plan.counts()
+    return {"dtype": FP16, "io": "float16 in and out: logits, hidden states and the cache",
+            "float32_nodes": kept,
+            "float32_why": "positions and masks (computed from position ids, masks and shapes "
+                           "alone), softmax and the Add of its mask, RMS norms' reductions: "
+                           "as transformers computes them in float16 models",
+            "check": "parity against PyTorch run in float16, tolerance 2 x PyTorch float16's "
+                     "own largest distance from float32 plus one float16 step at the "
+                     "output's largest magnitude"}
 
 
 def _place_gguf_blocks(protos: dict[str, onnx.ModelProto], gguf: GGUFWeights,
@@ -130,9 +168,10 @@ def _place_gguf_blocks(protos: dict[str, onnx.ModelProto], gguf: GGUFWeights,
 
 
 def _store_under_dtype_names(protos: dict[str, onnx.ModelProto], quantized: list[str],
-                             choice: str) -> dict[str, str]:
-    """Rename the quantized client graphs in `protos` (keeping their order); {old: new}."""
-    moved = {file: quantized_name(file, choice) for file in quantized
+                             choice: str | None, dtype: str) -> dict[str, str]:
+    """Rename the quantized (or float16) client graphs in `protos` (keeping their order);
+    {old: new}."""
+    moved = {file: quantized_name(file, choice, dtype) for file in quantized
              if file.startswith(CLIENT_FOLDER)}
     renamed = {moved.get(file, file): proto for file, proto in protos.items()}
     protos.clear()
@@ -141,12 +180,13 @@ def _store_under_dtype_names(protos: dict[str, onnx.ModelProto], quantized: list
 
 
 def layout_under_dtype_names(layout: dict[str, onnx.ModelProto], entry: dict[str, Any],
-                             choice: str) -> dict[str, str]:
+                             choice: str | None, dtype: str) -> dict[str, str]:
     """Rename, in `layout` and its manifest `entry`'s graphs, each layout graph a quantized
     export made with quantized operators (int8-dynamic leaves the decoder's steps fp32, but the
-    merged decoder's first step holds encoder.onnx's quantized cross projection); {old: new}."""
-    moved = {file: quantized_name(file, choice) for file, proto in layout.items()
-             if _holds_quantized(proto.graph)}
+    merged decoder's first step holds encoder.onnx's quantized cross projection), or every one
+    of a float16 export; {old: new}."""
+    moved = {file: quantized_name(file, choice, dtype) for file, proto in layout.items()
+             if dtype == FP16 or _holds_quantized(proto.graph)}
     for files in (layout, entry["graphs"]):
         renamed = {moved.get(file, file): value for file, value in files.items()}
         files.clear()

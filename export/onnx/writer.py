@@ -20,6 +20,7 @@ from export.family import Family, GraphIO, contract_of, wrappers_of
 from export.onnx.files import save_models, save_standalone, set_metadata, strip_debug
 from export.onnx.gguf_export import GGUFWeights
 from export.onnx.manifest import build_manifest, package_versions, write_manifest
+from export.onnx.precision import FP32
 from export.onnx.trace import ExportError, export_graph, trace_inputs
 from export.onnx.variants import VariantResult, apply_variant, layout_under_dtype_names
 from export.options import ExportOptions
@@ -104,8 +105,10 @@ def export_onnx(
         client_graphs = [*contract, *layout]  # by contract name, for config.json's dtype
         if layout:
             entries[LAYOUT] = family.layout_entry(card)
-        if layout and options.quantize:  # `stored` is the manifest's quantization.stored_as
-            stored.update(layout_under_dtype_names(layout, entries[LAYOUT], options.quantize))
+        if layout and (options.quantize or options.dtype != FP32):
+            # `stored` is the manifest's quantization.stored_as (precision.stored_as)
+            stored.update(layout_under_dtype_names(layout, entries[LAYOUT], options.quantize,
+                                                   options.dtype))
         save_models(protos, staging)
         save_standalone(layout, staging)
         for file_name in [*protos, *layout]:

@@ -18,6 +18,7 @@ class TorchEngine:
         self.card = card
         self.device = torch.device(device)
         model = model.eval().to(self.device)
+        self.dtype = next(model.parameters()).dtype
         self.family = family
         self.spec = family.spec
         self.graphs = self.family.wrappers(model, card, attentions)
@@ -27,6 +28,8 @@ class TorchEngine:
         inputs, outputs = self.contract[file]
         tensors = [torch.from_numpy(np.ascontiguousarray(feeds[name])).to(self.device)
                    for name in inputs]
+        tensors = [tensor.to(self.dtype) if tensor.is_floating_point() else tensor
+                   for tensor in tensors]  # a float16 model takes its cache in float16
         past_at = next((i for i, name in enumerate(inputs) if name.startswith("past_")), None)
         args = tensors if past_at is None else [*tensors[:past_at], tuple(tensors[past_at:])]
         with torch.no_grad():

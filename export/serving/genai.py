@@ -178,8 +178,9 @@ def shared_cache_for_genai(kv: onnx.ModelProto) -> onnx.ModelProto:
     for node in g.node:  # the last-token logits (B, V) get a sequence axis of 1
         node.output[:] = ["genai.logits" if name == "logits" else name for name in node.output]
     g.node.append(helper.make_node("Unsqueeze", ["genai.logits", "genai.axis1"], ["logits"]))
-    vocab = next(o for o in g.output if o.name == "logits").type.tensor_type.shape.dim[1]
-    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT,
+    kv_logits = next(o for o in g.output if o.name == "logits").type.tensor_type
+    vocab = kv_logits.shape.dim[1]
+    logits = helper.make_tensor_value_info("logits", kv_logits.elem_type,  # float16 in fp16
                                            [batch, 1, vocab.dim_value or vocab.dim_param])
     outputs = [logits if o.name == "logits" else o for o in g.output]
     del g.output[:]

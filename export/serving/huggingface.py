@@ -76,9 +76,11 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
     if found.config is None:
         return notes
     spec = spec_of(card)
+    dtype = transformers_js_dtype(graphs, stored_as)
+    half = {"fp16", "q4f16"} & set([dtype] if isinstance(dtype, str) else dtype.values())
     config = {**found.config, **spec.hf_config_extras,
-              "torch_dtype": "float32",
-              "transformers.js_config": {"dtype": transformers_js_dtype(graphs, stored_as)}}
+              "torch_dtype": "float16" if half else "float32",  # the graphs' activations
+              "transformers.js_config": {"dtype": dtype}}
     _write_json(folder / CONFIG_JSON, config)
     if spec.generates:
         _write_json(folder / GENERATION_CONFIG, generation_config(card))

@@ -154,8 +154,7 @@ def _renamer(prefix: str, weights: tuple[str, set[str]], outer: set[str],
     return rename
 
 
-def _tensor(name: str, shape: Iterable[int | str] | None, dtype: int = TensorProto.FLOAT
-            ) -> onnx.ValueInfoProto:
+def _tensor(name: str, shape: Iterable[int | str] | None, dtype: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, dtype, None if shape is None else list(shape))
 
 
@@ -163,6 +162,7 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                     ) -> onnx.ModelProto:
     n = card["n_layers"]
     sizes = attention_sizes(card)
+    element = _float_type(decoder)  # float16 in a --dtype fp16 export
     self_in, self_out = past_names(n, CACHE_INPUT, DECODER), past_names(n, CACHE_OUTPUT, DECODER)
     cross_in, cross_out = past_names(n, CACHE_INPUT, ENCODER), past_names(n, CACHE_OUTPUT, ENCODER)
     step_outputs = ["logits", *self_out]
@@ -189,10 +189,10 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                                                     {**empty, **from_projection}), "first/")
     first = helper.make_graph(
         first_nodes, "first_step", [],
-        [_tensor(projected.get(name, f"first/{name}"), None) for name in order])
+        [_tensor(projected.get(name, f"first/{name}"), None, element) for name in order])
 
     # Later steps (use_cache_branch true): decoder.onnx as it is; the cross cache is the input's.
-    empty_cross = helper.make_tensor("empty", TensorProto.FLOAT,
+    empty_cross = helper.make_tensor("empty", element,
                                      [0, sizes.kv_heads, 1, sizes.head_dim], [])
     past_nodes = _renamed(decoder_nodes, _renamer("past/", decoder_weights, outer),
                           "past/")
@@ -200,7 +200,7 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                                     value=empty_cross) for name in cross_out]
     with_past = helper.make_graph(
         past_nodes, "with_past", [],
-        [_tensor(f"past/{name}", None) for name in order])
+        [_tensor(f"past/{name}", None, element) for name in order])
 
     weights = [_prefixed(t, "decoder/") for t in _used_initializers(decoder.graph, decoder_nodes)]
     weights += [_prefixed(t, "encoder/") for t in _used_initializers(encoder.graph, cross_nodes)]
@@ -208,7 +208,8 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
                 helper.make_tensor("layout/axis", TensorProto.INT64, [1], [2])]
     switch = helper.make_node("If", [USE_CACHE_BRANCH], order,
                               name=USE_CACHE_BRANCH, then_branch=with_past, else_branch=first)
-    inputs, outputs = _merged_signature(card, self_in, cross_in, order, set(projected))
+    inputs, outputs = _merged_signature(card, self_in, cross_in, order, set(projected),
+                                        element)
     graph = helper.make_graph([switch], "decoder_model_merged", inputs, outputs, weights)
     model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder))
     model.ir_version = max(encoder.ir_version, decoder.ir_version)
@@ -217,8 +218,13 @@ def _merged_decoder(card: Card, encoder: onnx.ModelProto, decoder: onnx.ModelPro
     return model
 
 
+def _float_type(graph: onnx.ModelProto) -> int:
+    """The element type of the decoder's logits: float, or float16 in an fp16 export."""
+    return next(o.type.tensor_type.elem_type for o in graph.graph.output if o.name == "logits")
+
+
 def _merged_signature(card: Card, self_in: list[str], cross_in: list[str], order: list[str],
-                      projected: set[str]
+                      projected: set[str], element: int
                       ) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     """The merged decoder's inputs (Optimum's order: per layer the self cache, then the cross
     cache; the branch flag last) and outputs (`order`), with their symbolic axes."""
@@ -226,17 +232,17 @@ def _merged_signature(card: Card, self_in: list[str], cross_in: list[str], order
     kv, dh = sizes.kv_heads, sizes.head_dim
     inputs = [_tensor("input_ids", TARGET, TensorProto.INT64),
               _tensor("encoder_attention_mask", SOURCE, TensorProto.INT64),
-              _tensor(HIDDEN, (*SOURCE, card["d_model"]))]
+              _tensor(HIDDEN, (*SOURCE, card["d_model"]), element)]
     for layer in range(card["n_layers"]):
-        inputs += [_tensor(name, ("batch_size", kv, SELF_PAST, dh))
+        inputs += [_tensor(name, ("batch_size", kv, SELF_PAST, dh), element)
                    for name in self_in[2 * layer: 2 * layer + 2]]
-        inputs += [_tensor(name, ("batch_size", kv, CROSS_PAST, dh))
+        inputs += [_tensor(name, ("batch_size", kv, CROSS_PAST, dh), element)
                    for name in cross_in[2 * layer: 2 * layer + 2]]
     inputs.append(_tensor(USE_CACHE_BRANCH, [1], TensorProto.BOOL))
     total = f"{SELF_PAST} + decoder_sequence_length"
-    outputs = [_tensor("logits", (*TARGET, target_vocab_size(card)))]
-    outputs += [_tensor(name, ("batch_size", kv, CROSS_PAST if name in projected else total, dh))
-                for name in order[1:]]
+    outputs = [_tensor("logits", (*TARGET, target_vocab_size(card)), element)]
+    outputs += [_tensor(name, ("batch_size", kv, CROSS_PAST if name in projected else total, dh),
+                        element) for name in order[1:]]
     return inputs, outputs
 
 

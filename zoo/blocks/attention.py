@@ -36,7 +36,8 @@ def build_mask(
     `key_padding` is (B, S) with 1 for real tokens. With `causal`, the T queries are the last T of
     the S positions (the first S - T are the cache), so query i sees keys j <= S - T + i.
     A large finite value, not -inf: a row with every key masked (a padding query) becomes
-    uniform instead of NaN.
+    uniform instead of NaN. At least float32 (the scores are added to it in float32), so a
+    float16 model's padding rows are uniform too, not overflowed to -inf.
 
     `window` (a local layer's, zoo/blocks/windows.py): causal, query i sees keys j with
     i - window < j <= i; otherwise keys with |i - j| <= window // 2. Padding is contiguous at
@@ -57,6 +58,7 @@ def build_mask(
         allowed = padding if allowed is None else allowed & padding
     if allowed is None:
         return None
+    dtype = torch.promote_types(dtype, torch.float32)  # a float16 model's mask too
     zero = torch.zeros((), dtype=dtype, device=device)
     return zero.masked_fill(~allowed, torch.finfo(dtype).min)
 
@@ -146,9 +148,10 @@ class DotProductCore:
         scores = query @ attended_key.transpose(-2, -1)  # (B, nh, T, S)
         if a.softcap is not None:  # Gemma 2's cap on the scores, before the mask
             scores = torch.tanh(scores / a.softcap) * a.softcap
+        scores = scores.float()  # the softmax in float32, as transformers' eager attention
         if mask is not None:
             scores = scores + mask
-        probabilities = scores.softmax(dim=-1)
+        probabilities = scores.softmax(dim=-1).to(query.dtype)
         if self.record is not None:
             self.record.append(probabilities)
         weights = a.dropout(probabilities)

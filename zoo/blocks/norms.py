@@ -48,7 +48,12 @@ class RMSNorm(CardNorm, nn.Module):
         # A division, not x * rsqrt(...): ONNX Runtime fuses Pow-ReduceMean-Add-Sqrt-Div-Mul
         # into one SimplifiedLayerNormalization when it loads a graph, but not the Reciprocal
         # form torch emits for rsqrt (seven nodes a norm instead of one, measured on 1.31).
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # In float32 whatever the model's dtype, as transformers' LlamaRMSNorm (x^2 overflows
+        # float16 past 256); the weight multiplies in the model's dtype. A float32 model's
+        # graph has no casts: .float() and .type_as() of a float32 tensor are the tensor.
+        wide = x.float()
+        return (wide / torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+                ).type_as(x) * self.weight
 
 
 class ProjectionNorm(nn.Module):

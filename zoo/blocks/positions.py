@@ -104,6 +104,15 @@ class RotaryPositions(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_scale = yarn_attention_factor(scaling)  # cos and sin scaled by it
 
+    def _apply(self, fn: Any, recurse: bool = True) -> RotaryPositions:
+        """Moves with the model but stays float32 when the model becomes float16 (as
+        transformers computes its rotary angles): a frequency rounded to float16 is an angle
+        error that grows with the position."""
+        frequencies = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = frequencies.to(self.inv_freq.device)
+        return self
+
     def add(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         return x
 
@@ -191,7 +200,7 @@ def yarn_attention_factor(scaling: dict[str, Any] | None) -> float:
 
 def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
     """Rotate (B, nh, T, hd) by the half-split convention (GPT-NeoX, Llama)."""
-    cos, sin = rotary
+    cos, sin = (table.to(x.dtype) for table in rotary)  # computed in float32
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 

@@ -56,7 +56,14 @@ QUANTIZED = {
     "modernbert-classifier-q8": ("modernbert-classifier", "int8-dynamic"),
     "t5-int8": (T5, "int8"),
 }
-KEYS = (*MODELS, TRANSLATOR, T5, *IMPORTED_DECODERS, *QUANTIZED)
+# name: (a key of MODELS or TRANSLATOR, --quantize or None): the same built model exported
+# with --dtype fp16, stored as transformers.js's fp16 (model_fp16) or q4f16 (model_q4f16).
+FLOAT16 = {
+    "gpt-fp16": ("gpt", None),
+    "gpt-q4f16": ("gpt", "int4"),
+    "translator-fp16": (TRANSLATOR, None),
+}
+KEYS = (*MODELS, TRANSLATOR, T5, *IMPORTED_DECODERS, *QUANTIZED, *FLOAT16)
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]
 TRANSLATIONS = ["First Citizen: we are accounted poor citizens.", "Speak, speak."]
 
@@ -83,15 +90,16 @@ def built_model(root: Path, key: str, seed: int) -> Path:
 
 
 def fresh_export(root: Path, key: str, seed: int = 1) -> Path:
-    """root/KEY: the export of MODELS[key] (or the translator, or QUANTIZED[key]), made once
-    per root."""
+    """root/KEY: the export of MODELS[key] (or the translator, or QUANTIZED[key], or
+    FLOAT16[key]), made once per root."""
     out = root / key
     if out.exists():
         return out
-    model, quantize = QUANTIZED.get(key, (key, None))
+    model, quantize = QUANTIZED.get(key) or FLOAT16.get(key) or (key, None)
     built = built_model(root, model, seed)
     result = CliRunner().invoke(zoo, ["export", str(built), "--onnx", "-o", str(out),
-                                      *(["--quantize", quantize] if quantize else [])])
+                                      *(["--quantize", quantize] if quantize else []),
+                                      *(["--dtype", "fp16"] if key in FLOAT16 else [])])
     assert result.exit_code == 0, result.output
     return out
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "examples" / "optimum" / "run.py"
 PYTHON = ROOT / "examples" / "optimum" / ".venv" / "bin" / "python"
 STEPS = 24
-GENERATORS = ("gpt", "llama", "gpt-q4", GEMMA3)
+GENERATORS = ("gpt", "llama", "gpt-q4", GEMMA3, "gpt-fp16", "gpt-q4f16")
 # Qwen3-MoE's head_dim (12) is not hidden_size // num_attention_heads (8): Optimum sizes the
 # first step's empty cache by the latter (run.py's causal-lm-head-dim says where)
 HEAD_DIM_REFUSED = (QWEN3_MOE,)
@@ -48,7 +48,8 @@ CLASSIFIERS = ("classifier", "pooler-classifier", "classifier-q8", "modernbert-c
                "modernbert-classifier-q8")
 EMBEDDERS = ("embedder", "embedder-q8", "modernbert-embedder")
 MASKED = ("modernbert-embedder",)  # its MLM head's logits beside the sentence vector
-TRANSLATORS = (TRANSLATOR, "translator-int8", T5, "t5-int8")  # MarianMT's, T5's
+TRANSLATORS = (TRANSLATOR, "translator-int8", T5, "t5-int8",  # MarianMT's, T5's
+               "translator-fp16")
 pytestmark = ON_HF_CLIENTS  # the exports are made once, in this group's worker
 
 

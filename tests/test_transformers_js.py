@@ -73,6 +73,8 @@ def dtype_args(dtype: str | None) -> list[str]:
 
 @pytest.mark.parametrize("key, dtype", [("gpt", None), ("llama", None), ("gpt-q4", "q4"),
                                         ("gpt-int8", "int8"), ("gemma", None),
+                                        # float16: its cache too; q4f16 by config.json's dtype
+                                        ("gpt-fp16", "fp16"), ("gpt-q4f16", None),
                                         # random transformers models imported: prompts past
                                         # Gemma 3's window (tests/test_optimum.py checks it),
                                         # tokens that vary; Qwen3-MoE's experts
@@ -135,7 +137,7 @@ def test_fill_mask_gives_the_mlm_heads_likeliest_tokens(exports: Lazy) -> None:
 
 @pytest.mark.parametrize("key, dtype", [(TRANSLATOR, None), ("translator-int8", None),
                                         ("translator-int8", "int8"), (T5, None),
-                                        ("t5-int8", "int8")])
+                                        ("t5-int8", "int8"), ("translator-fp16", "fp16")])
 def test_translation_gives_zoo_runs_ids_greedy_tokens_and_text(key: str, dtype: str | None,
                                                                exports: Lazy) -> None:
     exported = load(exports[key])

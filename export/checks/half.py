@@ -4,17 +4,20 @@ with a tolerance derived from the case itself rather than tuned.
 Float16 rounds every stored activation to 11 significant bits, so no fixed tolerance suits
 every model and length. What the check knows is how far PyTorch's own float16 run lies from
 its float32 run on the same inputs (`noise`, per output and case): that is the rounding this
-model accumulates in float16. ONNX Runtime's float16 graph rounds the same values at the same
-places (the same float32 islands: export/onnx/precision.py), in another order, so an element
-passes when it lies within
+model accumulates in float16. ONNX Runtime's float16 graph rounds at the same places (the same
+float32 islands: export/onnx/precision.py) but not with the same arithmetic: where the CPU has
+float16 instructions (AVX-512 FP16) its MatMul runs in them, elsewhere it casts to float32. The
+check assumes its error is at most twice PyTorch's (measured: 1.6x on SmolLM2-135M, on a CPU
+with AVX-512 FP16), so an element passes when it lies within
 
-    2 x noise + one float16 step at the output's largest magnitude
+    2 x noise + one float16 step at the output's largest magnitude    of PyTorch float32,
+    3 x noise + that step                                             of PyTorch float16
 
-of PyTorch float16, and within the same of PyTorch float32: twice PyTorch's own distance (the
-two engines' errors may point opposite ways), plus the one rounding of the result itself that
-two correct engines may land either side of. Greedy tokens are compared teacher-forced along
-PyTorch float16's continuation; a position counts against the export only where PyTorch's
-top-two logits differ by more than twice the logits' tolerance (a nearer tie is noise).
+(the second by the triangle inequality through float32; the step: the one rounding of the
+result itself that two correct engines may land either side of). Greedy tokens are compared
+teacher-forced along PyTorch float16's continuation; a position counts against the export only
+where PyTorch's top-two logits differ by more than twice the logits' tolerance (a nearer tie
+is rounding).
 """
 
 from __future__ import annotations
@@ -45,9 +48,14 @@ def float16_step(magnitude: float) -> float:
     return 2.0 ** (math.floor(math.log2(max(magnitude, 1.0))) - 10)
 
 
-def tolerance(float32: np.ndarray, float16: np.ndarray) -> float:
+ORT_ERROR_FACTOR = 2  # ONNX Runtime's float16 error, at most this times PyTorch's
+
+
+def tolerances(float32: np.ndarray, float16: np.ndarray) -> tuple[float, float]:
+    """(against PyTorch float32, against PyTorch float16) for one output of one case."""
     noise = float(np.abs(float16.astype(np.float64) - float32).max())
-    return 2 * noise + float16_step(float(np.abs(float32).max()))
+    step = float16_step(float(np.abs(float32).max()))
+    return ORT_ERROR_FACTOR * noise + step, (ORT_ERROR_FACTOR + 1) * noise + step
 
 
 def check_float16(model: nn.Module, reference: TorchEngine, candidate: Engine,
@@ -69,7 +77,7 @@ def check_float16(model: nn.Module, reference: TorchEngine, candidate: Engine,
             row = grouped.setdefault(label, Row(label, case.name, 0.0, 0.0, True, 0.0))
             if expected.size == 0:
                 continue
-            allowed = tolerance(expected, narrow[output])
+            allowed_wide, allowed = tolerances(expected, narrow[output])
             got = actual[output].astype(np.float64)
             if got.shape != expected.shape or not np.isfinite(got).all():
                 row.passed, row.max_abs = False, math.inf
@@ -79,7 +87,7 @@ def check_float16(model: nn.Module, reference: TorchEngine, candidate: Engine,
             row.max_abs = max(row.max_abs, off_half)
             row.max_rel = max(row.max_rel, off_wide)  # shown as "vs fp32"
             row.tolerance = max(row.tolerance or 0.0, allowed)
-            row.passed = row.passed and off_half <= allowed and off_wide <= allowed
+            row.passed = row.passed and off_half <= allowed and off_wide <= allowed_wide
             if output == "logits":
                 logits_tolerance = max(logits_tolerance, allowed)
         report.rows.extend(grouped.values())

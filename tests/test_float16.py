@@ -349,3 +349,39 @@ def test_a_float16_graph_off_by_a_few_steps_fails_parity(tmp_path: Path, shared_
     with pytest.raises(ParityError):
         verify(built, card("gpt-tiny"), runtime)
     assert MODEL_GRAPH in runtime.graphs
+
+
+@pytest.mark.slow
+def test_smollm2_fp16_and_q4f16_sizes_and_greedy_tokens(tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct (the packaged GGUF, dequantized), every export `--optimize`:
+    onnx/ in fp16 at most 0.52x fp32's and q4f16 smaller than int4's; `zoo run`'s greedy tokens
+    from the fp16 export are PyTorch float16's (the whole sequence re-run each step). About 12
+    minutes on 2 cores."""
+    from runtime.files.tokenizer import load_tokenizer
+    from tests.conftest import packaged_smollm2
+    from zoo.files.weights import load_built
+
+    def zoo_ok(*args: object) -> str:
+        result = CliRunner().invoke(main, [str(arg) for arg in args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    smol = tmp_path / "smol"
+    zoo_ok("import", packaged_smollm2(), "-o", smol)
+    sizes = {}
+    for name, extra in {"fp32": [], "fp16": ["--dtype", "fp16"], "int4": ["--quantize", "int4"],
+                        "q4f16": ["--quantize", "int4", "--dtype", "fp16"]}.items():
+        zoo_ok("export", smol, "--onnx", "--optimize", *extra, "-o", tmp_path / name)
+        sizes[name] = sum(p.stat().st_size for p in (tmp_path / name / "onnx").iterdir())
+    assert sizes["fp16"] <= 0.52 * sizes["fp32"], sizes
+    assert sizes["q4f16"] < sizes["int4"], sizes
+    prompt = load_tokenizer(smol).encode("The capital of France is Paris, and the capital of")
+    got = zoo_ok("run", tmp_path / "fp16", "--ids", ",".join(map(str, prompt)),
+                 "--max-new-tokens", "24")
+    model, _ = load_built(smol)
+    ids = torch.tensor([prompt])
+    half = half_copy(model)
+    with torch.no_grad():
+        for _ in range(24):
+            ids = torch.cat([ids, half(ids)[0][:, -1].float().argmax(-1, keepdim=True)], dim=1)
+    assert got.strip().splitlines()[-1] == ",".join(map(str, ids[0, len(prompt):].tolist()))

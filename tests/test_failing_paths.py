@@ -52,8 +52,9 @@ def test_a_quantization_that_lost_the_model_is_refused_by_the_gate(
     shared_export("gpt-tiny")
     real_quantize = export.onnx.variants.quantize
 
-    def broken_quantize(model: onnx.ModelProto, choice: str) -> tuple[onnx.ModelProto, int]:
-        quantized, count = real_quantize(model, choice)
+    def broken_quantize(model: onnx.ModelProto, choice: str, level: int
+                        ) -> tuple[onnx.ModelProto, int]:
+        quantized, count = real_quantize(model, choice, level)
         scales = {node.input[2] for node in quantized.graph.node if node.op_type == "MatMulNBits"}
         for tensor in quantized.graph.initializer:
             if tensor.name in scales:

@@ -59,3 +59,15 @@ def test_a_graph_too_large_for_a_protobuf_keeps_its_split_widths_inline(
     files.save_standalone({"onnx/model.onnx": model}, tmp_path)
     assert (tmp_path / "onnx" / "model.onnx_data").is_file()
     assert_checks_and_runs(tmp_path / "onnx" / "model.onnx", weight)
+
+
+def test_a_lone_graph_too_large_keeps_its_weights_in_its_own_data_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers.js fetches `model.onnx_data` for onnx/model.onnx (use_external_data_format),
+    not a file shared with other graphs."""
+    model, weight = split_graph()
+    monkeypatch.setattr(files, "PROTO_LIMIT", 1000)  # as if it were over 1.8 GB
+    files.save_models({"onnx/model.onnx": model}, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["model.onnx",
+                                                                      "model.onnx_data"]
+    assert_checks_and_runs(tmp_path / "onnx" / "model.onnx", weight)

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "examples" / "optimum" / "run.py"
 PYTHON = ROOT / "examples" / "optimum" / ".venv" / "bin" / "python"
 STEPS = 24
-GENERATORS = ("gpt", "llama", "gpt-q4", GEMMA3, "gpt-fp16", "gpt-q4f16")
+GENERATORS = ("gpt", "llama", "gpt-q4", GEMMA3, "gpt-fp16", "gpt-q4f16", "gpt-external")
 # Qwen3-MoE's head_dim (12) is not hidden_size // num_attention_heads (8): Optimum sizes the
 # first step's empty cache by the latter (run.py's causal-lm-head-dim says where)
 HEAD_DIM_REFUSED = (QWEN3_MOE,)

@@ -75,6 +75,8 @@ def dtype_args(dtype: str | None) -> list[str]:
                                         ("gpt-int8", "int8"), ("gemma", None),
                                         # float16: its cache too; q4f16 by config.json's dtype
                                         ("gpt-fp16", "fp16"), ("gpt-q4f16", None),
+                                        # weights in onnx/model.onnx_data, as past 2 GB
+                                        ("gpt-external", None),
                                         # random transformers models imported: prompts past
                                         # Gemma 3's window (tests/test_optimum.py checks it),
                                         # tokens that vary; Qwen3-MoE's experts

@@ -78,7 +78,7 @@ def _subject(source: str, registries: tuple[str, ...], options: BenchOptions, wo
 
 def _export_facts(folder: Path, runtime: Runtime) -> dict[str, Any]:
     onnx_bytes = sum(p.stat().st_size for p in folder.rglob("*")
-                     if p.suffix == ".onnx" or p.name.endswith(".onnx.data"))
+                     if p.suffix == ".onnx" or p.name.endswith((".onnx.data", ".onnx_data")))
     weights = folder / WEIGHTS
     manifest = runtime.manifest
     return {

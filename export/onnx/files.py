@@ -43,13 +43,19 @@ def set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
         entry.key, entry.value = key, value
 
 
-def _externalise(models: dict[str, onnx.ModelProto], folder: Path) -> None:
-    """Move large initializers into one shared file beside the graphs (which share one
-    folder: its location is relative to each), each distinct tensor written once."""
+def data_file_name(graph: str) -> str:
+    """A lone graph's external data file, named as transformers.js fetches it (its
+    `use_external_data_format`): `model.onnx` -> `model.onnx_data`."""
+    return f"{Path(graph).name}_data"
+
+
+def _externalise(models: dict[str, onnx.ModelProto], folder: Path, data_name: str) -> None:
+    """Move large initializers into one file beside the graphs (which share one folder: its
+    location is relative to each), each distinct tensor written once."""
     parents = {Path(name).parent for name in models}
     if len(parents) != 1:
-        raise ZooError(f"graphs {sorted(models)} should share one folder for {SHARED_DATA}")
-    data_path = folder / parents.pop() / SHARED_DATA
+        raise ZooError(f"graphs {sorted(models)} should share one folder for {data_name}")
+    data_path = folder / parents.pop() / data_name
     written: dict[str, tuple[int, int]] = {}
     with data_path.open("wb") as stream:
         for model in models.values():
@@ -76,13 +82,15 @@ def _externalise(models: dict[str, onnx.ModelProto], folder: Path) -> None:
 
 
 def save_models(models: dict[str, onnx.ModelProto], folder: Path) -> None:
-    """One graph that fits in a protobuf is saved whole (simplest for any runtime); several
-    graphs, or one too large, share an external data file."""
+    """One graph that fits in a protobuf is saved whole (simplest for any runtime), one too
+    large with its weights in `NAME.onnx_data`; several graphs share `weights.onnx.data`."""
     too_large = any(model.ByteSize() > PROTO_LIMIT for model in models.values())
     for name in models:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-    if len(models) > 1 or too_large:
-        _externalise(models, folder)
+    if len(models) > 1:
+        _externalise(models, folder, SHARED_DATA)
+    elif too_large:
+        _externalise(models, folder, data_file_name(next(iter(models))))
     for name, model in models.items():
         onnx.save_model(model, str(folder / name))
 
@@ -96,7 +104,7 @@ def save_standalone(models: dict[str, onnx.ModelProto], folder: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if model.ByteSize() > PROTO_LIMIT:
             convert_model_to_external_data(model, all_tensors_to_one_file=True,
-                                           location=f"{path.name}_data",
+                                           location=data_file_name(name),
                                            size_threshold=EXTERNAL_MIN_BYTES)
             for tensor in model.graph.initializer:
                 if stays_inline(tensor, len(tensor.raw_data)):

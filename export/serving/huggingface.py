@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from export.onnx.files import data_file_name
 from export.serving.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.families import spec_of
@@ -63,6 +64,20 @@ def transformers_js_dtype(graphs: list[str], stored_as: dict[str, str]) -> str |
     return shared.pop() if len(shared) == 1 else dtypes
 
 
+def external_data_graphs(folder: Path, graphs: list[str], stored_as: dict[str, str]
+                         ) -> dict[str, int]:
+    """{stored file name: 1} for each client graph whose weights lie in its own
+    `NAME.onnx_data` (a graph past protobuf's 2 GB), as transformers.js's
+    `use_external_data_format` names them (one chunk each)."""
+    found = {}
+    for file in graphs:
+        stored = stored_as.get(file, file)
+        if stored.startswith(CLIENT_FOLDER) and (folder / stored).with_name(
+                data_file_name(stored)).is_file():
+            found[Path(stored).name] = 1
+    return found
+
+
 def write_hf_files(folder: Path, card: Card, graphs: list[str],
                    stored_as: dict[str, str]) -> list[str]:
     """Write the files into the staged export `folder` (its graphs already there, a quantized
@@ -78,9 +93,13 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
     spec = spec_of(card)
     dtype = transformers_js_dtype(graphs, stored_as)
     half = {"fp16", "q4f16"} & set([dtype] if isinstance(dtype, str) else dtype.values())
+    client = {"dtype": dtype}
+    external = external_data_graphs(folder, graphs, stored_as)
+    if external:  # transformers.js fetches NAME.onnx_data only when told
+        client["use_external_data_format"] = external
     config = {**found.config, **spec.hf_config_extras,
               "torch_dtype": "float16" if half else "float32",  # the graphs' activations
-              "transformers.js_config": {"dtype": dtype}}
+              "transformers.js_config": client}
     _write_json(folder / CONFIG_JSON, config)
     if spec.generates:
         _write_json(folder / GENERATION_CONFIG, generation_config(card))

@@ -385,3 +385,24 @@ def test_smollm2_fp16_and_q4f16_sizes_and_greedy_tokens(tmp_path: Path) -> None:
         for _ in range(24):
             ids = torch.cat([ids, half(ids)[0][:, -1].float().argmax(-1, keepdim=True)], dim=1)
     assert got.strip().splitlines()[-1] == ",".join(map(str, ids[0, len(prompt):].tolist()))
+
+
+@on_shared("llama-tiny")
+def test_zoo_serve_answers_from_float16_exports_as_zoo_run(tmp_path: Path,
+                                                           shared_export) -> None:
+    """The plain loop and the shared-cache loop (GroupQueryAttention in float16) behind
+    `zoo serve`, each answering what `zoo run` prints for the same folder."""
+    from tests.test_serve import KEY, Server, with_tokenizer, zoo_run
+
+    folders = {name: with_tokenizer(shared_export("llama-tiny", variant)[0], tmp_path / name)
+               for name, variant in (("plain", "fp16"), ("kv", "optimize-fp16"))}
+    server = Server(list(folders.values()), tmp_path / "serve.log", "--api-key", KEY)
+    try:
+        for name, folder in folders.items():
+            expected = zoo_run(folder, "--text", "w5 w6", "--max-new-tokens", "7")
+            status, body = server.request("/v1/completions", {
+                "model": name, "prompt": "w5 w6", "max_tokens": 7, "temperature": 0})
+            assert status == 200, body
+            assert "w5 w6" + body["choices"][0]["text"] == expected, name
+    finally:
+        assert server.stop() == 0

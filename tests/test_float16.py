@@ -406,3 +406,4 @@ def test_zoo_serve_answers_from_float16_exports_as_zoo_run(tmp_path: Path,
             assert "w5 w6" + body["choices"][0]["text"] == expected, name
     finally:
         assert server.stop() == 0
+

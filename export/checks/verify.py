@@ -50,13 +50,15 @@ def check_quality(reference: Engine, candidate: Engine, seed: int = 0) -> GateRe
 
 def shared_cache_matches_plain(runtime: Runtime, atol: float = DEFAULT_ATOL,
                                rtol: float = DEFAULT_RTOL, steps: int = GENERATION_STEPS,
-                               seed: int = 0) -> tuple[Row, tuple[str, bool, int]]:
+                               seed: int = 0, near_tie: float = 0.0
+                               ) -> tuple[Row, tuple[str, bool, int]]:
     """The shared-cache loop against the plain loop on a left-padded batch of 2, both fed the
     plain loop's greedy tokens: every step's logits within the parity tolerance (a row of the
     table) and the same greedy tokens. Tokens alone once passed a graph whose rotary tables
     missed YaRN's scale: the argmax survived, the logits did not. With local layers the prompt
     is longer than their window (GroupQueryAttention's local_window_size at work from the
-    first pass), where the context allows."""
+    first pass), where the context allows. `near_tie` (a float16 export's): a token may differ
+    where the plain loop's own token leads the other by no more than that."""
     card = runtime.card
     rng = np.random.default_rng(seed)
     window = local_window(card)
@@ -75,7 +77,10 @@ def shared_cache_matches_plain(runtime: Runtime, atol: float = DEFAULT_ATOL,
         row.max_abs, row.max_rel = max(row.max_abs, max_abs), max(row.max_rel, max_rel)
         row.passed = row.passed and passed
         tokens = plain_logits.argmax(axis=-1)
-        same = same and bool(np.array_equal(tokens, fast_logits.argmax(axis=-1)))
+        theirs = fast_logits.argmax(axis=-1)
+        lead = plain_logits[np.arange(len(tokens)), tokens] - plain_logits[
+            np.arange(len(tokens)), theirs]
+        same = same and bool(np.all((tokens == theirs) | (lead <= near_tie)))
         if index + 1 < steps:
             fast_logits, plain_logits = fast.step(tokens), plain.step(tokens)
     return row, ("shared-cache loop vs plain loop", same, steps)
@@ -106,9 +111,14 @@ def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT
         progress(f"checking parity against ONNX Runtime ({runtime.provider})...")
         report = check_parity(reference, runtime, atol, rtol)
     if runtime.kv_graph is not None:
-        if half:  # both loops in float16: within the grid's derived logits tolerance
-            atol, rtol = max(r.tolerance or 0.0 for r in report.rows), 0.0
-        row, tokens = shared_cache_matches_plain(runtime, atol, rtol)
+        near_tie = 0.0
+        if half:  # both loops in float16: within the grid's derived logits tolerance, a
+            # near tie within twice its unpadded cases' (padding rows round far apart)
+            logits = [r for r in report.rows if r.output == "logits" and r.tolerance]
+            atol, rtol = max(r.tolerance or 0.0 for r in logits), 0.0
+            near_tie = 2 * max((r.tolerance or 0.0 for r in logits if "padded" not in r.case),
+                               default=0.0)
+        row, tokens = shared_cache_matches_plain(runtime, atol, rtol, near_tie=near_tie)
         if half:  # the table's columns are then "vs PyTorch fp16" and "vs fp32"
             row.tolerance, row.max_rel = atol, math.nan
         report.rows.append(row)

@@ -209,13 +209,16 @@ def test_an_overflowing_weight_refuses_the_export_and_writes_nothing(tmp_path: P
     assert not out.exists()
 
 
+def cards(default: list[str], slow: list[str]) -> list:
+    """Tiny cards for a test: `default` in `make test`, `slow` in `make test-slow`."""
+    return [*map(pytest.param, default),
+            *(pytest.param(name, marks=pytest.mark.slow) for name in slow)]
+
+
 # Every tiny family, plain: the default run keeps a decoder with rotary (llama), the paper's
 # encoder-decoder (its seq2seq layout in float16 too) and an encoder; the rest run slow.
-FAMILIES = [pytest.param("llama-tiny"), pytest.param("transformer-tiny"),
-            pytest.param("bert-tiny"), pytest.param("gpt-tiny", marks=pytest.mark.slow),
-            pytest.param("gemma-tiny", marks=pytest.mark.slow),
-            pytest.param("moe-tiny", marks=pytest.mark.slow),
-            pytest.param("t5-tiny", marks=pytest.mark.slow)]
+FAMILIES = cards(["llama-tiny", "transformer-tiny", "bert-tiny"],
+                 ["gpt-tiny", "gemma-tiny", "moe-tiny", "t5-tiny"])
 
 
 @on_shared("shared")
@@ -235,10 +238,7 @@ def test_fp16_export_passes_parity_against_pytorch_float16(name: str, shared_exp
 
 
 @on_shared("shared")
-@pytest.mark.parametrize("name", [pytest.param("llama-tiny"),
-                                  pytest.param("gpt-tiny", marks=pytest.mark.slow),
-                                  pytest.param("moe-tiny", marks=pytest.mark.slow),
-                                  pytest.param("gemma-tiny", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", cards(["llama-tiny"], ["gpt-tiny", "moe-tiny", "gemma-tiny"]))
 def test_optimized_fp16_runs_the_shared_cache_loop_in_float16(name: str, shared_export) -> None:
     folder, report = shared_export(name, "optimize-fp16")
     assert report.passed
@@ -250,11 +250,8 @@ def test_optimized_fp16_runs_the_shared_cache_loop_in_float16(name: str, shared_
 
 
 @on_shared("shared")
-@pytest.mark.parametrize("name", [pytest.param("gpt-tiny"),
-                                  pytest.param("llama-tiny", marks=pytest.mark.slow),
-                                  pytest.param("bert-tiny", marks=pytest.mark.slow),
-                                  pytest.param("t5-tiny", marks=pytest.mark.slow),
-                                  pytest.param("transformer-tiny", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", cards(["gpt-tiny"], ["llama-tiny", "bert-tiny", "t5-tiny",
+                                                     "transformer-tiny"]))
 def test_q4f16_export_is_4_bit_weights_with_float16_scales(name: str, shared_export) -> None:
     folder, report = shared_export(name, "q4f16")
     assert report.passed

@@ -314,6 +314,15 @@ def test_zoo_load_generates_with_the_float16_cache(shared_export) -> None:
     assert np.abs(outputs["logits"] - expected).max() < 8 * float16_step(1.0)
 
 
+def test_fp16_with_attention_maps(tmp_path: Path) -> None:
+    """The attention maps are a softmax's output (float32 inside) and a graph output (float16):
+    one value cast twice, once for the graph and once for the values' MatMul."""
+    result = CliRunner().invoke(main, ["export", "gpt-tiny", "--onnx", "-o", str(tmp_path / "a"),
+                                       "--dtype", "fp16", "--attentions"])
+    assert result.exit_code == 0, result.output
+    assert "attentions.*" in result.output and "parity: PASSED" in result.output
+
+
 def test_a_half_copy_keeps_rotary_frequencies_float32() -> None:
     model = half_copy(build_model(card("llama-tiny"), seed=0))
     buffers = dict(model.named_buffers())

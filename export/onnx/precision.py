@@ -269,8 +269,8 @@ def _rename_output(graph: onnx.GraphProto, name: str) -> None:
     for node in graph.node:
         node.output[:] = [inner if output == name else output for output in node.output]
         node.input[:] = [inner if value == name else value for value in node.input]
-    graph.node.append(onnx.helper.make_node("Cast", [inner], [name],
-                                            to=onnx.TensorProto.FLOAT16, name=f"{name}/as_fp16"))
+    graph.node.append(onnx.helper.make_node("Cast", [inner], [name], to=onnx.TensorProto.FLOAT16,
+                                            name=f"{name}/as_output"))
 
 
 def to_float16(model: onnx.ModelProto, file: str) -> tuple[onnx.ModelProto, Float16Plan]:

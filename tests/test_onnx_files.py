@@ -71,3 +71,16 @@ def test_a_lone_graph_too_large_keeps_its_weights_in_its_own_data_file(
     assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == ["model.onnx",
                                                                       "model.onnx_data"]
     assert_checks_and_runs(tmp_path / "onnx" / "model.onnx", weight)
+
+
+def test_a_proto_protobuf_cannot_count_is_too_large() -> None:
+    """Past 2 GB, ByteSize raises instead of counting (gemma-3-1b's 4 GB trace did): such a
+    graph is too large, not a traceback."""
+    from google.protobuf.message import EncodeError
+
+    class Past2GB:
+        def ByteSize(self) -> int:  # noqa: N802 - protobuf's name
+            raise EncodeError("Failed to serialize proto")
+
+    assert files.too_large(Past2GB())
+    assert not files.too_large(split_graph()[0])

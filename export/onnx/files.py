@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import EncodeError
 from onnx import numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
@@ -28,6 +29,15 @@ def stays_inline(tensor: onnx.TensorProto, size: int) -> bool:
         tensor.data_type in INTEGER_TYPES and size < INLINE_INTEGER_BYTES)
 ALIGNMENT = 64
 PROTO_LIMIT = 1_800_000_000  # protobuf cannot serialise 2 GB; stay clear of it
+
+
+def too_large(model: onnx.ModelProto) -> bool:
+    """Past what one protobuf holds: protobuf cannot even count a message past 2 GB (ByteSize
+    raises EncodeError, as it did for gemma-3-1b's 4 GB of weights)."""
+    try:
+        return model.ByteSize() > PROTO_LIMIT
+    except EncodeError:
+        return True
 
 
 def strip_debug(model: onnx.ModelProto) -> None:
@@ -84,12 +94,11 @@ def _externalise(models: dict[str, onnx.ModelProto], folder: Path, data_name: st
 def save_models(models: dict[str, onnx.ModelProto], folder: Path) -> None:
     """One graph that fits in a protobuf is saved whole (simplest for any runtime), one too
     large with its weights in `NAME.onnx_data`; several graphs share `weights.onnx.data`."""
-    too_large = any(model.ByteSize() > PROTO_LIMIT for model in models.values())
     for name in models:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
     if len(models) > 1:
         _externalise(models, folder, SHARED_DATA)
-    elif too_large:
+    elif any(too_large(model) for model in models.values()):
         _externalise(models, folder, data_file_name(next(iter(models))))
     for name, model in models.items():
         onnx.save_model(model, str(folder / name))
@@ -102,7 +111,7 @@ def save_standalone(models: dict[str, onnx.ModelProto], folder: Path) -> None:
     for name, model in models.items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if model.ByteSize() > PROTO_LIMIT:
+        if too_large(model):
             convert_model_to_external_data(model, all_tensors_to_one_file=True,
                                            location=data_file_name(name),
                                            size_threshold=EXTERNAL_MIN_BYTES)

@@ -35,6 +35,7 @@ DTYPES = (FP32, FP16, BF16)
 HALF_QUANTIZE = ("int4",)  # the --quantize choices float16 activations go with: q4f16
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 FLOAT = onnx.TensorProto.FLOAT
+CONTRIB = "com.microsoft"
 # Ops whose outputs depend on their inputs' shapes only: positions built from Shape are
 # still positions.
 SHAPE_OPS = ("Shape", "Size")
@@ -177,18 +178,27 @@ def _check_representable(graph: onnx.GraphProto, kept: set[str], file: str) -> N
 
 
 def _float_values(model: onnx.ModelProto) -> set[str]:
-    """The names of the graph's float32 values, typed by ONNX Runtime's symbolic shape
-    inference (which knows its contrib operators) or, where it gives up, onnx's."""
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    """The names of the graph's float32 values, typed by onnx's shape inference. It leaves the
+    outputs of ONNX Runtime's contrib operators (MatMulNBits, GroupQueryAttention, the fused
+    norms and MoE: float outputs, all of them) untyped, and so whatever reads them: those are
+    typed float and the inference runs once more. (ONNX Runtime's symbolic inference knows the
+    contrib operators, but where it gives up it writes a model into the working folder.)"""
+    typed = onnx.shape_inference.infer_shapes(model)
+    untyped = [output for node in typed.graph.node if node.domain == CONTRIB
+               for output in node.output if output and not _types(typed.graph).get(output)]
+    if untyped:
+        typed.graph.value_info.extend(onnx.helper.make_tensor_value_info(name, FLOAT, None)
+                                      for name in untyped)
+        typed = onnx.shape_inference.infer_shapes(typed)
+    return {name for name, element in _types(typed.graph).items() if element == FLOAT}
 
-    try:
-        typed = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
-    except Exception:  # noqa: BLE001 - any failure: onnx's inference types what it knows
-        typed = onnx.shape_inference.infer_shapes(model)
-    graph = typed.graph
-    values = [*graph.input, *graph.output, *graph.value_info]
-    return ({value.name for value in values if value.type.tensor_type.elem_type == FLOAT}
-            | {tensor.name for tensor in graph.initializer if tensor.data_type == FLOAT})
+
+def _types(graph: onnx.GraphProto) -> dict[str, int]:
+    """{value: element type} of what the graph declares and the inference typed."""
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*graph.input, *graph.output, *graph.value_info]}
+    types.update({tensor.name: tensor.data_type for tensor in graph.initializer})
+    return types
 
 
 def _half_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:

@@ -38,6 +38,8 @@ DTYPE_SUFFIXES = {"fp32": "", "fp16": "_fp16", "q8": "_quantized", "int8": "_int
 # `zoo export --dtype fp16`: transformers.js's dtype with float16 activations, by its float32
 # one (int4's MatMulNBits with float16 scales and activations is its q4f16).
 HALF_DTYPES = {"fp32": "fp16", "q4": "q4f16"}
+# the manifest entries whose `stored_as` maps contract names to renamed files, in that order
+RENAMING_ENTRIES = ("quantization", "precision")
 CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 
 
@@ -83,7 +85,7 @@ def stored_files(manifest: Mapping[str, Any]) -> dict[str, str]:
 def renamed_graphs(manifest: Mapping[str, Any]) -> dict[str, str]:
     """{contract name: stored name} of the graphs a quantized or float16 export renamed: its
     `quantization.stored_as`, or a float16 export's `precision.stored_as`."""
-    for entry in ("quantization", "precision"):
+    for entry in RENAMING_ENTRIES:
         record = manifest.get(entry)
         stored_as = record.get("stored_as") if isinstance(record, dict) else None
         if stored_as:

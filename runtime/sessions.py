@@ -17,7 +17,7 @@ from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.families import spec_of
 from registry.paths import display_path
-from runtime.contract import CACHE_OUTPUT, LAYOUT, MANIFEST, stored_files
+from runtime.contract import CACHE_OUTPUT, LAYOUT, MANIFEST, RENAMING_ENTRIES, stored_files
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # ORT's SkipLayerNormalization CPU kernel took 0.2 ms per 128 x 768 call here, eight times
@@ -200,9 +200,9 @@ class Runtime:
         self._kv_graph: Graph | None = None
         # the clients' layout (manifest `layout`): opened on first use, by its checks alone;
         # {contract name: file}, as for the graphs (quantized, under dtype names)
-        self.layout_files = stored_files({"quantization": manifest.get("quantization"),
-                                          "precision": manifest.get("precision"),
-                                          "graphs": manifest.get(LAYOUT, {}).get("graphs", {})})
+        self.layout_files = stored_files({
+            **{entry: manifest.get(entry) for entry in RENAMING_ENTRIES},
+            "graphs": manifest.get(LAYOUT, {}).get("graphs", {})})
 
     @property
     def kv_graph(self) -> Graph | None:

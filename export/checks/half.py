@@ -30,9 +30,8 @@ import numpy as np
 from torch import nn
 
 from export.checks.cases import random_ids
-from export.checks.parity import GENERATION_STEPS, PER_LAYER_OUTPUT, Report, Row
+from export.checks.parity import GENERATION_STEPS, Report, Row, row_label
 from export.runtime.engines import TorchEngine
-from runtime.contract import MODEL_GRAPH
 from runtime.engine import Engine
 from runtime.generate import open_session
 
@@ -60,11 +59,6 @@ def tolerances(float32: np.ndarray, float16: np.ndarray) -> tuple[float, float]:
     return ORT_ERROR_FACTOR * noise + step, (ORT_ERROR_FACTOR + 1) * noise + step
 
 
-def _label(output: str, file: str) -> str:
-    label = PER_LAYER_OUTPUT.sub(r"\1.*", output)
-    return label if file == MODEL_GRAPH else f"{file[:-5]}:{label}"
-
-
 def _flat(values: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([value.astype(np.float64).ravel() for value in values])
 
@@ -84,7 +78,7 @@ def check_float16(model: nn.Module, reference: TorchEngine, candidate: Engine,
         actual = candidate.run(case.file, case.feeds)
         rows: dict[str, list[str]] = {}
         for output in wide:
-            rows.setdefault(_label(output, case.file), []).append(output)
+            rows.setdefault(row_label(output, case.file), []).append(output)
         for label, outputs in rows.items():
             row = Row(label, case.name, 0.0, 0.0, True, 0.0)
             report.rows.append(row)

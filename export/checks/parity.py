@@ -74,6 +74,13 @@ class ParityError(ZooError):
         self.report = report
 
 
+def row_label(output: str, file: str) -> str:
+    """The table's row for `output` of `file`: every layer's cache (or maps) in one row, and
+    graphs other than onnx/model.onnx named."""
+    label = PER_LAYER_OUTPUT.sub(r"\1.*", output)
+    return label if file == MODEL_GRAPH else f"{file[:-5]}:{label}"
+
+
 def compare(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float
             ) -> tuple[float, float, bool]:
     if expected.shape != actual.shape:
@@ -100,9 +107,7 @@ def check_parity(reference: Engine, candidate: Engine, atol: float = DEFAULT_ATO
         grouped: dict[str, Row] = {}
         for output, value in expected.items():
             max_abs, max_rel, passed = compare(value, actual[output], atol, rtol)
-            label = PER_LAYER_OUTPUT.sub(r"\1.*", output)
-            if case.file != MODEL_GRAPH:
-                label = f"{case.file[:-5]}:{label}"
+            label = row_label(output, case.file)
             row = grouped.setdefault(label, Row(label, case.name, 0.0, 0.0, True))
             row.max_abs, row.max_rel = max(row.max_abs, max_abs), max(row.max_rel, max_rel)
             row.passed = row.passed and passed

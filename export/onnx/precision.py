@@ -147,16 +147,18 @@ def float16_plan(graph: onnx.GraphProto) -> Float16Plan:
     return Float16Plan(structural, softmax, _norm_islands(graph, producers, consumers))
 
 
+def _refuse_beyond_float16(where: str, name: str, largest: float) -> None:
+    if not largest <= FP16_MAX:  # NaN too
+        raise PrecisionError(f"{where}: --dtype fp16: weight {name} holds {largest:.4g}, beyond "
+                             f"float16's largest finite value {FP16_MAX:g}; export it as fp32")
+
+
 def check_weights_fit(model: Any, where: str) -> None:
     """Before any tracing: refuse, by its PyTorch name, a weight float16 cannot hold (the
     graphs rename the weights they transpose; the graph check below stays as a backstop)."""
     for name, tensor in model.state_dict().items():
         if tensor.is_floating_point() and tensor.numel() > 1:
-            largest = float(tensor.detach().abs().max())
-            if not largest <= FP16_MAX:
-                raise PrecisionError(
-                    f"{where}: --dtype fp16: weight {name} holds {largest:.4g}, beyond "
-                    f"float16's largest finite value {FP16_MAX:g}; export it as fp32")
+            _refuse_beyond_float16(where, name, float(tensor.detach().abs().max()))
 
 
 def _check_representable(graph: onnx.GraphProto, kept: set[str], file: str) -> None:
@@ -170,11 +172,7 @@ def _check_representable(graph: onnx.GraphProto, kept: set[str], file: str) -> N
         values = numpy_helper.to_array(tensor)
         if values.size <= 1:
             continue
-        largest = float(np.abs(values).max())
-        if not largest <= FP16_MAX:
-            raise PrecisionError(
-                f"{file}: --dtype fp16: weight {tensor.name} holds {largest:.4g}, beyond "
-                f"float16's largest finite value {FP16_MAX:g}; export it as fp32")
+        _refuse_beyond_float16(file, tensor.name, float(np.abs(values).max()))
 
 
 def _float_values(model: onnx.ModelProto) -> set[str]:

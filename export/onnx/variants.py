@@ -49,7 +49,12 @@ from export.onnx.quantize_experts import experts_entry
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.paths import display_path
-from runtime.contract import CLIENT_FOLDER, client_dtype_of, quantized_name
+from runtime.contract import (
+    CLIENT_FOLDER,
+    RENAMING_ENTRIES,
+    client_dtype_of,
+    quantized_name,
+)
 from runtime.files.tokenizer import Tokenizer, load_tokenizer
 
 
@@ -65,7 +70,7 @@ class VariantResult:
     def stored_as(self) -> dict[str, str]:
         """{contract graph: the file a quantized (or float16) one is stored as}: the manifest
         entry's own dict, which the writer adds the layout's renames to; empty when none."""
-        for entry in ("quantization", "precision"):
+        for entry in RENAMING_ENTRIES:
             if entry in self.manifest:
                 return self.manifest[entry].setdefault("stored_as", {})
         return {}

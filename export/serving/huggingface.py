@@ -31,7 +31,7 @@ from export.onnx.files import data_file_name
 from export.serving.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.families import spec_of
-from runtime.contract import CLIENT_FOLDER, MODEL_GRAPH, client_dtype
+from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
@@ -92,7 +92,8 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
         return notes
     spec = spec_of(card)
     dtype = transformers_js_dtype(graphs, stored_as)
-    half = {"fp16", "q4f16"} & set([dtype] if isinstance(dtype, str) else dtype.values())
+    half = set(HALF_DTYPES.values()) & set([dtype] if isinstance(dtype, str)
+                                           else dtype.values())
     client = {"dtype": dtype}
     external = external_data_graphs(folder, graphs, stored_as)
     if external:  # transformers.js fetches NAME.onnx_data only when told

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import onnxruntime as ort
 from torch import nn
 
 from export.families import family_of
@@ -26,11 +27,12 @@ def open_export(folder: Path, provider: str = "cpu", threads: int | None = None,
 
 
 def open_staged(folder: Path, manifest: dict[str, Any], provider: str = "cpu",
-                threads: int | None = None) -> Runtime:
+                threads: int | None = None, options: ort.SessionOptions | None = None
+                ) -> Runtime:
     """Files with the manifest that is about to be written beside them (zoo export's check
-    of its staged folder)."""
+    of its staged folder); `options` for every session, where given."""
     card = manifest_card(folder, manifest)
-    return Runtime(folder, manifest, card, provider, threads, family_of(card))
+    return Runtime(folder, manifest, card, provider, threads, family_of(card), options)
 
 
 def open_model(model: nn.Module, card: Card, device: str = "cpu",

@@ -18,13 +18,14 @@ from export.families import family_of
 from export.onnx.gguf_export import GGUFWeights, gguf_weights
 from export.onnx.precision import FP16, check_weights_fit
 from export.onnx.quantize import GGUF
-from export.onnx.writer import export_onnx
+from export.onnx.writer import export_onnx, weights_on_disk
 from export.opening import open_staged
 from export.options import ExportOptions
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
 from runtime.files.tokenizer import load_tokenizer, tokenizer_files
+from runtime.sessions import lean_session_options
 
 
 @dataclass
@@ -72,7 +73,8 @@ def export_and_verify(
 
     def verify_staged(staging: Path, manifest: dict[str, Any]
                       ) -> Report | AgreementReport | GateReport:
-        runtime = open_staged(staging, manifest, options.provider)
+        lean = lean_session_options() if weights_on_disk(model) else None
+        runtime = open_staged(staging, manifest, options.provider, options=lean)
         check = verify(model, card, runtime, options.atol, options.rtol, progress)
         if isinstance(check, AgreementReport | GateReport):  # beside what was quantized
             manifest["quantization"]["agreement"] = check.as_dict()

@@ -89,6 +89,18 @@ def session_options(threads: int | None = None, profile_prefix: str | None = Non
     return options
 
 
+def lean_session_options(threads: int | None = None) -> ort.SessionOptions:
+    """session_options for a model whose weights fill most of the machine's memory (the check
+    of an export past a gigabyte): ONNX Runtime maps the external data file, where prepacking
+    would copy every MatMul's weights into packed form beside the mapped pages, and the arena
+    would keep the largest run's buffers (a 262k vocabulary's logits) once it is done. The
+    kernels are the same; B is packed per call instead of once."""
+    options = session_options(threads)
+    options.enable_cpu_mem_arena = False
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return options
+
+
 class Graph:
     """One ONNX file in one InferenceSession."""
 
@@ -183,7 +195,8 @@ class Runtime:
     export/opening.py opened it for the exporter's checks and benchmarks."""
 
     def __init__(self, folder: Path, manifest: dict[str, Any], card: Card,
-                 provider: str = "cpu", threads: int | None = None, family: Any = None) -> None:
+                 provider: str = "cpu", threads: int | None = None, family: Any = None,
+                 options: ort.SessionOptions | None = None) -> None:
         self.folder = Path(folder)
         self.manifest = manifest
         self.card = card
@@ -194,8 +207,9 @@ class Runtime:
         if not graphs:
             raise OrtError(f"{display_path(self.folder)}: manifest lists no graphs")
         self.threads = threads
+        self.options = options  # every graph's, where given (else session_options(threads))
         # By contract name: a quantized export stores its client graphs under dtype names.
-        self.graphs = {name: Graph(self.folder / file, provider, threads)
+        self.graphs = {name: Graph(self.folder / file, provider, threads, options)
                        for name, file in stored_files(manifest).items()}
         self._kv_graph: Graph | None = None
         # the clients' layout (manifest `layout`): opened on first use, by its checks alone;
@@ -213,13 +227,14 @@ class Runtime:
         if not entry or self.provider != "cpu":
             return None
         if self._kv_graph is None:
-            self._kv_graph = Graph(self.folder / entry["file"], self.provider, self.threads)
+            self._kv_graph = Graph(self.folder / entry["file"], self.provider, self.threads,
+                                   self.options)
         return self._kv_graph
 
     def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if file not in self.graphs and file in self.layout_files:
             self.graphs[file] = Graph(self.folder / self.layout_files[file], self.provider,
-                                      self.threads)
+                                      self.threads, self.options)
         if file not in self.graphs:  # a manifest that lists less than its family runs
             raise OrtError(f"{display_path(self.folder)}: {file} is not among the graphs "
                            f"{MANIFEST} lists")

@@ -17,7 +17,7 @@ from unittest.mock import patch
 from click.testing import CliRunner
 
 from cli import main as zoo
-from export.onnx import files
+from export.onnx import files, writer
 from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
 from tests.decoder_folders import FOLDERS, decoder_folder
 
@@ -65,8 +65,9 @@ FLOAT16 = {
     "gpt-q4f16": ("gpt", "int4"),
     "translator-fp16": (TRANSLATOR, None),
 }
-# gpt's export as a model past protobuf's 2 GB is written (the limit lowered for the test):
-# onnx/model.onnx with its weights in onnx/model.onnx_data, config.json saying so.
+# gpt's export as a model past protobuf's 2 GB is written (the limits lowered for the test):
+# traced with its weights on disk (export/onnx/weights.py), then onnx/model.onnx with its
+# weights in onnx/model.onnx_data, config.json saying so.
 EXTERNAL = "gpt-external"
 KEYS = (*MODELS, TRANSLATOR, T5, *IMPORTED_DECODERS, *QUANTIZED, *FLOAT16, EXTERNAL)
 TEXTS = ["ROMEO:", "café 東京 🙂", "Either you must confess"]
@@ -104,7 +105,9 @@ def fresh_export(root: Path, key: str, seed: int = 1) -> Path:
                        or (("gpt", None) if key == EXTERNAL else (key, None)))
     built = built_model(root, model, seed)
     limit = 1000 if key == EXTERNAL else files.PROTO_LIMIT  # bytes: every graph "too large"
-    with patch.object(files, "PROTO_LIMIT", limit):
+    on_disk = 0 if key == EXTERNAL else writer.DISK_WEIGHTS_BYTES  # traced as a big model is
+    with patch.object(files, "PROTO_LIMIT", limit), \
+            patch.object(writer, "DISK_WEIGHTS_BYTES", on_disk):
         result = CliRunner().invoke(zoo, ["export", str(built), "--onnx", "-o", str(out),
                                           *(["--quantize", quantize] if quantize else []),
                                           *(["--dtype", "fp16"] if key in FLOAT16 else [])])

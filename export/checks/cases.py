@@ -35,6 +35,10 @@ LONGEST = 1024  # the grid's longest sequence: eager attention over 8k-32k posit
 # case is shortened (a power of two, at least SHORTEST): 256 for the ~130M-parameter models.
 TOKEN_BUDGET = 48 * 10**9  # parameters x tokens of the longest case
 SHORTEST = 128
+# Float32 logits a window case may produce at once: gemma-3-1b's 262,144-token vocabulary over
+# two rows of 514 positions is 1 GB, held by PyTorch, by ONNX Runtime and by the comparison
+# at once. Past this the window cases run one row, padded as the second row would be.
+LOGITS_BUDGET = 1 << 27
 
 
 def longest(card: Card) -> int:
@@ -75,11 +79,17 @@ def window_shapes(card: Card) -> list[tuple[int, int, int, bool]]:
     """(batch, length, past, padded) past a local layer's window, wherever the longest case
     stops short of it: a padded prompt longer than the window, and steps whose past fills it
     (the first keys leave the window). Beyond the token budget: they are what local layers
-    need, and a wrong window is otherwise invisible."""
+    need, and a wrong window is otherwise invisible. Two rows, or one within LOGITS_BUDGET."""
     window = local_window(card)
     if window is None or window + 2 > card["max_positions"]:
         return []
-    return [(2, window + 2, 0, True), (2, 2, window, True), (1, 1, window + 1, False)]
+    rows = 2 if 2 * (window + 2) * card["vocab_size"] <= LOGITS_BUDGET else 1
+    return [(rows, window + 2, 0, True), (rows, 2, window, True), (1, 1, window + 1, False)]
+
+
+def padded_rows(batch: int, length: int) -> np.ndarray:
+    """left_padding's mask, where one row is the second row of two (a padded one)."""
+    return left_padding(max(batch, 2), length)[-batch:]
 
 
 def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
@@ -95,7 +105,7 @@ def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
         *window_shapes(card),
     ):
         total = past_length + length
-        mask = left_padding(batch, total) if padded else np.ones((batch, total), np.int64)
+        mask = padded_rows(batch, total) if padded else np.ones((batch, total), np.int64)
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         cache = empty_past(engine, batch)
         if past_length:  # a real cache: the reference run over a prefix
@@ -104,6 +114,7 @@ def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
                 "attention_mask": mask[:, :past_length], "position_ids": positions[:, :past_length],
                 **dict(zip(inputs, cache, strict=True))})
             cache = [prefix[name] for name in outputs]
+            del prefix  # its logits, before the next case's prefix is run
         name = f"b{batch} s{length} past{past_length}" + (" padded" if padded else "")
         cases.append(Case(name, MODEL_GRAPH, {
             "input_ids": random_ids(engine, rng, batch, length), "attention_mask": mask,

@@ -8,36 +8,34 @@ from pathlib import Path
 
 import onnx
 from google.protobuf.message import EncodeError
-from onnx import numpy_helper
 from onnx.external_data_helper import convert_model_to_external_data, write_external_data_tensors
 
+from export.onnx.weights import (
+    ALIGNMENT,
+    EXTERNAL_MIN_BYTES,
+    INLINE,
+    InlineWeights,
+    on_disk,
+    refer,
+    stays_inline,
+)
 from registry.errors import ZooError
 from registry.paths import display_path, inside
 
 SHARED_DATA = "weights.onnx.data"
-EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline
-# Integer tensors are shape arguments (Split's widths, Reshape's shape) that onnx.checker's
-# shape inference must read from the graph: a mixture of 64 experts fuses its router and 128
-# projections into one MatMul whose Split takes 129 widths (1,032 bytes), which the checker
-# cannot parse from external data. Such tensors stay inline up to this size.
-INLINE_INTEGER_BYTES = 1 << 20
-INTEGER_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
-
-
-def stays_inline(tensor: onnx.TensorProto, size: int) -> bool:
-    return size < EXTERNAL_MIN_BYTES or (
-        tensor.data_type in INTEGER_TYPES and size < INLINE_INTEGER_BYTES)
-ALIGNMENT = 64
 PROTO_LIMIT = 1_800_000_000  # protobuf cannot serialise 2 GB; stay clear of it
 
 
 def too_large(model: onnx.ModelProto) -> bool:
-    """Past what one protobuf holds: protobuf cannot even count a message past 2 GB (ByteSize
-    raises EncodeError, as it did for gemma-3-1b's 4 GB of weights)."""
+    """Past what one protobuf holds, counting the weights still on disk (export/onnx/
+    weights.py): protobuf cannot even count a message past 2 GB (ByteSize raises EncodeError,
+    as it did for gemma-3-1b's 4 GB of weights)."""
     try:
-        return model.ByteSize() > PROTO_LIMIT
+        size = model.ByteSize()
     except EncodeError:
         return True
+    return size + sum(int(entry.value) for tensor in model.graph.initializer if on_disk(tensor)
+                      for entry in tensor.external_data if entry.key == "length") > PROTO_LIMIT
 
 
 def strip_debug(model: onnx.ModelProto) -> None:
@@ -59,9 +57,11 @@ def data_file_name(graph: str) -> str:
     return f"{Path(graph).name}_data"
 
 
-def _externalise(models: dict[str, onnx.ModelProto], folder: Path, data_name: str) -> None:
+def _externalise(models: dict[str, onnx.ModelProto], folder: Path, data_name: str,
+                 weights: InlineWeights) -> None:
     """Move large initializers into one file beside the graphs (which share one folder: its
-    location is relative to each), each distinct tensor written once."""
+    location is relative to each), each distinct tensor written once, from the proto or from
+    the scratch file it was traced to."""
     parents = {Path(name).parent for name in models}
     if len(parents) != 1:
         raise ZooError(f"graphs {sorted(models)} should share one folder for {data_name}")
@@ -70,8 +70,9 @@ def _externalise(models: dict[str, onnx.ModelProto], folder: Path, data_name: st
     with data_path.open("wb") as stream:
         for model in models.values():
             for tensor in model.graph.initializer:
-                raw = numpy_helper.to_array(tensor).tobytes()
+                raw = weights.raw(tensor)
                 if stays_inline(tensor, len(raw)):
+                    weights.inline(tensor)
                     continue
                 # by bytes, not shape: --quantize gguf's tied head (MatMulNBits' B) and
                 # embedding (GatherBlockQuantized's data) view one block array two ways
@@ -80,26 +81,22 @@ def _externalise(models: dict[str, onnx.ModelProto], folder: Path, data_name: st
                     stream.write(b"\0" * (-stream.tell() % ALIGNMENT))
                     written[key] = (stream.tell(), len(raw))
                     stream.write(raw)
-                offset, length = written[key]
-                tensor.ClearField("raw_data")
-                del tensor.float_data[:]
-                tensor.data_location = onnx.TensorProto.EXTERNAL
-                del tensor.external_data[:]
-                for name, value in (("location", data_path.name), ("offset", str(offset)),
-                                    ("length", str(length))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = name, value
+                refer(tensor, data_path.name, *written[key])
 
 
-def save_models(models: dict[str, onnx.ModelProto], folder: Path) -> None:
+def save_models(models: dict[str, onnx.ModelProto], folder: Path,
+                weights: InlineWeights = INLINE) -> None:
     """One graph that fits in a protobuf is saved whole (simplest for any runtime), one too
     large with its weights in `NAME.onnx_data`; several graphs share `weights.onnx.data`."""
     for name in models:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
     if len(models) > 1:
-        _externalise(models, folder, SHARED_DATA)
+        _externalise(models, folder, SHARED_DATA, weights)
     elif any(too_large(model) for model in models.values()):
-        _externalise(models, folder, data_file_name(next(iter(models))))
+        _externalise(models, folder, data_file_name(next(iter(models))), weights)
+    else:
+        for model in models.values():
+            weights.load(model)
     for name, model in models.items():
         onnx.save_model(model, str(folder / name))
 

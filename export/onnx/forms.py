@@ -31,6 +31,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from export.onnx.weights import INLINE, InlineWeights
+
 NORMS = {"LayerNormalization"}
 
 
@@ -56,43 +58,45 @@ def residual_sums(model: onnx.ModelProto) -> int:
     return changed
 
 
-def _weight(graph: onnx.GraphProto, name: str, rank: int) -> np.ndarray | None:
-    for tensor in graph.initializer:
-        if tensor.name == name:
-            return numpy_helper.to_array(tensor) if len(tensor.dims) == rank else None
-    return None
+def _weight(initializers: dict[str, onnx.TensorProto], name: str, rank: int,
+            weights: InlineWeights) -> np.ndarray | None:
+    tensor = initializers.get(name)
+    return weights.values(tensor) if tensor is not None and len(tensor.dims) == rank else None
 
 
-def _projection(graph: onnx.GraphProto, matmul: onnx.NodeProto,
-                consumers: dict[str, list[onnx.NodeProto]]) -> tuple | None:
+def _projection(initializers: dict[str, onnx.TensorProto], matmul: onnx.NodeProto,
+                consumers: dict[str, list[onnx.NodeProto]], weights: InlineWeights
+                ) -> tuple | None:
     """(weight, bias Add or None, bias name or None) when `matmul` is x @ W with W a 2-D
     initializer, the bias Add being its only consumer with a 1-D initializer as the other
     input."""
-    weight = _weight(graph, matmul.input[1], 2)
+    weight = _weight(initializers, matmul.input[1], 2, weights)
     if weight is None or matmul.domain not in ("", "ai.onnx"):
         return None
     users = consumers[matmul.output[0]]
     if len(users) == 1 and users[0].op_type == "Add" and users[0].domain in ("", "ai.onnx"):
         add = users[0]
         other = add.input[1] if add.input[0] == matmul.output[0] else add.input[0]
-        bias = _weight(graph, other, 1)
+        bias = _weight(initializers, other, 1, weights)
         if bias is not None and bias.shape[0] == weight.shape[1]:
             return weight, add, other
     return weight, None, None
 
 
-def fused_projections(model: onnx.ModelProto) -> int:
+def fused_projections(model: onnx.ModelProto, weights: InlineWeights = INLINE) -> int:
     """Merge MatMuls of one input by constant weights of one dtype and input width (all with a
     bias Add or all without) into one MatMul + Add + Split, in place; returns how many MatMuls
     were merged away."""
     graph = model.graph
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for node in graph.node:
         for name in node.input:
             consumers[name].append(node)
     groups: dict[tuple, list[tuple]] = defaultdict(list)
     for node in graph.node:
-        if node.op_type == "MatMul" and (found := _projection(graph, node, consumers)):
+        if node.op_type == "MatMul" and (found := _projection(initializers, node, consumers,
+                                                              weights)):
             weight, add, _ = found
             key = (node.input[0], weight.shape[0], weight.dtype.str, add is not None)
             groups[key].append((node, *found))
@@ -102,8 +106,8 @@ def fused_projections(model: onnx.ModelProto) -> int:
             continue
         first = list(graph.node).index(members[0][0])
         name = members[0][0].output[0] + "_fused"
-        weights = np.concatenate([weight for _, weight, _, _ in members], axis=1)
-        graph.initializer.append(numpy_helper.from_array(weights, name + "_weight"))
+        joined = np.concatenate([weight for _, weight, _, _ in members], axis=1)
+        graph.initializer.append(weights.add(joined, name + "_weight"))
         widths = np.array([weight.shape[1] for _, weight, _, _ in members], np.int64)
         graph.initializer.append(numpy_helper.from_array(widths, name + "_widths"))
         outputs = [(add or node).output[0] for node, _, add, _ in members]
@@ -155,7 +159,7 @@ def _drop_unused(graph: onnx.GraphProto) -> None:
     graph.value_info.extend(info)
 
 
-def tied_transposes(model: onnx.ModelProto) -> int:
+def tied_transposes(model: onnx.ModelProto, weights: InlineWeights = INLINE) -> int:
     """A tied head's weight stored once: where the exporter folded Transpose(E) of an embedding
     E (an initializer read by Gather) into a constant for the head's MatMul (the encoder-
     decoder's decoder graph; a T5's head was a second copy of its largest matrix), the MatMul
@@ -166,15 +170,15 @@ def tied_transposes(model: onnx.ModelProto) -> int:
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     tables = {node.input[0] for node in graph.node if node.op_type == "Gather"
               and node.input[0] in initializers and len(initializers[node.input[0]].dims) == 2}
-    transposed = {name: numpy_helper.to_array(initializers[name]).T for name in sorted(tables)}
     restored = 0
     for node in list(graph.node):
         constant = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
         if constant is None or len(constant.dims) != 2:
             continue
-        value = numpy_helper.to_array(constant)
-        table = next((name for name, table_t in transposed.items()
-                      if table_t.shape == value.shape and np.array_equal(table_t, value)), None)
+        table = next((name for name in sorted(tables)  # shapes first: values are read
+                      if list(initializers[name].dims)[::-1] == list(constant.dims)
+                      and np.array_equal(weights.values(initializers[name]).T,
+                                         weights.values(constant))), None)
         if table is None:
             continue
         node.input[1] = f"{table}_transposed"
@@ -187,9 +191,9 @@ def tied_transposes(model: onnx.ModelProto) -> int:
     return restored
 
 
-def fast_forms(model: onnx.ModelProto) -> onnx.ModelProto:
+def fast_forms(model: onnx.ModelProto, weights: InlineWeights = INLINE) -> onnx.ModelProto:
     """Every rewrite above, in place; returns the model."""
     residual_sums(model)
-    fused_projections(model)
-    tied_transposes(model)
+    fused_projections(model, weights)
+    tied_transposes(model, weights)
     return model

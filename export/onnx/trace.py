@@ -17,6 +17,7 @@ from torch.export import Dim
 from export.family import GraphIO
 from export.logs import quiet_loggers
 from export.onnx.forms import fast_forms
+from export.onnx.weights import INLINE, InlineWeights
 from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.schema import target_vocab_size
@@ -121,9 +122,10 @@ def registry_built_once() -> Iterator[None]:
 
 
 def export_graph(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list, list],
-                 opset: int, path: Path) -> onnx.ModelProto:
+                 opset: int, path: Path, weights: InlineWeights = INLINE) -> onnx.ModelProto:
     """The ONNX proto of `graph` traced on `args`, in the forms ONNX Runtime runs fastest
-    (export/onnx/forms.py); a failure is one ExportError line."""
+    (export/onnx/forms.py), its weights where `weights` keeps them; a failure is one
+    ExportError line."""
     with warnings.catch_warnings(), quiet_loggers("torch.onnx", "onnxscript", "torch.export"), \
             torch.no_grad(), registry_built_once():
         warnings.simplefilter("ignore")  # the exporter's own chatter; failures still raise
@@ -134,4 +136,4 @@ def export_graph(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list
             )
         except Exception as exc:  # the exporter raises many types; report one line
             raise ExportError(f"{path.name}: torch.onnx.export failed: {first_line(exc)}") from exc
-    return fast_forms(program.model_proto)
+        return fast_forms(weights.traced(program, path.name), weights)

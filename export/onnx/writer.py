@@ -23,15 +23,20 @@ from export.onnx.manifest import build_manifest, package_versions, write_manifes
 from export.onnx.precision import FP32
 from export.onnx.trace import ExportError, export_graph, trace_inputs
 from export.onnx.variants import VariantResult, apply_variant, layout_under_dtype_names
+from export.onnx.weights import INLINE, DiskWeights, InlineWeights
 from export.options import ExportOptions
 from export.serving.huggingface import write_hf_files
 from registry.catalog import Card
 from registry.errors import first_line
 from runtime.contract import LAYOUT
 from runtime.files.atomic import atomic_folder
-from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, weights_bytes
+from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, write_weights
 
 Progress = Callable[[str], None]
+# Past this, the traced graphs' weights stay on disk while they are rewritten (export/onnx/
+# weights.py): a second and third copy in memory is what a 1B-parameter model cannot afford.
+DISK_WEIGHTS_BYTES = 1 << 30
+SCRATCH = ".traced"  # inside the staging folder: gone with it if the export fails
 
 
 def _check(path: Path) -> None:
@@ -89,11 +94,15 @@ def export_onnx(
     contract = contract_of(graphs, card, options.attentions)
     with atomic_folder(Path(out), options.force) as staging:
         _write_reference(model, card, staging, extra_files)
-        protos = _traced(model, card, graphs, contract, options, metadata, staging, progress)
+        weights = _weights_for(model, staging)
+        protos = _traced(model, card, graphs, contract, options, metadata, staging, progress,
+                         weights)
         entries = ({"attentions": attentions_entry(graphs, contract)}
                    if options.attentions else {})
         variant = VariantResult()
         if not options.plain:
+            for proto in protos.values():  # the variants read and write weights themselves
+                weights.load(proto)
             variant = apply_variant(protos, model, card, family, options, metadata, progress,
                                     staging, gguf)
             entries.update(variant.manifest)
@@ -109,8 +118,11 @@ def export_onnx(
             # `stored` is the manifest's quantization.stored_as (precision.stored_as)
             stored.update(layout_under_dtype_names(layout, entries[LAYOUT], options.quantize,
                                                    options.dtype))
-        save_models(protos, staging)
+        for proto in layout.values():
+            weights.load(proto)
+        save_models(protos, staging, weights)
         save_standalone(layout, staging)
+        weights.close()
         for file_name in [*protos, *layout]:
             _check(staging / file_name)
         # before the manifest, so their sha256 are recorded
@@ -139,16 +151,28 @@ def _write_reference(model: nn.Module, card: Card, staging: Path,
                      extra_files: list[Path] | tuple[Path, ...]) -> None:
     """The PyTorch weights and card the export was made from, and the files copied beside
     them (e.g. the tokenizer, so the export is self-contained)."""
-    (staging / WEIGHTS).write_bytes(weights_bytes(model, {"format": "pt"}))
+    write_weights(model, staging / WEIGHTS, {"format": "pt"})
     (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
     for extra in extra_files:
         shutil.copyfile(extra, staging / Path(extra).name)
 
 
+def weights_on_disk(model: nn.Module) -> bool:
+    """A model past DISK_WEIGHTS_BYTES: its graphs' weights stay on disk while they are
+    rewritten, and its check opens them with runtime/sessions.py's lean_session_options."""
+    size = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    return size > DISK_WEIGHTS_BYTES
+
+
+def _weights_for(model: nn.Module, staging: Path) -> InlineWeights:
+    """Where the traced graphs keep their weights: on disk or in the protos."""
+    return DiskWeights(staging / SCRATCH) if weights_on_disk(model) else INLINE
+
+
 def _traced(model: nn.Module, card: Card, graphs: dict[str, GraphIO],
             contract: dict[str, tuple[list[str], list[str]]], options: ExportOptions,
-            metadata: dict[str, str], staging: Path, progress: Progress
-            ) -> dict[str, onnx.ModelProto]:
+            metadata: dict[str, str], staging: Path, progress: Progress,
+            weights: InlineWeights) -> dict[str, onnx.ModelProto]:
     """One traced proto per contract graph, debug annotations stripped, metadata set."""
     wrappers = wrappers_of(graphs, model, options.attentions)
     protos = {}
@@ -157,7 +181,7 @@ def _traced(model: nn.Module, card: Card, graphs: dict[str, GraphIO],
         args, shapes = trace_inputs(io, card)
         protos[file_name] = export_graph(wrappers[file_name], args, shapes,
                                          contract[file_name], options.opset,
-                                         staging / file_name)
+                                         staging / file_name, weights)
         strip_debug(protos[file_name])
         set_metadata(protos[file_name], metadata)
     return protos

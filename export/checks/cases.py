@@ -36,8 +36,9 @@ LONGEST = 1024  # the grid's longest sequence: eager attention over 8k-32k posit
 TOKEN_BUDGET = 48 * 10**9  # parameters x tokens of the longest case
 SHORTEST = 128
 # Float32 logits a window case may produce at once: gemma-3-1b's 262,144-token vocabulary over
-# two rows of 514 positions is 1 GB, held by PyTorch, by ONNX Runtime and by the comparison
-# at once. Past this the window cases run one row, padded as the second row would be.
+# two rows of 514 positions is 1 GB, held by PyTorch and by ONNX Runtime at once, beside both
+# copies of the weights. Past this the window cases run one row, padded as the second row
+# would be, and the prompt past the window arrives in two halves.
 LOGITS_BUDGET = 1 << 27
 
 
@@ -79,12 +80,16 @@ def window_shapes(card: Card) -> list[tuple[int, int, int, bool]]:
     """(batch, length, past, padded) past a local layer's window, wherever the longest case
     stops short of it: a padded prompt longer than the window, and steps whose past fills it
     (the first keys leave the window). Beyond the token budget: they are what local layers
-    need, and a wrong window is otherwise invisible. Two rows, or one within LOGITS_BUDGET."""
+    need, and a wrong window is otherwise invisible. Two rows, or past LOGITS_BUDGET one row
+    and the long prompt in two chunks (half its logits at once)."""
     window = local_window(card)
     if window is None or window + 2 > card["max_positions"]:
         return []
-    rows = 2 if 2 * (window + 2) * card["vocab_size"] <= LOGITS_BUDGET else 1
-    return [(rows, window + 2, 0, True), (rows, 2, window, True), (1, 1, window + 1, False)]
+    if 2 * (window + 2) * card["vocab_size"] <= LOGITS_BUDGET:
+        return [(2, window + 2, 0, True), (2, 2, window, True), (1, 1, window + 1, False)]
+    # the second half's first keys still leave the window as its queries advance
+    half = (window + 2) // 2
+    return [(1, window + 2 - half, half, True), (1, 2, window, True), (1, 1, window + 1, False)]
 
 
 def padded_rows(batch: int, length: int) -> np.ndarray:

@@ -81,7 +81,7 @@ def row_label(output: str, file: str) -> str:
     return label if file == MODEL_GRAPH else f"{file[:-5]}:{label}"
 
 
-COMPARE_CHUNK = 1 << 22  # elements compared at once: a 262k-vocabulary model's logits over
+COMPARE_CHUNK = 1 << 20  # elements compared at once: a 262k-vocabulary model's logits over
 # 1,028 positions are 1 GB in float32, and each float64 temporary of them twice that
 
 

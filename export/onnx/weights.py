@@ -77,12 +77,14 @@ class DiskWeights(InlineWeights):
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.traces = 0  # each trace's files under a name of its own
         folder.mkdir(parents=True, exist_ok=True)
 
     def traced(self, program: object, file_name: str) -> onnx.ModelProto:
         """The graph saved by torch.onnx with its weights in a file of their own (written one
         tensor at a time from PyTorch's memory), then read back without them."""
-        path = self.folder / f"{len(list(self.folder.iterdir()))}-{Path(file_name).name}"
+        self.traces += 1
+        path = self.folder / f"{self.traces}-{Path(file_name).name}"
         program.save(str(path), external_data=True)  # type: ignore[attr-defined]
         model = onnx.load(str(path), load_external_data=False)
         path.unlink()  # its data file stays, beside it: the locations are relative to folder

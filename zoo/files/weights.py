@@ -86,9 +86,8 @@ def card_yaml(card: Card) -> str:
 def save_built(model: torch.nn.Module, card: Card, out: Path, force: bool = False) -> Path:
     """Write `out/model.safetensors` and `out/config.yaml` together, atomically."""
     # One metadata key only: safetensors writes metadata in hash order, which varies per run.
-    payload = weights_bytes(model, metadata={"format": "pt"})
     with atomic_folder(Path(out), force) as staging:
-        (staging / WEIGHTS).write_bytes(payload)
+        write_weights(model, staging / WEIGHTS, metadata={"format": "pt"})
         (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
     return Path(out) / WEIGHTS
 

@@ -22,15 +22,15 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from cli import main
-from export.checks.half import float16_step, half_copy, tolerances
+from export.checks.half import check_float16, float16_step, half_copy, tolerances
 from export.onnx.precision import FP16_MAX, PrecisionError, float16_plan, to_float16
-from export.opening import open_export
+from export.opening import open_export, open_model
 from runtime.contract import MODEL_GRAPH
-from runtime.sessions import Graph
+from runtime.sessions import Graph, cuda_active
 from tests.conftest import card, on_shared
 from zoo import GenerateOptions, load
 from zoo.assemble import build_model
-from zoo.files.weights import save_built
+from zoo.files.weights import load_built, save_built
 
 CPU = ["CPUExecutionProvider"]
 
@@ -442,3 +442,18 @@ def test_contrib_outputs_are_typed_without_files_in_the_working_folder(
     # float16 scales, sums and output: a few float16 steps at the outputs' magnitude
     np.testing.assert_allclose(got.astype(np.float32), expected,
                                atol=4 * float16_step(float(np.abs(expected).max())))
+
+
+@pytest.mark.skipif(not cuda_active(), reason="ONNX Runtime's CUDA provider is not active")
+@pytest.mark.parametrize("name", [pytest.param(name, marks=on_shared(name))
+                                  for name in ("gpt-tiny", "llama-tiny")])
+def test_float16_exports_pass_their_check_on_cuda(name: str, shared_export: object) -> None:
+    """What a GPU runs fp16 exports on (../shared/GPU.md step 3): the export made and checked
+    here on the CPU, opened on ONNX Runtime's CUDA provider, passes the same float16 check
+    against PyTorch in float16 and float32."""
+    folder, _ = shared_export(name, "fp16")  # type: ignore[operator]
+    cuda = open_export(folder, "cuda")
+    for graph in cuda.graphs.values():
+        assert graph.session.get_providers()[0] == "CUDAExecutionProvider"
+    model, built = load_built(folder)
+    assert check_float16(model, open_model(model, built), cuda).passed

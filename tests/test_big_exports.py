@@ -19,6 +19,7 @@ from safetensors.torch import save
 
 import export.onnx.writer as writer
 from export.checks import cases, parity
+from export.onnx import files
 from export.onnx.weights import DiskWeights
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
@@ -65,12 +66,15 @@ def test_reference_weights_are_written_as_safetensors_saves_them(tmp_path: Path)
     write_weights(model, tmp_path / "model.safetensors", {"format": "pt"})
     tensors = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     assert (tmp_path / "model.safetensors").read_bytes() == save(tensors, {"format": "pt"})
-    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_a_large_vocabulary_runs_the_window_cases_on_one_padded_row() -> None:
+def test_a_large_vocabulary_runs_the_window_cases_on_one_unpadded_row() -> None:
     """gemma-tiny's window cases are two rows; with gemma-3-1b's vocabulary and window, one
-    row (two would pass LOGITS_BUDGET), padded as the second of two rows is, and the prompt
+    row (two would pass LOGITS_BUDGET), unpadded so that its real tokens reach past the window
+    (a row padded by a quarter would not: its first keys are pads, masked anyway), the prompt
     longer than the window in two chunks, so that keys still leave the window within one."""
     assert [shape[0] for shape in cases.window_shapes(card("gemma-tiny"))] == [2, 2, 1]
     window = card("gemma-3-1b")["sliding_window"]
@@ -81,9 +85,7 @@ def test_a_large_vocabulary_runs_the_window_cases_on_one_padded_row() -> None:
     half = (window + 2) // 2  # the prompt past the window, after a past of half of it
     assert [(length, past) for _, length, past, _ in shapes] == [
         (window + 2 - half, half), (2, window), (1, window + 1)]
-    mask = cases.padded_rows(1, 40)
-    assert mask.shape == (1, 40) and mask[0, :10].sum() == 0 and mask[0, 10:].all()
-    assert np.array_equal(cases.padded_rows(3, 40), cases.left_padding(3, 40))
+    assert not any(padded for *_, padded in shapes)  # every key a real one: the window bites
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -93,6 +95,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("name, variant", [
     pytest.param("gpt-tiny", "plain", marks=on_shared("gpt-tiny")),
+    pytest.param("transformer-tiny", "plain", marks=on_shared("transformer-tiny")),
     pytest.param("transformer-tiny", "int8-dynamic", marks=on_shared("transformer-tiny"))])
 def test_weights_kept_on_disk_give_the_same_export(name: str, variant: str, tmp_path: Path,
                                                    shared_export: object,
@@ -100,8 +103,9 @@ def test_weights_kept_on_disk_give_the_same_export(name: str, variant: str, tmp_
     """With the threshold lowered, a tiny card takes the big models' path (the trace saved to
     scratch files, the rewrites reading memory maps, a quantized variant's weights loaded
     back, the check's lean sessions) and the export is the in-memory path's, byte for byte:
-    gpt-tiny's fused projections with biases and its tied head, the encoder-decoder's shared
-    weights file and its clients' layout."""
+    gpt-tiny's fused projections with biases and its tied head (saved whole: it fits), the
+    encoder-decoder's shared weights file copied from the maps, and its clients' layout made
+    from references."""
     shared, _ = shared_export(name, variant)  # type: ignore[operator]
     traced = []
     real_traced = DiskWeights.traced
@@ -118,6 +122,22 @@ def test_weights_kept_on_disk_give_the_same_export(name: str, variant: str, tmp_
     assert [file for file in got if got[file] != wanted[file]] == []
 
 
+
+
+def test_a_graph_past_the_protobuf_limit_is_written_from_disk_as_from_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpt-tiny as if it were past protobuf's 2 GB: its weights copied from the trace's files
+    into onnx/model.onnx_data are the bytes the in-memory path writes there."""
+    monkeypatch.setattr(files, "PROTO_LIMIT", 1000)
+    made = {}
+    for threshold in (1 << 40, 0):  # in memory, then on disk
+        monkeypatch.setattr(writer, "DISK_WEIGHTS_BYTES", threshold)
+        out = tmp_path / str(threshold)
+        export_and_verify(build_model(card("gpt-tiny"), seed=1), card("gpt-tiny"), out,
+                          ExportOptions())
+        made[threshold] = _files(out)
+    assert "onnx/model.onnx_data" in made[0] and sorted(made[0]) == sorted(made[1 << 40])
+    assert [file for file in made[0] if made[0][file] != made[1 << 40][file]] == []
 
 PEAK_RATIO = 2.5  # issue #49's goal: the export's peak resident memory over its float32 weights
 PEAK_REPORT = "zoo.peak_rss"

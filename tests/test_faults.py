@@ -82,7 +82,7 @@ def test_a_full_disk_during_export_force_keeps_the_old_export(
     def full(*args: object, **kwargs: object) -> bytes:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("export.onnx.writer.weights_bytes", full)
+    monkeypatch.setattr("export.onnx.writer.write_weights", full)
     result = zoo("export", "gpt-tiny", "--onnx", "-o", str(old), "--force")
     assert_error_after_progress(result, "No space left on device", code=1)
     assert everything(tmp_path) == {"onnx": b"<dir>", "onnx/model.onnx": b"the old export"}

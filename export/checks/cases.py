@@ -37,8 +37,8 @@ TOKEN_BUDGET = 48 * 10**9  # parameters x tokens of the longest case
 SHORTEST = 128
 # Float32 logits a window case may produce at once: gemma-3-1b's 262,144-token vocabulary over
 # two rows of 514 positions is 1 GB, held by PyTorch and by ONNX Runtime at once, beside both
-# copies of the weights. Past this the window cases run one row, padded as the second row
-# would be, and the prompt past the window arrives in two halves.
+# copies of the weights. Past this the window cases run one unpadded row (a padded one's real
+# tokens would not reach past the window), and the prompt past the window arrives in two halves.
 LOGITS_BUDGET = 1 << 27
 
 
@@ -80,8 +80,8 @@ def window_shapes(card: Card) -> list[tuple[int, int, int, bool]]:
     """(batch, length, past, padded) past a local layer's window, wherever the longest case
     stops short of it: a padded prompt longer than the window, and steps whose past fills it
     (the first keys leave the window). Beyond the token budget: they are what local layers
-    need, and a wrong window is otherwise invisible. Two rows, or past LOGITS_BUDGET one row
-    and the long prompt in two chunks (half its logits at once)."""
+    need, and a wrong window is otherwise invisible. Two rows, or past LOGITS_BUDGET one
+    unpadded row and the long prompt in two chunks (half its logits at once)."""
     window = local_window(card)
     if window is None or window + 2 > card["max_positions"]:
         return []
@@ -89,12 +89,8 @@ def window_shapes(card: Card) -> list[tuple[int, int, int, bool]]:
         return [(2, window + 2, 0, True), (2, 2, window, True), (1, 1, window + 1, False)]
     # the second half's first keys still leave the window as its queries advance
     half = (window + 2) // 2
-    return [(1, window + 2 - half, half, True), (1, 2, window, True), (1, 1, window + 1, False)]
-
-
-def padded_rows(batch: int, length: int) -> np.ndarray:
-    """left_padding's mask, where one row is the second row of two (a padded one)."""
-    return left_padding(max(batch, 2), length)[-batch:]
+    return [(1, window + 2 - half, half, False), (1, 2, window, False),
+            (1, 1, window + 1, False)]
 
 
 def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
@@ -110,7 +106,7 @@ def decoder_cases(engine: Engine, rng: np.random.Generator) -> list[Case]:
         *window_shapes(card),
     ):
         total = past_length + length
-        mask = padded_rows(batch, total) if padded else np.ones((batch, total), np.int64)
+        mask = left_padding(batch, total) if padded else np.ones((batch, total), np.int64)
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         cache = empty_past(engine, batch)
         if past_length:  # a real cache: the reference run over a prefix

@@ -134,6 +134,7 @@ def export_graph(graph: nn.Module, args: tuple, shapes: tuple, names: tuple[list
                 graph, args, dynamic_shapes=shapes, input_names=names[0],
                 output_names=names[1], opset_version=opset, dynamo=True, verbose=False,
             )
+            model = weights.traced(program, path.name)
         except Exception as exc:  # the exporter raises many types; report one line
             raise ExportError(f"{path.name}: torch.onnx.export failed: {first_line(exc)}") from exc
-        return fast_forms(weights.traced(program, path.name), weights)
+    return fast_forms(model, weights)

@@ -19,6 +19,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from registry.paths import display_path, inside
+
 ALIGNMENT = 64
 SPILL = "rewritten.data"  # what the rewrites make (fused projections), beside the traced data
 EXTERNAL_MIN_BYTES = 1024  # smaller tensors stay inline
@@ -78,6 +80,9 @@ class DiskWeights(InlineWeights):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.traces = 0  # each trace's files under a name of its own
+        # one map per file: a map per tensor would hold a file descriptor each (thousands for
+        # a mixture of experts)
+        self.maps: dict[str, np.memmap] = {}
         folder.mkdir(parents=True, exist_ok=True)
 
     def traced(self, program: object, file_name: str) -> onnx.ModelProto:
@@ -94,10 +99,14 @@ class DiskWeights(InlineWeights):
         return model
 
     def view(self, tensor: onnx.TensorProto) -> np.ndarray:
-        """A read-only memory map of an external tensor's bytes (uint8)."""
+        """An external tensor's bytes (uint8), read-only, from its file's memory map."""
         where = _external(tensor)
-        offset, length = int(where.get("offset", 0)), int(where["length"])
-        return np.memmap(self.folder / where["location"], np.uint8, "r", offset, (length,))
+        location = where["location"]
+        if location not in self.maps:
+            path = inside(self.folder, location, display_path(self.folder), "location")
+            self.maps[location] = np.memmap(path, np.uint8, "r")
+        offset = int(where.get("offset", 0))
+        return self.maps[location][offset:offset + int(where["length"])]
 
     def values(self, tensor: onnx.TensorProto) -> np.ndarray:
         if not on_disk(tensor):
@@ -112,6 +121,7 @@ class DiskWeights(InlineWeights):
         """`array` appended to the spill file; the tensor refers to it."""
         tensor = onnx.TensorProto(name=name, dims=array.shape,
                                   data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
+        self.maps.pop(SPILL, None)  # the file grows past what its map covers
         with (self.folder / SPILL).open("ab") as stream:
             stream.write(b"\0" * (-stream.tell() % ALIGNMENT))
             offset = stream.tell()
@@ -133,6 +143,7 @@ class DiskWeights(InlineWeights):
         tensor.raw_data = data
 
     def close(self) -> None:
+        self.maps.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

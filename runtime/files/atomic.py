@@ -60,7 +60,7 @@ def atomic_folder(target: Path, force: bool) -> Iterator[Path]:
                 claim(target)
                 claimed = True
             yield staging
-            os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 is for the staging name only
+            os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp: 0700, for the staging name
             if force and target.exists():
                 old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
                 os.replace(target, old / target.name)
@@ -143,7 +143,7 @@ def _staged(target: Path, data: bytes) -> Path:
     """`data` in a temporary file beside `target`, flushed to disk."""
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
-        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp's 0600 is for the temporary name only
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp: 0600, for the temporary name
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
@@ -154,7 +154,7 @@ def _staged(target: Path, data: bytes) -> Path:
     return Path(temporary)
 
 
-def _umask() -> int:
+def current_umask() -> int:
     current = os.umask(0)  # the only way to read it is to set it
     os.umask(current)
     return current

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save, save_file
 from registry.catalog import Card, card_from_file
 from registry.errors import ZooError
 from registry.paths import display_path
-from runtime.files.atomic import atomic_folder
+from runtime.files.atomic import atomic_folder, current_umask
 from zoo.assemble import build_model
 
 WEIGHTS = "model.safetensors"
@@ -41,7 +41,7 @@ def write_weights(model: torch.nn.Module, path: Path,
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in
                model.state_dict().items()}
     save_file(tensors, str(path), metadata=metadata)
-    path.chmod(0o644)  # as the folder's other files (save_file makes it 0600)
+    path.chmod(0o666 & ~current_umask())  # as the folder's other files (save_file: 0600)
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -58,27 +58,27 @@ def residual_sums(model: onnx.ModelProto) -> int:
     return changed
 
 
-def _weight(initializers: dict[str, onnx.TensorProto], name: str, rank: int,
-            weights: InlineWeights) -> np.ndarray | None:
+def _weight(initializers: dict[str, onnx.TensorProto], name: str, rank: int
+            ) -> onnx.TensorProto | None:
     tensor = initializers.get(name)
-    return weights.values(tensor) if tensor is not None and len(tensor.dims) == rank else None
+    return tensor if tensor is not None and len(tensor.dims) == rank else None
 
 
 def _projection(initializers: dict[str, onnx.TensorProto], matmul: onnx.NodeProto,
-                consumers: dict[str, list[onnx.NodeProto]], weights: InlineWeights
-                ) -> tuple | None:
+                consumers: dict[str, list[onnx.NodeProto]]) -> tuple | None:
     """(weight, bias Add or None, bias name or None) when `matmul` is x @ W with W a 2-D
     initializer, the bias Add being its only consumer with a 1-D initializer as the other
-    input."""
-    weight = _weight(initializers, matmul.input[1], 2, weights)
+    input. Shapes only: the values are read when a group is joined (a big model's are on
+    disk, read one group at a time)."""
+    weight = _weight(initializers, matmul.input[1], 2)
     if weight is None or matmul.domain not in ("", "ai.onnx"):
         return None
     users = consumers[matmul.output[0]]
     if len(users) == 1 and users[0].op_type == "Add" and users[0].domain in ("", "ai.onnx"):
         add = users[0]
         other = add.input[1] if add.input[0] == matmul.output[0] else add.input[0]
-        bias = _weight(initializers, other, 1, weights)
-        if bias is not None and bias.shape[0] == weight.shape[1]:
+        bias = _weight(initializers, other, 1)
+        if bias is not None and bias.dims[0] == weight.dims[1]:
             return weight, add, other
     return weight, None, None
 
@@ -95,10 +95,9 @@ def fused_projections(model: onnx.ModelProto, weights: InlineWeights = INLINE) -
             consumers[name].append(node)
     groups: dict[tuple, list[tuple]] = defaultdict(list)
     for node in graph.node:
-        if node.op_type == "MatMul" and (found := _projection(initializers, node, consumers,
-                                                              weights)):
+        if node.op_type == "MatMul" and (found := _projection(initializers, node, consumers)):
             weight, add, _ = found
-            key = (node.input[0], weight.shape[0], weight.dtype.str, add is not None)
+            key = (node.input[0], weight.dims[0], weight.data_type, add is not None)
             groups[key].append((node, *found))
     merged = 0
     for key, members in groups.items():
@@ -106,9 +105,10 @@ def fused_projections(model: onnx.ModelProto, weights: InlineWeights = INLINE) -
             continue
         first = list(graph.node).index(members[0][0])
         name = members[0][0].output[0] + "_fused"
-        joined = np.concatenate([weight for _, weight, _, _ in members], axis=1)
+        joined = np.concatenate([weights.values(weight) for _, weight, _, _ in members], axis=1)
         graph.initializer.append(weights.add(joined, name + "_weight"))
-        widths = np.array([weight.shape[1] for _, weight, _, _ in members], np.int64)
+        del joined
+        widths = np.array([weight.dims[1] for _, weight, _, _ in members], np.int64)
         graph.initializer.append(numpy_helper.from_array(widths, name + "_widths"))
         outputs = [(add or node).output[0] for node, _, add, _ in members]
         nodes = [helper.make_node("MatMul", [key[0], name + "_weight"], [name])]

@@ -80,9 +80,6 @@ class DiskWeights(InlineWeights):
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.traces = 0  # each trace's files under a name of its own
-        # one map per file: a map per tensor would hold a file descriptor each (thousands for
-        # a mixture of experts)
-        self.maps: dict[str, np.memmap] = {}
         folder.mkdir(parents=True, exist_ok=True)
 
     def traced(self, program: object, file_name: str) -> onnx.ModelProto:
@@ -99,14 +96,14 @@ class DiskWeights(InlineWeights):
         return model
 
     def view(self, tensor: onnx.TensorProto) -> np.ndarray:
-        """An external tensor's bytes (uint8), read-only, from its file's memory map."""
+        """A read-only memory map of an external tensor's bytes (uint8): its own, so that the
+        pages it touched leave the process's memory with it (one map of the whole file would
+        keep every page read until the end: gemma-3-1b's export peaked 0.8 GiB higher). Its
+        callers hold few at once (forms.py reads one group's weights at a time)."""
         where = _external(tensor)
-        location = where["location"]
-        if location not in self.maps:
-            path = inside(self.folder, location, display_path(self.folder), "location")
-            self.maps[location] = np.memmap(path, np.uint8, "r")
+        path = inside(self.folder, where["location"], display_path(self.folder), "location")
         offset = int(where.get("offset", 0))
-        return self.maps[location][offset:offset + int(where["length"])]
+        return np.memmap(path, np.uint8, "r", offset, (int(where["length"]),))
 
     def values(self, tensor: onnx.TensorProto) -> np.ndarray:
         if not on_disk(tensor):
@@ -121,7 +118,6 @@ class DiskWeights(InlineWeights):
         """`array` appended to the spill file; the tensor refers to it."""
         tensor = onnx.TensorProto(name=name, dims=array.shape,
                                   data_type=helper.np_dtype_to_tensor_dtype(array.dtype))
-        self.maps.pop(SPILL, None)  # the file grows past what its map covers
         with (self.folder / SPILL).open("ab") as stream:
             stream.write(b"\0" * (-stream.tell() % ALIGNMENT))
             offset = stream.tell()
@@ -143,7 +139,6 @@ class DiskWeights(InlineWeights):
         tensor.raw_data = data
 
     def close(self) -> None:
-        self.maps.clear()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ from export.onnx.weights import (
     EXTERNAL_MIN_BYTES,
     INLINE,
     InlineWeights,
+    external_fields,
     on_disk,
     refer,
     stays_inline,
@@ -34,8 +35,9 @@ def too_large(model: onnx.ModelProto) -> bool:
         size = model.ByteSize()
     except EncodeError:
         return True
-    return size + sum(int(entry.value) for tensor in model.graph.initializer if on_disk(tensor)
-                      for entry in tensor.external_data if entry.key == "length") > PROTO_LIMIT
+    on_file = (int(external_fields(tensor).get("length", 0))
+               for tensor in model.graph.initializer if on_disk(tensor))
+    return size + sum(on_file) > PROTO_LIMIT
 
 
 def strip_debug(model: onnx.ModelProto) -> None:
@@ -125,9 +127,8 @@ def external_data_files(graph: Path, proto: onnx.ModelProto) -> dict[str, Path]:
     line unless it stays in the graph's folder (the location is the file's to say, and a hostile
     one would have a command link or copy a file from anywhere)."""
     where = display_path(graph)
-    locations = sorted({entry.value for tensor in proto.graph.initializer
-                        if tensor.data_location == onnx.TensorProto.EXTERNAL
-                        for entry in tensor.external_data if entry.key == "location"})
+    locations = sorted({location for tensor in proto.graph.initializer if on_disk(tensor)
+                        if (location := external_fields(tensor).get("location")) is not None})
     found = {}
     for location in locations:
         path = inside(graph.parent, location, where, "external data location")

@@ -37,7 +37,8 @@ def stays_inline(tensor: onnx.TensorProto, size: int) -> bool:
         tensor.data_type in INTEGER_TYPES and size < INLINE_INTEGER_BYTES)
 
 
-def _external(tensor: onnx.TensorProto) -> dict[str, str]:
+def external_fields(tensor: onnx.TensorProto) -> dict[str, str]:
+    """An external tensor's `location`, `offset` and `length`, as its proto lists them."""
     return {entry.key: entry.value for entry in tensor.external_data}
 
 
@@ -86,12 +87,13 @@ class DiskWeights(InlineWeights):
         """The graph saved by torch.onnx with its weights in a file of their own (written one
         tensor at a time from PyTorch's memory), then read back without them."""
         self.traces += 1
-        path = self.folder / f"{self.traces}-{Path(file_name).name}"
+        path = self.folder / f"{self.traces}-{file_name}"
         program.save(str(path), external_data=True)  # type: ignore[attr-defined]
         model = onnx.load(str(path), load_external_data=False)
         path.unlink()  # its data file stays, beside it: the locations are relative to folder
         for tensor in model.graph.initializer:
-            if on_disk(tensor) and stays_inline(tensor, int(_external(tensor)["length"])):
+            # small tensors back in the proto: shape arguments any step may read from it
+            if on_disk(tensor) and stays_inline(tensor, int(external_fields(tensor)["length"])):
                 self.inline(tensor)
         return model
 
@@ -100,7 +102,7 @@ class DiskWeights(InlineWeights):
         pages it touched leave the process's memory with it (one map of the whole file would
         keep every page read until the end: gemma-3-1b's export peaked 0.8 GiB higher). Its
         callers hold few at once (forms.py reads one group's weights at a time)."""
-        where = _external(tensor)
+        where = external_fields(tensor)
         path = inside(self.folder, where["location"], display_path(self.folder), "location")
         offset = int(where.get("offset", 0))
         return np.memmap(path, np.uint8, "r", offset, (int(where["length"]),))

@@ -26,11 +26,14 @@ class WeightsError(ZooError):
     """A safetensors file that is missing, corrupt, or does not match the model."""
 
 
+def _state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().contiguous().cpu() for name, tensor in
+            model.state_dict().items()}
+
+
 def weights_bytes(model: torch.nn.Module, metadata: dict[str, str] | None = None) -> bytes:
     """The model's tensors serialised; identical models give identical bytes."""
-    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in
-               model.state_dict().items()}
-    return save(tensors, metadata=metadata)
+    return save(_state_tensors(model), metadata=metadata)
 
 
 def write_weights(model: torch.nn.Module, path: Path,
@@ -38,9 +41,7 @@ def write_weights(model: torch.nn.Module, path: Path,
     """weights_bytes(model) written to `path` (a new file in a staging folder) straight from
     the tensors' memory: a second copy of a 4 GB model's bytes is what a 24 GiB machine cannot
     spare beside the export."""
-    tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in
-               model.state_dict().items()}
-    save_file(tensors, str(path), metadata=metadata)
+    save_file(_state_tensors(model), str(path), metadata=metadata)
     path.chmod(0o666 & ~current_umask())  # as the folder's other files (save_file: 0600)
 
 

@@ -1,6 +1,6 @@
 """The `zoo` command line: each command parses its options, calls one library function
 (export/commands/, registry/listing.py, the plots), prints the lines it returns, and leaves
-errors to ZooGroup (export/commands/shell.py): a ZooError is one line and exit 2, a fault of
+errors to ZooGroup (commands/shell.py): a ZooError is one line and exit 2, a fault of
 the machine one line and exit 1. Most options are declared on the options classes they fill
 (`@fields`); torch is imported only by the commands that need it, so `zoo list` and `zoo show`
 answer at once.
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from export.commands.printing import (
+from commands.printing import (
     echo,
     force_option,
     png_out,
@@ -26,7 +26,7 @@ from export.commands.printing import (
     show_scores,
     train_bar,
 )
-from export.commands.shell import OptionsCommand, Parsed, ZooGroup, fields
+from commands.shell import OptionsCommand, Parsed, ZooGroup, fields
 from registry.errors import ZooError
 from registry.options import whole_number
 
@@ -72,7 +72,7 @@ def show(name: str, sets: tuple[str, ...], registries: tuple[str, ...]) -> None:
 def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: bool,
           registries: tuple[str, ...]) -> None:
     """Build card NAME with fresh weights: writes OUT/model.safetensors and OUT/config.yaml."""
-    from export.commands.models import build_command
+    from zoo.commands import build_command
 
     echo(build_command(name, Path(out or name), seed, dict(sets), registries, force,
                        progress))
@@ -91,7 +91,7 @@ def import_command(source: str, out: str, force: bool) -> None:
     Writes OUT/model.safetensors, config.yaml, source.json and the tokenizer files DIR has;
     OUT then works with `zoo export OUT --onnx`. Pickle checkpoints are never loaded.
     """
-    from export.commands.models import import_command as run_import
+    from zoo.commands import import_command as run_import
 
     echo(run_import(Path(source), Path(out), force))
 
@@ -109,7 +109,7 @@ def train(source: str, registries: tuple[str, ...], options: dict[str, Any]) -> 
     kept, the new head initialised (OUT/init.json lists which), and OUT/eval.json holds the
     held-out scores. Under `torchrun --nproc_per_node N` the same command trains data-parallel.
     """
-    from export.commands.models import train_command
+    from zoo.commands import train_command
     from zoo.training.tasks import TrainOptions
 
     options["out"] = options["out"] or Path(f"{Path(source).name}-trained")
@@ -172,7 +172,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, seed: int, sets:
     """
     if not to_onnx:
         raise ZooError("choose an export format: --onnx")
-    from export.commands.exporting import export_command as run_export
+    from export.commands import export_command as run_export
     from export.options import ExportOptions
 
     echo(run_export(source, Path(out or f"{Path(source).name}-onnx"), ExportOptions(**options),
@@ -186,7 +186,7 @@ def export_command(source: str, to_onnx: bool, out: str | None, seed: int, sets:
 def parity(folder: str, options: dict[str, Any]) -> None:
     """Check an exported FOLDER: PyTorch against ONNX Runtime on the shape grid (a quantized
     export: the agreement check against fp32 PyTorch instead)."""
-    from export.commands.exporting import parity_command
+    from export.commands import parity_command
 
     echo(parity_command(Path(folder), **options))
 
@@ -195,15 +195,15 @@ def parity(folder: str, options: dict[str, Any]) -> None:
 @click.argument("folder", metavar="OUT", type=click.Path())
 @click.option("-o", "--out", "repository", required=True, type=click.Path(file_okay=False),
               help="The model repository to write.")
-@fields("options", "export.serving.triton:TritonOptions",
+@fields("options", "export.targets.triton:TritonOptions",
         "kind instances max_batch_size queue_delay_us")
 @force_option("an existing repository")
 def triton_command(folder: str, repository: str, force: bool, options: dict[str, Any]) -> None:
     """Write a Triton Inference Server model repository for an exported OUT folder: one model
     per graph, config.pbtxt generated from the graph's own inputs and outputs
     (docs/serving.md)."""
-    from export.commands.exporting import triton_command as run_triton
-    from export.serving.triton import TritonOptions
+    from export.commands import triton_command as run_triton
+    from export.targets.triton import TritonOptions
 
     largest = options["max_batch_size"]
     preferred = tuple(size for size in (largest // 2, largest) if size > 0)
@@ -211,7 +211,7 @@ def triton_command(folder: str, repository: str, force: bool, options: dict[str,
                     TritonOptions(**options, preferred_batch_sizes=preferred), force))
 
 
-RUN = "export.commands.run:RunRequest"
+RUN = "commands.run:RunRequest"
 
 
 @main.command()
@@ -227,14 +227,14 @@ def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
     vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
     size and norm, and the texts' cosine similarities.
     """
-    from export.commands.run import RunRequest, run_export
+    from commands.run import RunRequest, run_export
     from runtime.exported import GenerateOptions
 
     echo(run_export(RunRequest(Path(folder), **request, options=GenerateOptions(**options)),
                     progress))
 
 
-CORPUS = "export.commands.corpus:CorpusRequest"
+CORPUS = "commands.corpus:CorpusRequest"
 CORPUS_OPTIONS = "data out column truncate against provider threads force"
 
 
@@ -247,7 +247,7 @@ def embed(folder: str, request: dict[str, Any]) -> None:
     Rows are batched by length; each row's vector is the one `zoo run --text` gives it.
     --against REFERENCE (the fp32 export beside an int8 one, say): every row's cosine to it.
     """
-    from export.commands.corpus import CorpusRequest, embed_command
+    from commands.corpus import CorpusRequest, embed_command
 
     echo(embed_command(CorpusRequest(Path(folder), **request), rows_bar))
 
@@ -261,7 +261,7 @@ def classify(folder: str, request: dict[str, Any]) -> None:
     --against REFERENCE: both exports side by side (rows/s, the same label, the largest change
     of a probability, the sentence vectors' cosine; with --label-column each one's accuracy).
     """
-    from export.commands.corpus import CorpusRequest, classify_command
+    from commands.corpus import CorpusRequest, classify_command
 
     echo(classify_command(CorpusRequest(Path(folder), **request), rows_bar))
 
@@ -279,12 +279,12 @@ def serve(folders: tuple[str, ...], options: dict[str, Any]) -> None:
 
 @main.command("evaluate")
 @click.argument("folder", metavar="OUT", type=click.Path())
-@fields("options", "export.commands.evaluate:EvaluateOptions")
+@fields("options", "commands.evaluate:EvaluateOptions")
 def evaluate_command(folder: str, options: dict[str, Any]) -> None:
     """Score an export OUT with ONNX Runtime: a classifier on labelled rows (--data), with the
     rows where its prediction equals PyTorch's; an encoder-decoder's exact-match accuracy on
     held-out inputs (--task reverse); or a decoder's perplexity on a text (--text)."""
-    from export.commands.evaluate import EvaluateOptions, evaluate
+    from commands.evaluate import EvaluateOptions, evaluate
 
     echo(evaluate(Path(folder), EvaluateOptions(**options), progress))
 

@@ -31,7 +31,7 @@ from peers import Run, interleaved, machine  # noqa: E402
 from prepare import hf_folder, zoo_export  # noqa: E402
 
 from export.opening import open_export  # noqa: E402
-from export.serving.genai import genai_batch  # noqa: E402
+from export.targets.genai import genai_batch  # noqa: E402
 from runtime.generate import generate, left_padded  # noqa: E402
 
 PAD = 0  # the zoo's and HF's left padding (not among the prompts' ids, 3..49999)

@@ -202,7 +202,7 @@ def st_models(st_folder: Path) -> tuple[Any, Any, Any, str]:
 def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
-    from export.commands.corpus import CorpusRequest, embed_command
+    from commands.corpus import CorpusRequest, embed_command
 
     texts = [line for line in text.read_text(encoding="utf-8").splitlines()
              if line.strip()][:lines]

@@ -37,6 +37,7 @@ from export.cpu import cpu_flags  # noqa: E402
 from export.opening import open_export  # noqa: E402
 from runtime.files.atomic import atomic_write_bytes  # noqa: E402
 from runtime.files.tokenizer import load_tokenizer  # noqa: E402
+from runtime.generate import open_session  # noqa: E402
 from runtime.sampling import Sampling, decode  # noqa: E402
 from zoo.files.weights import load_built  # noqa: E402
 from zoo.training.data import SHIPPED_TEXT  # noqa: E402
@@ -77,7 +78,7 @@ def greedy(folders: dict[str, Path], prompt: np.ndarray, rounds: int
 
     def run(name: str) -> np.ndarray:
         runtime = runtimes[name]
-        session = runtime.family.open_session(runtime, PROMPT + NEW_TOKENS, shared_cache=True)
+        session = open_session(runtime, PROMPT + NEW_TOKENS, shared_cache=True)
         return decode(session, prompt, mask, NEW_TOKENS, Sampling(), None)
 
     tokens = {name: run(name)[0].tolist() for name in runtimes}  # also warms up

@@ -292,7 +292,7 @@ def embed_rows(cli: Path, work: Path, texts: list[str], rounds: int, threads: in
                ) -> list[dict]:
     from encoders import st_models
 
-    from export.commands.corpus import CorpusRequest, embed_command
+    from commands.corpus import CorpusRequest, embed_command
 
     source = embedder_folder(work, texts)
     zoo = zoo_exports(cli, source, work, "modernbert-embedder")

@@ -37,6 +37,7 @@ from export.cpu import cpu_flags  # noqa: E402
 from export.opening import open_export, open_model  # noqa: E402
 from runtime.files.atomic import atomic_write_bytes  # noqa: E402
 from runtime.files.tokenizer import ByteTokenizer  # noqa: E402
+from runtime.generate import open_session  # noqa: E402
 from runtime.perplexity import TextScore, score_text, top1_agreement  # noqa: E402
 from runtime.sampling import Sampling, decode  # noqa: E402
 from runtime.sessions import Runtime  # noqa: E402
@@ -99,7 +100,7 @@ def greedy_rates(runtimes: dict[str, Runtime], prompt: np.ndarray, rounds: int
     mask = np.ones_like(prompt)
 
     def run(runtime: Runtime) -> np.ndarray:
-        session = runtime.family.open_session(runtime, PROMPT + NEW_TOKENS, shared_cache=True)
+        session = open_session(runtime, PROMPT + NEW_TOKENS, shared_cache=True)
         return decode(session, prompt, mask, NEW_TOKENS, Sampling(), None)
 
     tokens = {name: run(runtime)[0] for name, runtime in runtimes.items()}  # also warms up

@@ -1,14 +1,16 @@
-"""What a family is to the exporter and the runtimes: one object per family, dispatched by the
-table in export/families/__init__.py.
+"""What a family is to the exporter: one object per family, dispatched by the table in
+export/families/__init__.py. What the family is as data (stacks, generates, poolings) is its
+torch-free spec (registry/families.py, `family.spec`); what `zoo bench` and `zoo attention` do
+per family is registered against that spec (export/bench/families.py, export/inspect/maps.py).
 
 The graphs a family writes are data (GraphIO: inputs with their axes, outputs, the cache); the
-rest are small methods that hand the family's own pieces (wrappers, parity cases, sessions,
-cost, benchmarks) to the generic code that drives them. A family overrides what differs.
+rest are small methods that hand the family's export pieces (wrappers, parity cases, agreement
+and quality checks, optimize extras, the clients' layouts, GenAI's files) to the generic code
+that drives them. A family overrides what differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,6 @@ from registry.errors import ZooError
 from registry.families import FamilySpec
 from registry.sizes import CACHE_AXES, CROSS_CACHE_AXES
 from runtime.contract import CACHE_INPUT, CACHE_OUTPUT, ENCODER, past_names
-from runtime.generate import open_session
 
 
 @dataclass(frozen=True)
@@ -123,15 +124,6 @@ class Family:
     spec: FamilySpec
     optimizer_model_type: str = "bert"  # onnxruntime.transformers' pattern set
     attention_fusion_note: str = ""  # why a missing attention fusion does not matter, if so
-    # The family's own pieces, handed out as they are (staticmethod(...) in each family):
-    # cost(model, card) -> bench.cost.Cost; bench(context) -> measurements;
-    # bench_summary(measurements) -> ratios; profile(runtime, card, threads, folder) -> times.
-    cost: Callable[[nn.Module, Card], Any]
-    bench: Callable[[Any], dict[str, dict[str, dict[str, float]]]]
-    bench_summary: Callable[[dict[str, Any]], dict[str, float]]
-    profile: Callable[[Any, Card, int | None, Any], dict[str, dict[str, float]]]
-    # attention_maps(engine, prompt ids, generated ids) -> [inspect.maps.AttentionGroup]
-    attention_maps: Callable[[Any, list[int], list[int]], list[Any]]
     # --quantize int8-dynamic quantizes these graphs (compute-bound forwards); a family with
     # none refuses it, saying what to use instead
     dynamic_files: tuple[str, ...] = ()
@@ -140,19 +132,6 @@ class Family:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def generates(self) -> bool:
-        return self.spec.generates
-
-    @property
-    def continues_prompt(self) -> bool:
-        return self.spec.continues_prompt
-
-    @property
-    def default_generate(self) -> int:
-        """How many tokens `zoo attention` generates when not told (a target, if it needs one)."""
-        return self.spec.default_generate
 
     def variant(self, card: Any) -> Family:
         """The object for this card: a family whose cards differ in kind (a decoder with a
@@ -175,14 +154,6 @@ class Family:
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         raise NotImplementedError
-
-    def open_session(self, engine: Any, capacity: int | None, shared_cache: bool) -> Any:
-        """The generation session its spec calls for (runtime/generate.py)."""
-        return open_session(engine, capacity, shared_cache)
-
-    def generated_length(self, prompt_length: int, new_tokens: int) -> int:
-        """Positions the generated sequence occupies (checked against max_positions)."""
-        return self.spec.generated_length(prompt_length, new_tokens)
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
         raise NotImplementedError
@@ -209,7 +180,7 @@ class Family:
     def layout_graphs(self, card: Card, graphs: dict[str, onnx.ModelProto]
                       ) -> dict[str, onnx.ModelProto]:
         """Graphs made from the written ones for clients that look for other files (the
-        encoder-decoder's seq2seq layout, export/serving/seq2seq_layout.py); saved each on its
+        encoder-decoder's seq2seq layout, export/targets/seq2seq_layout.py); saved each on its
         own, listed in the manifest's `layout` entry (`layout_entry`)."""
         return {}
 
@@ -218,7 +189,7 @@ class Family:
 
     def genai(self, card: Card, graphs: dict[str, onnx.ModelProto],
               stored_as: dict[str, str]) -> Any:
-        """What ONNX Runtime GenAI needs to run this export (export/serving/genai.py's
+        """What ONNX Runtime GenAI needs to run this export (export/targets/genai.py's
         GenAIFiles: extra graphs and genai_config.json), or None: GenAI has no model type that
         takes this family's graphs. `stored_as`: the quantized graphs' dtype names."""
         return None

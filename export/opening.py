@@ -12,7 +12,7 @@ import onnxruntime as ort
 from torch import nn
 
 from export.families import family_of
-from export.runtime.engines import TorchEngine
+from export.torch_engine import TorchEngine
 from registry.catalog import Card
 from runtime.manifest import manifest_card, read_manifest
 from runtime.sessions import Runtime

@@ -1,11 +1,12 @@
-"""Names of the block kinds a card may use, known without importing torch.
+"""The block kinds a card may use, each built-in block declared once: its name, its class (by
+import path, resolved in zoo/blocks/classes.py as a plugin's is) and its parameter count.
 
-Each kind is also the card field that selects a block of that kind (`norm: rmsnorm`).
-
-The torch classes live in `zoo.blocks`; this table only knows their names, so that a card can be
-validated (and `zoo list` can answer) before any tensor exists. Plugins add names here through
-`registry.plugins.PluginAPI.add_block`, pointing at their class by import path, with the card
-fields of their own (`fields`) and their parameter count (`param_count`), both torch-free.
+Each kind is also the card field that selects a block of that kind (`norm: rmsnorm`). This
+table is torch-free, so that a card can be validated and counted (and `zoo list` can answer)
+before any tensor exists. Plugins add names here through `registry.plugins.PluginAPI.add_block`
+the same way, with the card fields of their own (`fields`) and their count (`param_count`). No
+block name is spelled outside its declaration: code that must name one imports the constant
+(tests/test_structure.py checks it).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.errors import ZooError
+from registry.families import SPECS
+from registry.sizes import attention_sizes
 
 
 @dataclass(frozen=True)
 class BlockEntry:
-    """A block name: either built in (target None) or a plugin's `module:attr` import path."""
+    """A block name and its class's `module:attr` import path (built in or a plugin's)."""
 
     name: str
     target: str | None = None
@@ -31,16 +34,81 @@ class BlockEntry:
     fields: Mapping[str, Any] = field(default_factory=dict)  # {name: registry.schema.Field}
 
 
-def _builtin(*names: str) -> dict[str, BlockEntry]:
-    return {name: BlockEntry(name) for name in names}
+def effective_bias(card: Any, field: str) -> bool:
+    """`attention_bias` or `mlp_bias` as built: null (or absent, in older cards) follows
+    `bias`."""
+    try:
+        value = card[field]
+    except KeyError:
+        value = None
+    return card["bias"] if value is None else value
+
+
+def layernorm_params(card: Mapping[str, Any]) -> int:
+    return 2 * card["d_model"] if card.get("norm_bias", True) else card["d_model"]
+
+
+def scale_params(card: Mapping[str, Any]) -> int:  # an RMS norm: one scale per channel
+    return card["d_model"]
+
+
+def two_matrices(card: Mapping[str, Any]) -> int:  # up, activation, down
+    d, f = card["d_model"], card["d_ff"]
+    return 2 * d * f + (f + d if effective_bias(card, "mlp_bias") else 0)
+
+
+def three_matrices(card: Mapping[str, Any]) -> int:  # gate, up, down
+    d, f = card["d_model"], card["d_ff"]
+    return 3 * d * f + (2 * f + d if effective_bias(card, "mlp_bias") else 0)
+
+
+def learned_params(card: Mapping[str, Any]) -> int:
+    return card["max_positions"] * card["d_model"]
+
+
+def no_params(card: Mapping[str, Any]) -> int:
+    return 0
+
+
+def relative_bias_params(card: Mapping[str, Any]) -> int:  # T5's: a table per stack
+    stacks = len(SPECS[card["family"]].stacks)
+    return stacks * card["relative_buckets"] * attention_sizes(card).heads
+
+
+GELU, GELU_TANH, SWIGLU, GEGLU = "gelu", "gelu_tanh", "swiglu", "geglu"
+LAYERNORM = "layernorm"
+LEARNED, ROTARY = "learned", "rotary"
+
+
+def _declared(module: str, *entries: tuple[Any, ...]) -> dict[str, BlockEntry]:
+    """Built-in blocks of one kind: (name, class, count[, module]), the class in
+    zoo/blocks/{module}.py."""
+    return {name: BlockEntry(name, f"zoo.blocks.{own[0] if own else module}:{cls}", count)
+            for name, cls, count, *own in entries}
 
 
 BLOCKS: dict[str, dict[str, BlockEntry]] = {
-    "activation": _builtin("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu",
-                           "geglu_tanh"),
-    "norm": _builtin("layernorm", "rmsnorm", "rmsnorm_gemma"),
-    "position": _builtin("sinusoidal", "sinusoidal_halves", "learned", "rotary",
-                         "t5_relative"),
+    "activation": _declared(
+        "feedforward",
+        ("relu", "ReluFeedForward", two_matrices),
+        (GELU, "GeluFeedForward", two_matrices),
+        (GELU_TANH, "GeluTanhFeedForward", two_matrices),
+        ("silu", "SiluFeedForward", two_matrices),
+        (SWIGLU, "SwiGLUFeedForward", three_matrices),
+        (GEGLU, "GeGLUFeedForward", three_matrices),
+        ("geglu_tanh", "GeGLUTanhFeedForward", three_matrices)),
+    "norm": _declared(
+        "norms",
+        (LAYERNORM, "LayerNorm", layernorm_params),
+        ("rmsnorm", "RMSNorm", scale_params),
+        ("rmsnorm_gemma", "GemmaRMSNorm", scale_params)),
+    "position": _declared(
+        "positions",
+        ("sinusoidal", "Sinusoidal", no_params),
+        ("sinusoidal_halves", "SinusoidalHalves", no_params),
+        (LEARNED, "Learned", learned_params),
+        (ROTARY, "RotaryPositions", no_params),
+        ("t5_relative", "T5RelativeBias", relative_bias_params, "relative_bias")),
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from registry.blocks import BlockEntry, register_block
+from registry.blocks import BlockEntry, register_block, three_matrices
 from registry.errors import CardError
 
 NAME = "moe"
@@ -48,8 +48,10 @@ FIELDS: dict[str, dict[str, Any]] = {
 def register(field: Callable[..., Any]) -> None:
     """Add the block to registry/blocks.py's table, its fields made by `field`
     (registry.schema.Field, which registry/schema.py passes: it imports this module)."""
-    register_block("activation", BlockEntry(NAME, fields={
-        name: field(**spec) for name, spec in FIELDS.items()}))
+    register_block("activation", BlockEntry(
+        NAME, "zoo.blocks.experts:MixtureOfExperts",
+        three_matrices,  # a dense layer's SwiGLU; the sparse layers': moe_feed_forward_params
+        fields={name: field(**spec) for name, spec in FIELDS.items()}))
 
 
 def is_sparse(card: Any, layer: int | None) -> bool:

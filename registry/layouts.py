@@ -5,7 +5,7 @@ card fields, and how its tensor names become zoo names. A map may be `like` anot
 Qwen are Llama's layout with settings of their own): its sections go over that map's. A map
 also says the layout's names in llama.cpp's GGUF files (`gguf`) and ONNX Runtime GenAI's model
 type for it (`genai`). This module only reads and checks the maps; `zoo/files/importers.py` and
-`zoo/files/gguf_import.py` apply them to tensors, `export/serving/genai.py` writes the type.
+`zoo/files/gguf_import.py` apply them to tensors, `export/targets/genai.py` writes the type.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Command-line options declared once, on the fields of the options dataclasses they fill:
 `opset: int = option(18, "ONNX opset (18 to 25).")` is both the field and `zoo export --opset`
-(its help, choices, default and flags); export/commands/shell.py makes the click options.
+(its help, choices, default and flags); commands/shell.py makes the click options.
 
 Neither torch nor click is imported here, so any layer's options class may use it."""
 

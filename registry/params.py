@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import registry.experts as experts
-from registry.blocks import BLOCKS
-from registry.schema import effective_bias, shared_embeddings, target_vocab_size
+from registry.blocks import BLOCKS, effective_bias
+from registry.families import SPECS
+from registry.schema import shared_embeddings, target_vocab_size
 from registry.sizes import attention_sizes
 
 
@@ -18,7 +19,9 @@ class UnknownCount(Exception):
     """A plugin block did not declare how many parameters it holds."""
 
 
-def _plugin_count(kind: str, card: dict[str, Any]) -> int:
+def block_params(kind: str, card: dict[str, Any]) -> int:
+    """What the card's block of `kind` holds, as its declaration counts (registry/blocks.py, or
+    the plugin's `param_count`)."""
     entry = BLOCKS[kind][card[kind]]
     if entry.param_count is None:
         raise UnknownCount(entry.name)
@@ -26,24 +29,12 @@ def _plugin_count(kind: str, card: dict[str, Any]) -> int:
 
 
 def norm_params(card: dict[str, Any]) -> int:
-    d = card["d_model"]
-    layernorm = 2 * d if card.get("norm_bias", True) else d
-    return ({"layernorm": layernorm, "rmsnorm": d, "rmsnorm_gemma": d}.get(card["norm"])
-            or _plugin_count("norm", card))
-
-
-GATED = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
+    return block_params("norm", card)
 
 
 def ffn_params(card: dict[str, Any]) -> int:
-    d, f, bias = card["d_model"], card["d_ff"], effective_bias(card, "mlp_bias")
-    if card["activation"] in ("relu", "gelu", "gelu_tanh", "silu"):
-        return 2 * d * f + (f + d if bias else 0)
-    if card["activation"] in GATED:
-        return 3 * d * f + (2 * f + d if bias else 0)
-    if card["activation"] == experts.NAME:  # a dense layer's; the sparse: count_parameters
-        return ffn_params({**card, "activation": "swiglu"})
-    return _plugin_count("activation", card)
+    """A layer's feed-forward (a mixture's dense layer; its sparse ones: count_parameters)."""
+    return block_params("activation", card)
 
 
 def attention_params(card: dict[str, Any]) -> int:
@@ -60,15 +51,7 @@ def attention_params(card: dict[str, Any]) -> int:
 
 
 def position_params(card: dict[str, Any]) -> int:
-    name = card["position"]
-    if name == "learned":
-        return card["max_positions"] * card["d_model"]
-    if name in ("sinusoidal", "sinusoidal_halves", "rotary"):
-        return 0
-    if name == "t5_relative":  # a table per stack (zoo/blocks/relative_bias.py)
-        stacks = 2 if card["family"] == "encoder-decoder" else 1
-        return stacks * card["relative_buckets"] * attention_sizes(card).heads
-    return _plugin_count("position", card)
+    return block_params("position", card)
 
 
 def count_parameters(card: dict[str, Any]) -> dict[str, int]:
@@ -101,7 +84,7 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         bias = effective_bias(card, "mlp_bias")
         parts["decoder layers"] += (experts.moe_feed_forward_params(card, ffn_params(card), bias)
                                     - n * ffn_params(card))
-    stacks = 2 if family == "encoder-decoder" else 1
+    stacks = len(SPECS[family].stacks)
     parts["final norm"] = stacks * norm if card["final_norm"] else 0
 
     heads = 0

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import registry.experts as experts
-from registry.blocks import BLOCKS, block_fields, block_names, field_owner
+from registry.blocks import (
+    BLOCKS,
+    GELU,
+    LAYERNORM,
+    LEARNED,
+    ROTARY,
+    block_fields,
+    block_names,
+    field_owner,
+)
 from registry.errors import CardError, ZooError
 from registry.families import POOLINGS, SPECS
 from registry.plugins import load_plugins
@@ -65,12 +74,12 @@ FIELDS: dict[str, Field] = {
     "d_ff": Field(int, help="feed-forward inner size", minimum=1, maximum=MAX_D_FF),
     "dropout": Field(float, 0.1, "dropout probability", minimum=0.0, maximum=1.0,
                      exclusive_maximum=True),
-    "activation": Field(str, "gelu", "feed-forward kind", choices=_blocks("activation")),
-    "norm": Field(str, "layernorm", "norm kind", choices=_blocks("norm")),
+    "activation": Field(str, GELU, "feed-forward kind", choices=_blocks("activation")),
+    "norm": Field(str, LAYERNORM, "norm kind", choices=_blocks("norm")),
     "norm_eps": Field(float, 1e-5, "norm epsilon", minimum=0.0, exclusive_minimum=True),
     "norm_placement": Field(str, "pre", "norm before (pre) or after (post) each sublayer",
                             choices=("pre", "post")),
-    "position": Field(str, "learned", "position kind", choices=_blocks("position")),
+    "position": Field(str, LEARNED, "position kind", choices=_blocks("position")),
     "rope_theta": Field(float, 10000.0, "rotary base", minimum=0.0, exclusive_minimum=True),
     "rope_scaling": Field(dict, None, "rotary scaling, as config.json's: {rope_type: linear, "
                           "factor}, {rope_type: llama3, factor, low_freq_factor, "
@@ -284,7 +293,7 @@ def _check_rope_scaling(card: dict[str, Any], where: str) -> None:
     """Only the scalings the rotary block computes; any other (dynamic, longrope) is refused
     by name rather than approximated."""
     scaling = card["rope_scaling"]
-    if card["position"] != "rotary":
+    if card["position"] != ROTARY:
         raise CardError(f"{where}: rope_scaling applies only to position rotary, not "
                         f"{card['position']}")
     kind = scaling.get("rope_type", scaling.get("type"))
@@ -310,16 +319,6 @@ def _check_rope_scaling(card: dict[str, Any], where: str) -> None:
                         "low_freq_factor")
 
 
-def effective_bias(card: Any, field: str) -> bool:
-    """`attention_bias` or `mlp_bias` as built: null (or absent, in older cards) follows
-    `bias`."""
-    try:
-        value = card[field]
-    except KeyError:
-        value = None
-    return card["bias"] if value is None else value
-
-
 def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, str]) -> None:
     if card["n_kv_heads"] is not None and card["n_heads"] % card["n_kv_heads"]:
         raise CardError(f"{where}: n_kv_heads={card['n_kv_heads']} does not divide "
@@ -329,7 +328,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
         came_from = f" (set in {', '.join(sorted(sources))})" if sources else ""
         raise CardError(f"{where}: n_heads={card['n_heads']} does not divide "
                         f"d_model={card['d_model']}{came_from}")
-    if card["position"] == "rotary" and attention_sizes(card).head_dim % 2:
+    if card["position"] == ROTARY and attention_sizes(card).head_dim % 2:
         raise CardError(f"{where}: position=rotary needs an even head size, "
                         f"got a head size of {attention_sizes(card).head_dim}")
     if card["rope_scaling"] is not None:
@@ -384,14 +383,14 @@ def _check_local_attention(card: dict[str, Any], where: str) -> None:
         if card[name] is not None and not local:
             raise CardError(f"{where}: {name} applies only to local layers (an L in "
                             f"attention_pattern, now {pattern!r})")
-    if card["rope_theta_local"] is not None and card["position"] != "rotary":
+    if card["rope_theta_local"] is not None and card["position"] != ROTARY:
         raise CardError(f"{where}: rope_theta_local applies only to position rotary, not "
                         f"{card['position']}")
 
 
 def _check_norm_options(card: dict[str, Any], where: str) -> None:
     """norm_bias and first_attention_norm (ModernBERT's norms)."""
-    if not card["norm_bias"] and card["norm"] != "layernorm":
+    if not card["norm_bias"] and card["norm"] != LAYERNORM:
         raise CardError(f"{where}: norm_bias=false applies only to norm layernorm, not "
                         f"{card['norm']}")
     if not card["first_attention_norm"] and card["norm_placement"] != "pre":

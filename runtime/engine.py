@@ -1,6 +1,6 @@
 """What parity, generation and the benchmarks drive: `run(file, feeds) -> {output: array}`.
 
-ONNX Runtime (runtime/sessions.Runtime) and PyTorch (export/runtime/engines.TorchEngine) both
+ONNX Runtime (runtime/sessions.Runtime) and PyTorch (export/torch_engine.TorchEngine) both
 offer it, so the code that compares them drives both through exactly the same steps. The
 running code reads the family's spec (registry/families.py); the exporter's drivers read
 `family`, export's Family object, set where export opened the engine (export/opening.py).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from export.serving.tokenizer_files import byte_level_json
+from export.targets.tokenizer_files import byte_level_json
 from runtime.files.tokenizer import HF_TOKENIZER, ByteTokenizer
 
 WINDOW = 4  # below the shortest test text's 6 bytes: every prompt reaches past it

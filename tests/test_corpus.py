@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import export.commands.corpus
+import commands.corpus
 import runtime.corpus
 from runtime.corpus import length_batches
 from runtime.files.tokenizer import BYTE_TOKENIZER, ByteTokenizer
@@ -50,7 +50,7 @@ def test_embed_writes_each_rows_vector_in_row_order(
         folder: Path, tmp_path: Path, budget: int | None, monkeypatch: pytest.MonkeyPatch
         ) -> None:
     if budget is not None:
-        monkeypatch.setattr(export.commands.corpus, "token_budget", lambda threads: budget)
+        monkeypatch.setattr(commands.corpus, "token_budget", lambda threads: budget)
     out = tmp_path / "vectors.npy"
     result = zoo("embed", str(folder), "--data", str(lines_file(tmp_path / "t.txt", TEXTS)),
                  "-o", str(out))
@@ -135,7 +135,7 @@ def test_an_existing_output_is_kept_without_force_and_on_failure(
         return real(engine, prompts)
 
     monkeypatch.setattr(runtime.corpus, "run_sequences", fails_later)
-    monkeypatch.setattr(export.commands.corpus, "token_budget", lambda threads: 40)
+    monkeypatch.setattr(commands.corpus, "token_budget", lambda threads: 40)
     failed = zoo("classify", str(folder), "--data", str(data), "-o", str(out), "--force")
     assert_error_after_progress(failed, "No space left on device", code=1)
     assert out.read_text() == "earlier\n" and list(out.parent.iterdir()) == [out]

@@ -135,7 +135,7 @@ def test_labels_need_columns_and_a_reference_needs_the_same_classes(
 
 def test_a_reference_of_another_width_is_refused_before_either_runs_the_rows(
         exports: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import export.commands.corpus
+    import commands.corpus
 
     def ran(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("rows run before the exports were compared")
@@ -144,7 +144,7 @@ def test_a_reference_of_another_width_is_refused_before_either_runs_the_rows(
     narrow = export_card(tmp_path, "bert-tiny", {**BERT_CLASSIFIER, "d_model": 32},
                          CLASSIFIER_SEED)
     narrow = with_bytes(narrow, tmp_path / "narrow")
-    monkeypatch.setattr(export.commands.corpus, "run_corpus", ran)
+    monkeypatch.setattr(commands.corpus, "run_corpus", ran)
     lines = tmp_path / "rows.txt"
     lines.write_text("to be\nor not\n", encoding="utf-8")
     out = tmp_path / "v.npy"

@@ -20,7 +20,7 @@ from export.families import family_of
 from export.onnx.trace import TRACE_SIZES
 from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
-from export.runtime.engines import TorchEngine
+from export.torch_engine import TorchEngine
 from runtime.contract import MANIFEST
 from runtime.files.atomic import sha256
 from runtime.generate import generate, open_session

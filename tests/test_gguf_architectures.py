@@ -227,7 +227,7 @@ def test_genai_configs_type_is_the_maps(tmp_path: Path, monkeypatch: pytest.Monk
     these layouts), not a guess from the card's fields: a map that says another type moves
     the config with it; a card no map reproduces gets GenAI's generic decoder."""
     import registry.layouts
-    from export.serving.genai import model_type
+    from export.targets.genai import model_type
 
     cards = {"llama": card("llama-tiny"), "qwen2": card("llama-tiny", attention_bias=True),
              "qwen3": card("llama-tiny", qk_norm=True, head_dim=16),

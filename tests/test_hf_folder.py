@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli import main as zoo
-from export.serving.huggingface import transformers_js_dtype
+from export.targets.huggingface import transformers_js_dtype
 from registry.sizes import attention_sizes
 from runtime.contract import MANIFEST
 from tests.conftest import ON_HF_CLIENTS, Lazy, card

@@ -18,8 +18,8 @@ import matplotlib.figure
 import numpy as np
 import pytest
 
+import commands.corpus
 import export.bench.run
-import export.commands.corpus
 import export.inspect.attention
 from runtime.files.texts import read_texts
 from runtime.files.tokenizer import BYTE_TOKENIZER
@@ -60,7 +60,7 @@ def wait_for(path: Path, process: subprocess.Popen, seconds: float = 180) -> Non
 HELD_EMBED = """
 import sys, time
 from pathlib import Path
-import export.commands.corpus as corpus
+import commands.corpus as corpus
 holding, go = Path(sys.argv[1]), Path(sys.argv[2])
 real = corpus.run_corpus
 def held(*args, **kwargs):
@@ -108,8 +108,8 @@ def corpus_args(command: str) -> Callable[[Path, Path, Path], list[str | Path]]:
 
 
 WRITERS = {
-    "embed": (corpus_args("embed"), "v.npy", (export.commands.corpus, "run_corpus")),
-    "classify": (corpus_args("classify"), "l.jsonl", (export.commands.corpus, "run_corpus")),
+    "embed": (corpus_args("embed"), "v.npy", (commands.corpus, "run_corpus")),
+    "classify": (corpus_args("classify"), "l.jsonl", (commands.corpus, "run_corpus")),
     "bench --json": (lambda folder, tmp, out: ["bench", "gpt-tiny", "--json", out], "b.json",
                      (export.bench.run, "run_bench")),
     "attention -o": (lambda folder, tmp, out: ["attention", "gpt-tiny", "--ids", "5,6,7",

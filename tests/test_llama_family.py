@@ -209,7 +209,7 @@ def test_genai_runs_a_grouped_query_export_under_its_llama_type(variant: str,
 
 
 def test_genai_types_follow_the_layout() -> None:
-    from export.serving.genai import model_type
+    from export.targets.genai import model_type
 
     assert [model_type(card(name)) for name in ("gpt-tiny", "llama-tiny", "smollm2-135m",
                                                 "qwen2.5-0.5b", "qwen3-0.6b")] == [

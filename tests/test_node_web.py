@@ -31,7 +31,7 @@ from click.testing import CliRunner
 
 from cli import main as zoo
 from export.opening import open_export, open_model
-from export.runtime.engines import TorchEngine
+from export.torch_engine import TorchEngine
 from runtime.contract import MANIFEST
 from runtime.encode import encode
 from runtime.files.atomic import sha256

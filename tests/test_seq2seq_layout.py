@@ -1,4 +1,4 @@
-"""The encoder-decoder's seq2seq layout for the Hugging Face clients (export/serving/
+"""The encoder-decoder's seq2seq layout for the Hugging Face clients (export/targets/
 seq2seq_layout.py): what the manifest says of it, the check that proves it computes what the
 export's own graphs compute (and fails on a layout that computes otherwise), the variants that
 keep it, and older folders without it, which run and check as before. That the clients load it
@@ -18,7 +18,7 @@ from onnx import numpy_helper
 from cli import main as zoo
 from export.checks.layout import check_layout
 from export.opening import open_export
-from export.serving.seq2seq_layout import layout_graphs
+from export.targets.seq2seq_layout import layout_graphs
 from runtime.contract import LAYOUT, LAYOUT_DECODER, LAYOUT_ENCODER, MANIFEST
 from runtime.files.spm_tokenizer import SentencePieceTokenizer
 from runtime.files.tokenizer import load_tokenizer

@@ -28,9 +28,9 @@ from export.families import family_of
 from export.onnx.writer import export_onnx
 from export.opening import open_export
 from export.options import ExportOptions
-from export.serving.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
-from export.serving.tokenizer_files import byte_level_json
-from export.serving.triton import TritonOptions, write_repository
+from export.targets.genai import GENAI_CONFIG, GENAI_GRAPH, genai_batch
+from export.targets.tokenizer_files import byte_level_json
+from export.targets.triton import TritonOptions, write_repository
 from registry.errors import ZooError
 from runtime.files.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_files
 from runtime.generate import generate, left_padded

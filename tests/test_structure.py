@@ -125,7 +125,7 @@ def family_table_importers(modules: dict[str, Path]) -> list[str]:
     graph = import_graph(modules)
     return sorted(name for name, targets in graph.items()
                   if FAMILY_TABLE in targets and not name.startswith(FAMILY_TABLE)
-                  and name not in OPENERS and not name.startswith("export.commands"))
+                  and name not in OPENERS and name != "export.commands")
 
 
 def test_only_where_a_command_starts_is_the_family_table_looked_up() -> None:
@@ -233,3 +233,106 @@ def test_the_runtime_imports_only_what_runs_an_export(tmp_path: Path) -> None:
     assert foreign_imports({"runtime.serve.app": server, "runtime.exported": server}) == [
         "runtime.exported -> starlette.routing", "runtime.exported -> starlette.routing.Route",
         "runtime.exported -> uvicorn"]
+
+
+# The house (issue #44): torch stays in zoo/ and export/; the command bodies that run an export
+# (commands/) load nothing of torch, the exporter or zoo/ when their module is imported; the
+# exporter's Family reaches neither the benchmarks nor the attention pictures (each registers
+# what it does per family against the torch-free spec); a built-in block's name is spelled once.
+TORCH_PACKAGES = {"zoo", "export"}
+COMMAND_LIBRARIES = RUNTIME_LIBRARIES | {"click", "commands"}
+FAMILY_MODULES = ("export.family", "export.families")
+NOT_EXPORT = ("export.bench", "export.inspect")
+
+
+def top_level_imports(tree: ast.Module) -> set[str]:
+    """What a module imports when it is imported (not inside its functions)."""
+    return imported_names(ast.Module(body=[node for node in tree.body
+                                           if isinstance(node, (ast.Import, ast.ImportFrom))],
+                                     type_ignores=[]))
+
+
+def torch_outside(modules: dict[str, Path]) -> list[str]:
+    return sorted(name for name, path in modules.items()
+                  if name.split(".")[0] not in TORCH_PACKAGES
+                  and any(imported.split(".")[0] == "torch" for imported
+                          in imported_names(ast.parse(path.read_text(encoding="utf-8")))))
+
+
+def command_imports(modules: dict[str, Path]) -> list[str]:
+    allowed = COMMAND_LIBRARIES | set(sys.stdlib_module_names)
+    return sorted(f"{name} -> {imported}" for name, path in modules.items()
+                  if name.split(".")[0] == "commands"
+                  for imported in top_level_imports(ast.parse(path.read_text(encoding="utf-8")))
+                  if imported.split(".")[0] not in allowed)
+
+
+def family_reaches(modules: dict[str, Path]) -> list[str]:
+    graph = import_graph(modules)
+    return sorted(f"{name} -> {target}" for name, targets in graph.items()
+                  if name.startswith(FAMILY_MODULES) for target in targets
+                  if target.startswith(NOT_EXPORT))
+
+
+def test_torch_is_imported_only_in_zoo_and_export(tmp_path: Path) -> None:
+    assert torch_outside(project_modules()) == []
+    planted = tmp_path / "run.py"
+    planted.write_text("def f():\n    import torch.nn\n")
+    assert torch_outside({"commands.run": planted, "zoo.assemble": planted}) == ["commands.run"]
+
+
+def test_the_torch_free_commands_import_only_the_runtime_at_load(tmp_path: Path) -> None:
+    assert command_imports(project_modules()) == []
+    planted = tmp_path / "run.py"  # a function-level import (a PyTorch comparison) may stay
+    planted.write_text("import click\nfrom export.opening import open_model\n"
+                       "def f():\n    from zoo.files.weights import load_built\n")
+    assert command_imports({"commands.run": planted}) == [
+        "commands.run -> export.opening", "commands.run -> export.opening.open_model"]
+
+
+def test_the_family_object_reaches_no_benchmark_or_picture(tmp_path: Path) -> None:
+    assert family_reaches(project_modules()) == []
+    planted = tmp_path / "decoder.py"
+    planted.write_text("from export.bench.decoder import bench_decoder\n")
+    bench = tmp_path / "bench.py"
+    bench.write_text("")
+    assert family_reaches({"export.families.decoder": planted, "export.bench.decoder": bench}
+                          ) == ["export.families.decoder -> export.bench.decoder"]
+
+
+# Where a built-in block's name may be written: its declaration, and a foreign name that happens
+# to be spelled the same (ONNX Runtime's MoE `activation_type`).
+DECLARATIONS = {"registry/blocks.py", "registry/experts.py"}
+FOREIGN_SPELLINGS = {("export/onnx/experts.py", "swiglu")}
+
+
+def builtin_block_names() -> set[str]:
+    from registry.blocks import BLOCKS
+    from registry.schema import FIELDS  # noqa: F401  (registers the mixture of experts' block)
+
+    return {name for entries in BLOCKS.values() for name, entry in entries.items()
+            if entry.origin == "built-in"}
+
+
+def block_name_spellings(files: list[Path], names: set[str]) -> list[str]:
+    found = []
+    for path in files:
+        where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Constant) and node.value in names
+                    and (where, node.value) not in FOREIGN_SPELLINGS):
+                found.append(f"{where}:{node.lineno}:{node.value}")
+    return sorted(found)
+
+
+def test_a_block_name_is_spelled_only_where_it_is_declared(tmp_path: Path) -> None:
+    names = builtin_block_names()
+    assert {"rmsnorm", "rotary", "swiglu", "moe"} <= names
+    files = [path for path in project_modules().values()
+             if path.relative_to(ROOT).as_posix() not in DECLARATIONS]
+    assert block_name_spellings(files, names) == []
+    planted = tmp_path / "params.py"  # the forms the code once had
+    planted.write_text('if card["activation"] == "moe":\n    pass\n'
+                       'NORMS = {"layernorm": 1, "rmsnorm": 2}\n')
+    assert block_name_spellings([planted], names) == [
+        "params.py:1:moe", "params.py:3:layernorm", "params.py:3:rmsnorm"]

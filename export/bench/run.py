@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from export.bench.context import Context
+from export.bench.families import FamilyBench, bench_of
 from export.bench.machine import cpu_name, load_average, matmul_flops, read_bandwidth
 from export.bench.profile import temporary_folder
-from export.family import Family
 from export.onnx.manifest import package_versions
 from export.onnx.precision import DTYPES
 from export.onnx.quantize import CHOICES
@@ -116,13 +116,13 @@ def rescale(measurements: dict[str, dict[str, dict[str, float]]], limits: dict[s
                 figure["fraction_of_limit"] = figure["gbytes_per_s"] * 1e9 / limit
 
 
-def summary(family: Family, measurements: dict[str, dict[str, dict[str, float]]],
+def summary(bench: FamilyBench, measurements: dict[str, dict[str, dict[str, float]]],
             export: dict[str, Any]) -> dict[str, float]:
     """The ratios the targets are stated in (see BENCHMARKS.md)."""
     result: dict[str, float] = {}
     if export["safetensors_bytes"]:
         result["onnx_bytes_over_safetensors"] = export["onnx_bytes"] / export["safetensors_bytes"]
-    return {**result, **family.bench_summary(measurements)}
+    return {**result, **bench.summary(measurements)}
 
 
 def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptions | None = None,
@@ -141,8 +141,8 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
         runtime = open_export(folder, options.provider, options.threads)
         start = _limits(options, progress)
         context = Context(runtime, model, card, device, options.repeats, dict(start), progress)
-        family = runtime.family
-        measurements = family.bench(context)
+        bench = bench_of(runtime.spec)
+        measurements = bench.measure(context)
         # The memory bandwidth of these shared machines drifts: probe again and scale by the
         # best of both, so every fraction is of the best the machine showed in this run.
         end = _limits(options, progress)
@@ -152,7 +152,7 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
         profile = None
         if options.profile:  # per-operator milliseconds for the graphs the benchmark leans on
             with temporary_folder() as traces:
-                profile = family.profile(runtime, card, options.threads, Path(traces))
+                profile = bench.profile(runtime, card, options.threads, Path(traces))
     result: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -165,7 +165,7 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
                     "load_after": load_average(), **limits, "start": start, "end": end},
         "versions": package_versions(),
         "measurements": measurements,
-        "summary": summary(family, measurements, export),
+        "summary": summary(bench, measurements, export),
         "seconds": time.time() - started,
     }
     if profile is not None:

@@ -31,7 +31,7 @@ from torch import nn
 
 from export.checks.cases import random_ids
 from export.checks.parity import GENERATION_STEPS, Report, Row, row_label
-from export.runtime.engines import TorchEngine
+from export.torch_engine import TorchEngine
 from runtime.engine import Engine
 from runtime.generate import open_session
 
@@ -94,7 +94,7 @@ def check_float16(model: nn.Module, reference: TorchEngine, candidate: Engine,
             row.max_rel = float(np.abs(got - expected).max())  # shown as "vs fp32"
             row.passed = (bool(np.isfinite(got).all()) and row.max_abs <= row.tolerance
                           and row.max_rel <= allowed_wide)
-    if family.generates:
+    if family.spec.generates:
         report.generation.append(_greedy(reference, half, candidate, seed))
     return report
 

@@ -1,4 +1,4 @@
-"""The clients' seq2seq layout (manifest `layout`, export/serving/seq2seq_layout.py) against the
+"""The clients' seq2seq layout (manifest `layout`, export/targets/seq2seq_layout.py) against the
 export's own graphs, in the same ONNX Runtime: the encoder's memory; the merged decoder's first
 step (use_cache_branch false: it projects the memory to the cross cache itself) against
 encoder.onnx's cross cache and decoder.onnx over an empty self cache; a later step (true)

@@ -126,7 +126,7 @@ def check_parity(reference: Engine, candidate: Engine, atol: float = DEFAULT_ATO
             row.passed = row.passed and passed
         report.rows.extend(grouped.values())
         del expected, actual  # before the next case's: a large vocabulary's logits are GBs
-    if family.generates and generation_steps:
+    if family.spec.generates and generation_steps:
         rng = np.random.default_rng(seed)
         card = reference.card
         steps = min(generation_steps, card["max_positions"] - 4)

@@ -29,7 +29,7 @@ from export.checks.quality import GateError, GateReport
 from export.onnx.precision import FP16
 from export.onnx.quantize import DYNAMIC
 from export.onnx.shared_cache import KV_FILE
-from export.runtime.engines import TorchEngine
+from export.torch_engine import TorchEngine
 from registry.catalog import Card
 from runtime.contract import LAYOUT
 from runtime.engine import Engine

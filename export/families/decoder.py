@@ -10,13 +10,10 @@ import numpy as np
 import onnx
 from torch import nn
 
-from export.bench.cost import decoder_cost
-from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
 from export.checks.agreement import Agreement, generation_agreement
 from export.checks.cases import decoder_cases
 from export.families.sequence import SequenceDecoderFamily
 from export.family import Case, Extras, Family, GraphIO, Input
-from export.inspect.maps import decoder_maps
 from export.onnx.experts import OPERATOR as EXPERTS_OPERATOR
 from export.onnx.experts import experts_operator
 from export.onnx.files import set_metadata, strip_debug
@@ -24,11 +21,13 @@ from export.onnx.gqa_rules import AttentionPlan, attention_plan
 from export.onnx.shared_cache import KV_FILE, kv_names, kv_trace, shared_cache_attention
 from export.onnx.trace import export_graph
 from export.onnx.wrappers import DecoderGraph
-from export.serving.genai import GenAIFiles, decoder_genai
+from export.targets.genai import GenAIFiles, decoder_genai
+from registry.blocks import ROTARY
 from registry.catalog import Card
 from registry.families import DECODER
 from registry.sizes import attention_sizes
 from runtime.contract import MODEL_GRAPH
+from runtime.generate import open_session
 from zoo.blocks.heads import LMHead
 
 AGREEMENT_PROMPT = 8
@@ -41,11 +40,6 @@ class DecoderFamily(Family):
     spec = DECODER
     optimizer_model_type = "gpt2"
     attention_fusion_note = f"generation uses {KV_FILE} (GroupQueryAttention) instead"
-    cost = staticmethod(decoder_cost)
-    bench = staticmethod(bench_decoder)
-    bench_summary = staticmethod(decoder_summary)
-    profile = staticmethod(decoder_profile)
-    attention_maps = staticmethod(decoder_maps)
 
     def variant(self, card: Any) -> Family:
         return SEQUENCE if card["pooling"] is not None else self
@@ -63,13 +57,13 @@ class DecoderFamily(Family):
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         steps = min(steps, reference.card["max_positions"] - AGREEMENT_PROMPT)
         capacity = AGREEMENT_PROMPT + steps
-        return generation_agreement(self.open_session(reference, capacity, True),
-                                    self.open_session(candidate, capacity, True),
+        return generation_agreement(open_session(reference, capacity, True),
+                                    open_session(candidate, capacity, True),
                                     reference.card, AGREEMENT_PROMPT, steps, seed)
 
     @staticmethod
     def attention_plan(card: Card) -> AttentionPlan:
-        return attention_plan(attention_sizes(card).head_dim, card["position"] == "rotary")
+        return attention_plan(attention_sizes(card).head_dim, card["position"] == ROTARY)
 
     def optimized_extras(self, model: nn.Module, card: Card, opset: int,
                          metadata: dict[str, str], progress: Any) -> Extras:

@@ -7,13 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from export.bench.cost import encoder_cost
-from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
 from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
 from export.checks.quality import Measure, encoder_quality
 from export.family import Case, Family, GraphIO, Input
-from export.inspect.maps import encoder_maps
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
 from registry.families import ENCODER
@@ -27,11 +24,6 @@ TOKENS = ("batch_size", "sequence_length")
 class EncoderFamily(Family):
     spec = ENCODER
     optimizer_model_type = "bert"
-    cost = staticmethod(encoder_cost)
-    bench = staticmethod(bench_encoder)
-    bench_summary = staticmethod(encoder_summary)
-    profile = staticmethod(forward_profile)
-    attention_maps = staticmethod(encoder_maps)
     dynamic_files = (MODEL_GRAPH,)
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:

@@ -4,22 +4,17 @@ self-attention cache and those cross keys/values; both share weights.onnx.data."
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import numpy as np
 import onnx
 
-from export.bench.cost import seq2seq_cost
-from export.bench.encoder import forward_profile
-from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
 from export.checks.agreement import STEPS, Agreement, generation_agreement
 from export.checks.cases import encoder_cases, seq2seq_decoder_cases
 from export.checks.quality import Measure, agreement_measures
 from export.family import Case, Family, GraphIO, Input
-from export.inspect.maps import seq2seq_maps
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
-from export.serving.seq2seq_layout import layout_entry, layout_graphs
+from export.targets.seq2seq_layout import layout_entry, layout_graphs
 from registry.catalog import Card
 from registry.families import ENCODER_DECODER
 from runtime.contract import DECODER
@@ -33,11 +28,6 @@ AGREEMENT_PROMPT = 12
 class Seq2SeqFamily(Family):
     spec = ENCODER_DECODER  # the target is new text: `zoo run --text` prints it alone
     optimizer_model_type = "bert"
-    cost = staticmethod(seq2seq_cost)
-    bench = staticmethod(bench_seq2seq)
-    bench_summary = staticmethod(seq2seq_summary)
-    profile = staticmethod(partial(forward_profile, file="encoder.onnx"))
-    attention_maps = staticmethod(seq2seq_maps)
     dynamic_files = ("encoder.onnx",)  # once per source; the decoder's steps stay fp32
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from export.inspect.maps import AttentionGroup
+from export.inspect.maps import AttentionGroup, maps_of
 from export.opening import open_export, open_model
 from registry.catalog import Card
 from registry.errors import ZooError
@@ -138,15 +138,15 @@ def look(request: Request) -> Looked:
     prompt, tokenizer = _prompt(request, card, folder)
     layers = _pick(request.layer, card["n_layers"], "layer")
     heads = _pick(request.head, attention_sizes(card).heads, "head")
-    new = family.default_generate if request.generate is None else request.generate
-    if new < 0 or (new and not family.generates):
+    new = family.spec.default_generate if request.generate is None else request.generate
+    if new < 0 or (new and not family.spec.generates):
         raise AttentionError(f"--generate {new}: should be >= 0, and 0 for an encoder")
     generated: list[int] = []
     if new:
         eos = card["eos_token_id"]
         tokens = generate(engine, np.array([prompt]), None, new, eos=eos)[0].tolist()
         generated = tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
-    groups = family.attention_maps(engine, prompt, generated)
+    groups = maps_of(engine.spec)(engine, prompt, generated)
     name = _group_name(request.kind, [group.name for group in groups])
     group = next(group for group in groups if group.name == name)
     label = tokenizer.label if tokenizer is not None else str

@@ -1,5 +1,5 @@
 """Attention maps of one sequence, per family, through any engine whose graphs output them
-(runtime/engines.TorchEngine(attentions=True), or ONNX Runtime on an `--attentions` export).
+(export/torch_engine.TorchEngine(attentions=True), or ONNX Runtime on an `--attentions` export).
 
 Each family runs its graphs once over the whole sequence with an empty cache, so a map shows
 every query against every key: the decoder on prompt + generated tokens, the encoder on its
@@ -9,11 +9,14 @@ generated target (self-attention over the target, cross-attention onto the sourc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+import registry.families as families
 from export.family import attention_names
+from registry.errors import ZooError
 from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
@@ -83,3 +86,17 @@ def seq2seq_maps(engine: Engine, prompt: list[int], generated: list[int]
     return [_group(encoded, "encoder_attentions", n, prompt, prompt),
             _group(decoded, "decoder_attentions", n, target, target),
             _group(decoded, "cross_attentions", n, target, prompt)]
+
+
+# `zoo attention`'s maps per family, registered against the torch-free family spec (its kind)
+Maps = Callable[[Engine, list[int], list[int]], list[AttentionGroup]]  # prompt, generated
+MAPS: dict[str, Maps] = {
+    families.ENCODER.kind: encoder_maps, families.SEQUENCE.kind: encoder_maps,
+    families.DECODER.kind: decoder_maps, families.ENCODER_DECODER.kind: seq2seq_maps}
+
+
+def maps_of(spec: families.FamilySpec) -> Maps:
+    try:
+        return MAPS[spec.kind]
+    except KeyError:
+        raise ZooError(f"zoo attention: no maps are registered for a {spec.kind}") from None

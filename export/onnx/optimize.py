@@ -22,12 +22,13 @@ import onnx
 
 from export.logs import quiet_loggers
 from export.onnx.shared_cache import KV_FILE
+from registry.blocks import GEGLU, GELU, GELU_TANH
 from registry.catalog import Card
 from registry.sizes import attention_sizes
 
 MS_DOMAIN = "com.microsoft"
-ACTIVATION_FUSIONS = {"gelu": ("BiasGelu", "Gelu"), "gelu_tanh": ("FastGelu",),
-                      "geglu": ("Gelu", "BiasGelu")}  # GeGLU: the gate, without a bias
+ACTIVATION_FUSIONS = {GELU: ("BiasGelu", "Gelu"), GELU_TANH: ("FastGelu",),
+                      GEGLU: ("Gelu", "BiasGelu")}  # GeGLU: the gate, without a bias
 
 
 @dataclass

@@ -25,7 +25,7 @@ from export.onnx.trace import ExportError, export_graph, trace_inputs
 from export.onnx.variants import VariantResult, apply_variant, layout_under_dtype_names
 from export.onnx.weights import INLINE, DiskWeights, InlineWeights
 from export.options import ExportOptions
-from export.serving.huggingface import write_hf_files
+from export.targets.huggingface import write_hf_files
 from registry.catalog import Card
 from registry.errors import first_line
 from runtime.contract import LAYOUT

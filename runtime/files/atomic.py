@@ -158,3 +158,8 @@ def current_umask() -> int:
     current = os.umask(0)  # the only way to read it is to set it
     os.umask(current)
     return current
+
+
+def wrote(folder: Path) -> str:
+    """The line every command that made a folder ends with: the folder and its files."""
+    return f"wrote {folder}/ ({', '.join(sorted(p.name for p in folder.iterdir()))})"

@@ -150,7 +150,7 @@ def load_tokenizer(folder: Path) -> Tokenizer | None:
     """The tokenizer saved in `folder`, or None where there is none. The byte tokenizer and
     MarianMT's sentencepiece files win over a tokenizer.json beside them: an export's
     tokenizer.json is then their translation for the other clients (GenAI, transformers.js:
-    export/serving/tokenizer_files.py)."""
+    export/targets/tokenizer_files.py)."""
     folder = Path(folder)
     for name in TOKENIZER_FILES:  # each read below (sentencepiece's too) stays in the folder
         inside(folder, name, display_path(folder), "tokenizer file")

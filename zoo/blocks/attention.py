@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from registry.schema import effective_bias
+from registry.blocks import effective_bias
 from registry.sizes import attention_sizes
 from zoo.blocks.classes import build_block
 from zoo.blocks.norms import ProjectionNorm

@@ -1,5 +1,6 @@
-"""Name-to-class tables per block kind (the built-in ones, then plugins' by import path), and
-`build_block`: every selectable block is built from the validated card and its layer index.
+"""`block_class`: a block's class, found by the import path its declaration gives
+(registry/blocks.py: the built-in ones and plugins' alike), and `build_block`: every
+selectable block is built from the validated card and its layer index.
 
 A block class declares `reads` (the card fields it reads; tests/test_block_fields.py checks the
 built-in ones) and builds itself with `from_card(card, layer)`, `layer` None outside the layers
@@ -18,20 +19,9 @@ from typing import Any
 
 from torch import nn
 
-from registry.blocks import BLOCKS
+from registry.blocks import BLOCKS, effective_bias
 from registry.errors import ZooError
-from registry.schema import effective_bias
 from registry.sizes import attention_sizes
-from zoo.blocks.experts import MixtureOfExperts
-from zoo.blocks.feedforward import FEED_FORWARDS
-from zoo.blocks.norms import NORMS
-from zoo.blocks.positions import POSITIONS
-
-BUILTIN: dict[str, dict[str, type[nn.Module]]] = {
-    "activation": {**FEED_FORWARDS, "moe": MixtureOfExperts},
-    "norm": NORMS,
-    "position": POSITIONS,
-}
 
 Card = Mapping[str, Any]
 # The fixed constructors before `from_card`, for plugin classes that predate it.
@@ -45,9 +35,8 @@ FIXED: dict[str, Callable[..., nn.Module]] = {
 
 
 def block_class(kind: str, name: str) -> type[nn.Module]:
-    """The class for block `name` of `kind`, importing a plugin's class on first use."""
-    if name in BUILTIN[kind]:
-        return BUILTIN[kind][name]
+    """The class for block `name` of `kind`, imported on first use from where its declaration
+    (registry/blocks.py, or a plugin's) says it lives."""
     entry = BLOCKS[kind].get(name)
     if entry is None or entry.target is None:
         raise ZooError(f"unknown {kind} block '{name}'")

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from registry.blocks import effective_bias
 from registry.experts import is_sparse
-from registry.schema import effective_bias
 from zoo.blocks.feedforward import SwiGLUFeedForward
 
 

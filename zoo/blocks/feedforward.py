@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from registry.schema import effective_bias
+from registry.blocks import effective_bias
 
 
 class CardFeedForward:
@@ -112,14 +112,3 @@ class GeGLUTanhFeedForward(GatedFeedForward):
     gelu_new)."""
 
     gate_activation = staticmethod(gelu_tanh)
-
-
-FEED_FORWARDS: dict[str, type[nn.Module]] = {
-    "relu": ReluFeedForward,
-    "gelu": GeluFeedForward,
-    "gelu_tanh": GeluTanhFeedForward,
-    "silu": SiluFeedForward,
-    "swiglu": SwiGLUFeedForward,
-    "geglu": GeGLUFeedForward,
-    "geglu_tanh": GeGLUTanhFeedForward,
-}

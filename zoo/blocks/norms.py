@@ -85,7 +85,3 @@ class GemmaRMSNorm(RMSNorm):
         wide = x.float()
         normed = wide / torch.sqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
-
-
-NORMS: dict[str, type[nn.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm,
-                                     "rmsnorm_gemma": GemmaRMSNorm}

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from registry.sizes import attention_sizes
-from zoo.blocks.relative_bias import T5RelativeBias
 
 Rotary = tuple[torch.Tensor, torch.Tensor]
 
@@ -203,12 +202,3 @@ def apply_rotary(x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
     cos, sin = (table.to(x.dtype) for table in rotary)  # computed in float32
     first, second = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-second, first], dim=-1) * sin
-
-
-POSITIONS: dict[str, type[nn.Module]] = {
-    "sinusoidal": Sinusoidal,
-    "sinusoidal_halves": SinusoidalHalves,
-    "learned": Learned,
-    "rotary": RotaryPositions,
-    "t5_relative": T5RelativeBias,
-}

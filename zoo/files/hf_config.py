@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from registry.blocks import block_fields
+from registry.blocks import block_fields, effective_bias
 from registry.catalog import Card, open_catalog, read_yaml
 from registry.errors import ZooError
 from registry.families import spec_of
 from registry.layouts import LayoutMap, known_maps
-from registry.schema import FIELDS, effective_bias
+from registry.schema import FIELDS
 from registry.sizes import attention_sizes
 from zoo.files.importers import EVERY_N, LAYER_TYPES, card_fields, make_card
 

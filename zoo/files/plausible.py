@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from registry.blocks import GELU
 from registry.catalog import open_catalog
 from registry.errors import ZooError
 from registry.layouts import LayoutMap
@@ -90,7 +91,7 @@ def least_parameters(card: dict[str, Any]) -> int:
     learned positions, and per layer the attention and the smallest feed-forward, no biases,
     norms or heads (so no card the import might make from the same file counts fewer)."""
     lean = {**card, "bias": False, "attention_bias": False, "mlp_bias": False,
-            "activation": "gelu"}  # 2*d*d_ff, the smallest kind
+            "activation": GELU}  # 2*d*d_ff, the smallest kind
     try:
         positions = position_params(lean)
     except UnknownCount:  # a plugin's table: counted as none

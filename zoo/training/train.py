@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import registry.experts as experts
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
@@ -195,7 +196,7 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         torch.manual_seed(data.batch_generator(options.seed, step, rank).initial_seed())
         loss = task.loss(trained, batch)
         routing = routed(model, card["n_experts"], card["n_experts_per_token"]) \
-            if card["activation"] == "moe" else None
+            if card["activation"] == experts.NAME else None
         if routing is not None:  # the router's load-balancing loss (zoo/training/experts.py)
             loss = loss + card["router_aux_loss_coef"] * routing.loss
         if not math.isfinite(loss.item()):

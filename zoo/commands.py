@@ -8,9 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from export.commands import wrote
 from registry.catalog import open_catalog
-from runtime.files.atomic import refuse_existing
+from runtime.files.atomic import refuse_existing, wrote
 from zoo.assemble import build_model
 from zoo.files.gguf_import import import_gguf
 from zoo.files.importers import import_checkpoint

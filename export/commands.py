@@ -9,11 +9,10 @@ from typing import Any
 
 from export.api import export_model
 from export.checks.verify import verify
-from export.commands import wrote
 from export.opening import open_export
 from export.options import ExportOptions
-from export.serving.triton import TritonOptions, write_repository
-from runtime.files.atomic import check_writable, refuse_existing
+from export.targets.triton import TritonOptions, write_repository
+from runtime.files.atomic import check_writable, refuse_existing, wrote
 from zoo.files.weights import load_built
 
 Progress = Callable[[str], None]

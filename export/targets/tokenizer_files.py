@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from export.serving.marian_tokenizer import (
+from export.targets.marian_tokenizer import (
     marian_special_tokens,
     marian_tokenizer_config,
     marian_tokenizer_json,
@@ -96,7 +96,7 @@ def _write_json(path: Path, content: Any) -> None:
 
 def write_marian_files(folder: Path, card: Any) -> tuple[list[str], list[str]]:
     """Beside MarianMT's sentencepiece files: tokenizer.json where one can say them
-    (export/serving/marian_tokenizer.py), tokenizer_config.json naming MarianTokenizer,
+    (export/targets/marian_tokenizer.py), tokenizer_config.json naming MarianTokenizer,
     special_tokens_map.json; (the names written, the notes to show)."""
     text, note = marian_tokenizer_json(folder)
     written = []

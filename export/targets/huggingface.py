@@ -9,14 +9,14 @@ ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
   `onnx/model_q4.onnx`; per file where the files differ, by their names without `.onnx`).
 - `generation_config.json` (decoders, encoder-decoders): the special tokens and greedy
   decoding, as `zoo run` (an encoder-decoder's start token; no forced end token).
-- the tokenizer files (export/serving/tokenizer_files.py), where the export has a tokenizer.
+- the tokenizer files (export/targets/tokenizer_files.py), where the export has a tokenizer.
 - `modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json` (encoders with a
   sentence vector sentence-transformers computes: cls, mean or last pooling; quantized, its
   `model_kwargs.file_name` names the graph's file).
 
 The graph itself is `onnx/model.onnx` (runtime/contract.py), where transformers.js looks
 (`subfolder` "onnx") and Optimum finds it by name among `**/*.onnx`; an encoder-decoder's are
-`onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx` (export/serving/seq2seq_layout.py).
+`onnx/encoder_model.onnx` and `onnx/decoder_model_merged.onnx` (export/targets/seq2seq_layout.py).
 Quantized, each is stored under transformers.js's name for its dtype (contract.py's
 quantized_name).
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from export.onnx.files import data_file_name
-from export.serving.tokenizer_files import write_tokenizer_files
+from export.targets.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.families import spec_of
 from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype

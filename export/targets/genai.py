@@ -58,7 +58,7 @@ class GenAIFiles:
 
     def write(self, folder: Path) -> list[str]:
         """genai_config.json; its tokenizer files are the export's own
-        (export/serving/tokenizer_files.py, written for every family)."""
+        (export/targets/tokenizer_files.py, written for every family)."""
         (Path(folder) / GENAI_CONFIG).write_text(json.dumps(self.config, indent=2) + "\n",
                                                  encoding="utf-8")
         return [GENAI_CONFIG]

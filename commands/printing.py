@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from export.commands.shell import Parsed
+from commands.shell import Parsed
 from registry.options import card_override
 
 

@@ -1,9 +1,9 @@
 """The `zoo` command line: each command parses its options, calls one library function
 (commands/, export/commands.py, zoo/commands.py, registry/listing.py, the plots), prints the
 lines it returns, and leaves errors to ZooGroup (commands/shell.py): a ZooError is one line
-and exit 2, a fault of the machine one line and exit 1. Most options are declared on the options classes they fill
-(`@fields`); torch is imported only by the commands that need it, so `zoo list` and `zoo show`
-answer at once.
+and exit 2, a fault of the machine one line and exit 1. Most options are declared on the
+options classes they fill (`@fields`); torch is imported only by the commands that need it, so
+`zoo list` and `zoo show` answer at once.
 """
 
 from __future__ import annotations

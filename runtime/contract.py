@@ -21,7 +21,7 @@ MANIFEST = "manifest.json"
 MODEL_GRAPH = "onnx/model.onnx"
 FORMAT_VERSION = 1
 LAYOUT = "layout"  # manifest entry: graphs made for clients that look for other files
-# The encoder-decoder in Optimum's and transformers.js's layout (serving/seq2seq_layout.py)
+# The encoder-decoder in Optimum's and transformers.js's layout (export/targets/seq2seq_layout.py)
 LAYOUT_ENCODER = "onnx/encoder_model.onnx"
 LAYOUT_DECODER = "onnx/decoder_model_merged.onnx"
 USE_CACHE_BRANCH = "use_cache_branch"

@@ -32,6 +32,7 @@ from runtime.contract import MODEL_GRAPH
 from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.support.decoder_folders import GEMMA3, QWEN3_MOE, WINDOW
+from tests.support.greedy import until_eos
 from tests.support.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
 from tests.support.optimum import PYTHON, RUNNER, require_optimum
 from zoo import GenerateOptions, load
@@ -80,10 +81,6 @@ def clients(hf_client_exports: Lazy, tmp_path_factory: pytest.TempPathFactory
         refused = job[0] in HEAD_DIM_REFUSED and job[1] == "causal-lm"  # checked below
         assert "error" not in got or refused, (job, got["error"])
     return dict(zip(jobs, results, strict=True))
-
-
-def until_eos(ids: list[int], eos: int) -> list[int]:
-    return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
 @pytest.mark.parametrize("key", GENERATORS)

@@ -35,7 +35,8 @@ from registry.errors import ZooError
 from runtime.files.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_files
 from runtime.generate import generate
 from tests.conftest import ON_TRAINED, Lazy, SharedExport, on_shared, traces_reused
-from tests.support.genai import genai_greedy, until_eos
+from tests.support.genai import genai_greedy
+from tests.support.greedy import until_eos
 from zoo.files.importers import import_checkpoint
 from zoo.files.sources import load_source
 from zoo.training.data import SHIPPED_TEXT

@@ -28,8 +28,9 @@ from runtime.contract import MODEL_GRAPH
 from runtime.encode import encoder_feeds
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.support.decoder_folders import GEMMA3, QWEN3_MOE
+from tests.support.greedy import until_eos
 from tests.support.hf_exports import T5, TEXTS, TRANSLATIONS, TRANSLATOR, alone
-from tests.support.js import SCRIPT, require, run_node, transformers_js_problem, until_eos
+from tests.support.js import SCRIPT, require, run_node, transformers_js_problem
 from zoo import GenerateOptions, load
 
 STEPS = 24

@@ -21,6 +21,7 @@ import pytest
 from export.opening import open_export
 from tests.conftest import ON_HF_CLIENTS, Lazy
 from tests.support.decoder_folders import GEMMA3
+from tests.support.greedy import until_eos
 from tests.support.hf_exports import TEXTS, TRANSLATIONS, alone
 from tests.support.js import (
     PROMPTS,
@@ -31,7 +32,6 @@ from tests.support.js import (
     python_tokens,
     require,
     serving,
-    until_eos,
 )
 from zoo import GenerateOptions, load
 

@@ -19,10 +19,10 @@ import torch
 from click.testing import CliRunner
 
 import cli
-from runtime.generate import left_padded
 from tests.support.gguf_gemma_moe import CASES, SIZES, converted, metadata
+from tests.support.greedy import padded
 from tests.support.helpers import assert_one_line_error
-from tests.support.hf_decoders import assert_padded_logits_match
+from tests.support.hf_decoders import assert_padded_logits_match, randomise
 from zoo.files.weights import load_built
 
 gguf = pytest.importorskip("gguf")
@@ -37,13 +37,8 @@ def hf_model(kind: str) -> torch.nn.Module:
     _, config_class, model_class, own = CASES[kind]
     config = getattr(transformers, config_class)(**SIZES | own)
     model = getattr(transformers, model_class)(config)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # norms (Gemma's offsets from one; others' near one) far from init
-        for name, parameter in model.named_parameters():
-            mean = 1.0 if "norm" in name and "gemma" not in kind else 0.0
-            std = 0.3 if "norm" in name else 0.2
-            parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
+    # norms (Gemma's offsets from one; others' near one) far from init
+    return randomise(model, norm_mean=0.0 if "gemma" in kind else 1.0, bias_std=0.2)
 
 
 def write_gguf(model: torch.nn.Module, path: Path, kind: str,
@@ -78,11 +73,6 @@ def imported(path: Path, out: Path) -> Any:
     return load_built(out)
 
 
-def padded() -> tuple[torch.Tensor, torch.Tensor]:
-    ids, mask = left_padded(PROMPTS, 0)
-    return torch.from_numpy(ids), torch.from_numpy(mask)
-
-
 @pytest.mark.parametrize("kind", list(CASES))
 def test_a_gguf_file_of_each_gives_transformers_logits(tmp_path: Path, kind: str) -> None:
     model = hf_model(kind)
@@ -106,7 +96,7 @@ def test_a_gguf_file_of_each_gives_transformers_logits(tmp_path: Path, kind: str
         assert [t == "full_attention" for t in config.layer_types] == [  # transformers' own
             card["attention_pattern"][i % len(card["attention_pattern"])] == "G"
             for i in range(card["n_layers"])]
-    ids, mask = padded()
+    ids, mask = padded(PROMPTS, 0)
     assert_padded_logits_match(ours, model, ids, mask, ATOL)
 
 
@@ -137,7 +127,7 @@ def test_quantized_fused_experts_are_split_with_their_blocks(tmp_path: Path) -> 
         gguf.quants.dequantize(raw["layers.1.feed_forward.experts.3.down.weight"],
                                gguf.GGMLQuantizationType.Q8_0),
         held["blk.1.ffn_down_exps.weight"][3])
-    ids, mask = padded()
+    ids, mask = padded(PROMPTS, 0)
     assert_padded_logits_match(ours, model, ids, mask, ATOL)
 
 

@@ -21,6 +21,7 @@ from export.opening import open_model
 from registry.params import count_parameters
 from runtime.generate import generate, left_padded
 from tests.conftest import SharedExport, card, on_shared
+from tests.support.greedy import padded, transformers_greedy
 from tests.support.helpers import imported_folders, zoo
 from tests.support.hf_decoders import GEMMA_CASES as CASES
 from tests.support.hf_decoders import GEMMA_SIZES as SIZES
@@ -29,8 +30,8 @@ from tests.support.hf_decoders import (
     assert_import_refused,
     assert_padded_logits_match,
     changed_source,
+    randomise,
 )
-from tests.support.hf_decoders import gemma_randomise as randomise
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -51,7 +52,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
         config_class = getattr(transformers, f"{kind}TextConfig" if kind == "Gemma3"
                                else f"{kind}Config")
         model = randomise(getattr(transformers, f"{kind}ForCausalLM")(
-            config_class(**SIZES, **extra)))
+            config_class(**SIZES, **extra)), norm_mean=0.0)  # Gemma's norms: offsets from one
         model.generation_config.eos_token_id = None  # the zoo's loop is told eos itself
         model.save_pretrained(root / name)
         made[name] = (root / name, model)
@@ -62,20 +63,6 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, A
 def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("imported")
     return imported_folders(sources, root)
-
-
-def padded(pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, mask = left_padded(PROMPTS, pad)
-    return torch.from_numpy(ids), torch.from_numpy(mask)
-
-
-def transformers_greedy(reference: Any) -> list[list[int]]:
-    """transformers' greedy tokens, STEPS a row (no end token)."""
-    ids, mask = padded(0)
-    with torch.no_grad():
-        out = reference.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=STEPS, min_new_tokens=STEPS, pad_token_id=0)
-    return out[:, ids.shape[1]:].tolist()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -99,7 +86,7 @@ def test_logits_on_a_left_padded_batch_past_the_window_match_transformers(
         name: str, sources: dict, imported: dict) -> None:
     _, reference = sources[name]
     model, _ = load_built(imported[name])
-    ids, mask = padded(0)
+    ids, mask = padded(PROMPTS, 0)
     assert ids.shape[1] > WINDOW + 4  # the local layers drop keys the global ones keep
     assert_padded_logits_match(model, reference, ids, mask, ATOL)
 
@@ -111,7 +98,7 @@ def test_greedy_tokens_across_the_window_match_transformers_generate(
     model, built = load_built(imported[name])
     ids, mask = left_padded(PROMPTS, built["pad_token_id"])
     tokens = generate(open_model(model, built), ids, mask, STEPS, eos=None)
-    assert tokens.tolist() == transformers_greedy(reference)
+    assert tokens.tolist() == transformers_greedy(reference, PROMPTS, STEPS, every_step=True)
 
 
 @pytest.mark.parametrize("name, optimize", [
@@ -141,7 +128,7 @@ def test_an_imported_gemma_exports_and_generates_transformers_tokens(
         check_config_json(out)
     exported = load(out)
     generated = exported.generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
-    expected = transformers_greedy(sources[name][1])
+    expected = transformers_greedy(sources[name][1], PROMPTS, STEPS, every_step=True)
     eos = exported.card["eos_token_id"]
     for row, want in zip(generated, expected, strict=True):  # the zoo stops at eos, pads with it
         end = want.index(eos) + 1 if eos in want else STEPS

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.support.helpers import assert_one_line_error, imported_folders, zoo
+from tests.support.hf_decoders import randomise
 from zoo.files.importers import RECORD
 from zoo.files.weights import load_built
 
@@ -25,14 +26,6 @@ ATOL = 1e-4
 GPT2 = dict(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=100)
 BERT = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, vocab_size=100)
-
-
-def randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from the 0.02 init, so a wrong GELU, eps or scale shows in the outputs."""
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    return model.eval()
 
 
 def rewrite(folder: Path, add: dict[str, torch.Tensor] | None = None,
@@ -66,7 +59,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
     }
     folders = {}
     for name, model in made.items():
-        randomise(model).save_pretrained(root / name, safe_serialization=True)
+        # weights far from the 0.02 init, so a wrong GELU, eps or scale shows in the outputs
+        randomise(model, std=0.3, norm_mean=0.0, seed=None)
+        model.save_pretrained(root / name, safe_serialization=True)
         folders[name] = (root / name, model)
     causal = torch.tril(torch.ones(64, 64, dtype=torch.bool))[None, None]
     buffers = {f"h.{i}.attn.bias": causal.clone() for i in range(2)}

@@ -18,6 +18,7 @@ import torch
 
 from export.opening import open_model
 from runtime.generate import generate, left_padded
+from tests.support.greedy import padded, transformers_greedy
 from tests.support.helpers import imported_folders, zoo
 from tests.support.hf_decoders import (
     assert_import_refused,
@@ -80,22 +81,6 @@ def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     return imported_folders(sources, root)
 
 
-def padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ids, mask = left_padded(prompts, pad)
-    return torch.from_numpy(ids), torch.from_numpy(mask)
-
-
-def transformers_greedy(reference: torch.nn.Module, eos: int | None) -> list[list[int]]:
-    """transformers' greedy tokens, as the zoo gives them: STEPS a row, eos after the first."""
-    ids, mask = padded(PROMPTS, 0)
-    with torch.no_grad():
-        out = reference.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=STEPS, eos_token_id=eos,
-                                 pad_token_id=0 if eos is None else eos)
-    rows = out[:, ids.shape[1]:].tolist()
-    return [row + [eos] * (STEPS - len(row)) for row in rows]  # all rows ended: fewer columns
-
-
 # --- the same outputs as transformers ------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -122,7 +107,7 @@ def test_greedy_tokens_match_transformers_generate(name: str, sources: dict,
     ids, mask = left_padded(PROMPTS, card["pad_token_id"])
     tokens = generate(open_model(model, card), ids, mask, STEPS, eos=card["eos_token_id"])
     assert card["eos_token_id"] == reference.config.eos_token_id
-    assert tokens.tolist() == transformers_greedy(reference, card["eos_token_id"])
+    assert tokens.tolist() == transformers_greedy(reference, PROMPTS, STEPS, card["eos_token_id"])
 
 
 def test_the_lm_head_is_tied_or_carried_as_config_json_says(imported: dict) -> None:
@@ -141,7 +126,8 @@ def test_an_imported_qwen3_exports_and_generates_transformers_tokens(
 
     export_model(imported["qwen3"], tmp_path / "onnx", ExportOptions())  # parity-checked
     generated = load(tmp_path / "onnx").generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
-    assert [row.ids for row in generated] == transformers_greedy(sources["qwen3"][1], None)
+    expected = transformers_greedy(sources["qwen3"][1], PROMPTS, STEPS)
+    assert [row.ids for row in generated] == expected
 
 
 # --- refusals: exit 2, one line naming config.json and the key, nothing written ------------

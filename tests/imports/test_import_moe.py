@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from export.opening import open_model
 from runtime.generate import generate, left_padded
+from tests.support.greedy import padded, transformers_greedy
 from tests.support.helpers import imported_folders
 from tests.support.hf_decoders import MOE_CASES as CASES
 from tests.support.hf_decoders import MOE_SIZES as SIZES
@@ -59,16 +60,6 @@ def imported(sources: dict, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     return imported_folders(sources, root)
 
 
-def transformers_greedy(reference: torch.nn.Module, eos: int | None) -> list[list[int]]:
-    ids, mask = (torch.from_numpy(a) for a in left_padded(PROMPTS, 0))
-    with torch.no_grad():
-        out = reference.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=STEPS, eos_token_id=eos,
-                                 pad_token_id=0 if eos is None else eos)
-    rows = out[:, ids.shape[1]:].tolist()
-    return [row + [eos] * (STEPS - len(row)) for row in rows]
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_card_has_transformers_experts_and_layers(name: str, sources: dict,
                                                       imported: dict) -> None:
@@ -95,7 +86,7 @@ def test_logits_on_a_left_padded_batch_match_transformers(name: str, sources: di
                                                           imported: dict) -> None:
     _, reference = sources[name]
     model, _ = load_built(imported[name])
-    ids, mask = (torch.from_numpy(a) for a in left_padded(PROMPTS, 0))
+    ids, mask = padded(PROMPTS, 0)
     assert_padded_logits_match(model, reference, ids, mask, ATOL)
 
 
@@ -106,7 +97,7 @@ def test_greedy_tokens_match_transformers_generate(name: str, sources: dict,
     model, card = load_built(imported[name])
     ids, mask = left_padded(PROMPTS, card["pad_token_id"])
     tokens = generate(open_model(model, card), ids, mask, STEPS, eos=card["eos_token_id"])
-    assert tokens.tolist() == transformers_greedy(reference, card["eos_token_id"])
+    assert tokens.tolist() == transformers_greedy(reference, PROMPTS, STEPS, card["eos_token_id"])
 
 
 @pytest.mark.parametrize("name, optimize", [
@@ -123,7 +114,7 @@ def test_an_imported_mixture_exports_and_generates_transformers_tokens(
     eos = card["eos_token_id"]
     generated = load(tmp_path / "onnx").generate(PROMPTS, GenerateOptions(max_new_tokens=STEPS))
     rows = [row.ids + [eos] * (STEPS - len(row.ids)) for row in generated]  # ended at eos
-    assert rows == transformers_greedy(sources[name][1], eos)
+    assert rows == transformers_greedy(sources[name][1], PROMPTS, STEPS, eos)
     if optimize:  # ONNX Runtime's MoE, OLMoE's unrenormalised top k rescaled after it
         kv = onnx.load(str(tmp_path / "onnx" / "onnx" / "model_kv.onnx"),
                        load_external_data=False)

@@ -20,6 +20,7 @@ from export.opening import open_export, open_model
 from export.pipeline import export_and_verify
 from runtime.generate import generate
 from runtime.sampling import Sampling
+from tests.support.greedy import until_eos
 from tests.support.marian_folder import SHIPPED, marian_folder, marian_vocabulary, train_spm
 from zoo.files.weights import load_built
 
@@ -83,10 +84,6 @@ def test_logits_equal_transformers_through_pytorch_and_onnx_runtime(marian: dict
             feeds[f"past_key_values.{i}.encoder.{kind}"] = encoded[f"present.{i}.encoder.{kind}"]
     logits = runtime.run("decoder.onnx", feeds)["logits"]
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
-
-
-def until_eos(row: list[int], eos: int) -> list[int]:
-    return row[: row.index(eos) + 1] if eos in row else row
 
 
 @pytest.mark.parametrize("beams", [1, 4])

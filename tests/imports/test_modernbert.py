@@ -14,6 +14,7 @@ import torch
 from registry.params import total_parameters
 from tests.conftest import card
 from tests.support.helpers import assert_one_line_error, imported_folders, zoo
+from tests.support.hf_decoders import randomise
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -50,14 +51,6 @@ def test_classifier_count_is_transformers() -> None:
     assert total_parameters(fields) == sum(p.numel() for p in reference.parameters())
 
 
-def _randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from the init, norms' included, so a missed norm or half shows."""
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.3)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, torch.nn.Module]]:
     root = tmp_path_factory.mktemp("modernbert")
@@ -74,7 +67,9 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, t
     }
     folders = {}
     for name, model in made.items():
-        _randomise(model).save_pretrained(root / name, safe_serialization=True)
+        # weights far from the init, norms' included, so a missed norm or half shows
+        randomise(model, std=0.3, norm_mean=0.0, seed=None)
+        model.save_pretrained(root / name, safe_serialization=True)
         folders[name] = (root / name, model)
     return folders
 

@@ -22,6 +22,7 @@ from registry import open_catalog
 from registry.params import total_parameters
 from registry.sizes import attention_sizes
 from runtime.generate import generate
+from tests.support.greedy import until_eos
 from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
 from tests.support.t5_folder import CONFIGS, t5_folder
 from zoo.assemble import build_model
@@ -163,10 +164,6 @@ def test_encoder_states_and_logits_equal_transformers(t5: dict) -> None:
             feeds[f"past_key_values.{i}.encoder.{kind}"] = encoded[f"present.{i}.encoder.{kind}"]
     logits = runtime.run("decoder.onnx", feeds)["logits"]
     np.testing.assert_allclose(logits, expected, atol=1e-4, rtol=0)
-
-
-def until_eos(row: list[int], eos: int) -> list[int]:
-    return row[: row.index(eos) + 1] if eos in row else row
 
 
 def test_greedy_tokens_equal_transformers_generate(t5: dict) -> None:

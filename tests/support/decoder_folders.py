@@ -27,15 +27,16 @@ def decoder_folder(root: Path, name: str) -> Path:
 
     if name == GEMMA3:
         kind, extra = hf_decoders.GEMMA_CASES["gemma3"]
-        randomise = hf_decoders.gemma_randomise
+        norm_mean = 0.0  # Gemma's norms: offsets from one
         config = transformers.Gemma3TextConfig(**{**hf_decoders.GEMMA_SIZES, **extra, **SPECIALS,
                                                   "sliding_window": WINDOW,
                                                   "tie_word_embeddings": False})
     else:
         kind, extra = hf_decoders.MOE_CASES["qwen3_moe"]
-        randomise = hf_decoders.randomise
+        norm_mean = 1.0
         config = transformers.Qwen3MoeConfig(**{**hf_decoders.MOE_SIZES, **extra, **SPECIALS})
-    model = randomise(getattr(transformers, f"{kind}ForCausalLM")(config))
+    model = hf_decoders.randomise(getattr(transformers, f"{kind}ForCausalLM")(config),
+                                  norm_mean=norm_mean)
     folder = root / name
     model.save_pretrained(folder)
     (folder / HF_TOKENIZER).write_text(byte_level_json(ByteTokenizer()), encoding="utf-8")

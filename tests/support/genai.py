@@ -11,12 +11,9 @@ import pytest
 
 from export.targets.genai import GENAI_CONFIG, genai_batch
 from runtime.generate import left_padded
+from tests.support.greedy import until_eos
 
 og = pytest.importorskip("onnxruntime_genai")
-
-
-def until_eos(tokens: list[int], eos: int) -> list[int]:
-    return tokens[:tokens.index(eos) + 1] if eos in tokens else tokens
 
 
 def genai_greedy(folder: Path, prompts: list[list[int]], new_tokens: int,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.support.gguf_files import llama_cpp_permute
+from tests.support.hf_decoders import randomise
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -33,10 +34,8 @@ def hf_model(kind: str, tie: bool, vocab_size: int = 96) -> torch.nn.Module:
                                                  tie_word_embeddings=tie)
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():  # biases (Qwen2's q/k/v) and norms (Qwen3's q/k) far from 0 and 1
-        for name, parameter in model.named_parameters():
-            parameter.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.2)
-    return model
+    # biases (Qwen2's q/k/v) and norms (Qwen3's q/k) far from 0 and 1
+    return randomise(model, bias_std=0.2, seed=None)
 
 
 def write_gguf(model: torch.nn.Module, path: Path, architecture: str,

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.hf_decoders import randomise
+
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 
@@ -29,10 +31,7 @@ def hf_model(tie: bool, vocab_size: int = 96) -> torch.nn.Module:
         eos_token_id=2, pad_token_id=0)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.normal_(1.0 if "norm" in name else 0.0, 0.3 if "norm" in name else 0.2)
-    return model
+    return randomise(model, bias_std=0.2, seed=None)
 
 
 def llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:

@@ -31,17 +31,6 @@ GEMMA_CASES: dict[str, tuple[str, dict[str, Any]]] = {  # transformers' class, i
 }
 
 
-def gemma_randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Gemma's norm weights (offsets from one) and weights far from their init, so a wrong norm,
-    scale or base shows in the logits."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            std = 0.3 if "norm" in name else 0.2
-            parameter.copy_(std * torch.randn(parameter.shape, generator=generator))
-    return model.eval()
-
-
 # the mixtures of experts (tests/imports/test_import_moe.py), also the clients' Qwen3-MoE folder
 MOE_SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -79,14 +68,19 @@ def assert_padded_logits_match(model: torch.nn.Module, reference: Any, ids: torc
     torch.testing.assert_close(ours[real], theirs[real], atol=atol, rtol=0)
 
 
-def randomise(model: torch.nn.Module) -> torch.nn.Module:
-    """Norm weights around one, biases around zero and weights far from the 0.02 init, so a
-    wrong norm, bias, eps, theta, routing or expert shows in the logits."""
-    generator = torch.Generator().manual_seed(0)
+def randomise(model: torch.nn.Module, *, std: float = 0.2, norm_mean: float = 1.0,
+              norm_std: float = 0.3, bias_std: float = 0.3, seed: int | None = 0
+              ) -> torch.nn.Module:
+    """Norm weights around `norm_mean` (one; zero for Gemma's, offsets from one), biases around
+    zero and weights far from the 0.02 init, so a wrong norm, bias, eps, theta, scale, routing or
+    expert shows in the logits. From a generator seeded with `seed`, or with None from torch's
+    global generator (where the caller seeded it before building the model)."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            mean, std = (1.0, 0.3) if "norm" in name else (0.0, 0.3 if "bias" in name else 0.2)
-            parameter.copy_(mean + std * torch.randn(parameter.shape, generator=generator))
+            mean, spread = ((norm_mean, norm_std) if "norm" in name
+                            else (0.0, bias_std if "bias" in name else std))
+            parameter.copy_(mean + spread * torch.randn(parameter.shape, generator=generator))
     return model.eval()
 
 

@@ -192,7 +192,3 @@ def transformers_js_problem() -> str | None:
                 "`npm ci --ignore-scripts` there (make node-deps)")
     return None
 
-
-def until_eos(ids: list[int], eos: int) -> list[int]:
-    """`zoo run`'s tokens as a client returns them: up to and including the first eos."""
-    return ids[: ids.index(eos) + 1] if eos in ids else ids

@@ -146,7 +146,7 @@ node-deps:
 		done; \
 	else echo "npm not found: the Node.js and browser tests will be skipped"; fi
 
-# tests/test_optimum.py's environment (Optimum and sentence-transformers, apart from .venv:
+# tests/clients/test_optimum.py's environment (Optimum and sentence-transformers, apart from .venv:
 # optimum-onnx needs an older transformers), made when missing or older than its requirements;
 # setup.sh touches the stamp last, so a half-made one is made again.
 OPTIMUM := examples/optimum/.venv/.installed
@@ -162,10 +162,10 @@ test: $(STAMP) node-deps $(OPTIMUM)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
-# Plants small realistic bugs one at a time (tests/mutants.py lists them) and fails if the
+# Plants small realistic bugs one at a time (tests/support/mutants.py lists them) and fails if the
 # tests meant to catch one pass with it in place. Not part of `make test`: several minutes.
 mutants: $(STAMP)
-	$(BIN)/python -m tests.mutants
+	$(BIN)/python -m tests.support.mutants
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,7 +5,7 @@ after a change, in one run (issue #26 item 3: the step at 512 at most 1.2x the s
 
 Both exports are `zoo export transformer-base --onnx --optimize` (the same seed, so the same
 weights): "after" by this tree's code, "before" by commit REV's own code (git archive, as
-tests/test_same_bytes.py builds old exports), made once under --work and reused (remove
+tests/house/test_same_bytes.py builds old exports), made once under --work and reused (remove
 --work's `transformer-base-after` after changing the code). The four cases (two exports, two
 sources) are timed in the same interleaved rounds, one run of each per round, so the shared
 machine's drifting load weighs on all alike (timing one source after the other reported 0.86x

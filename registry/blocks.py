@@ -6,7 +6,7 @@ table is torch-free, so that a card can be validated and counted (and `zoo list`
 before any tensor exists. Plugins add names here through `registry.plugins.PluginAPI.add_block`
 the same way, with the card fields of their own (`fields`) and their count (`param_count`). No
 block name is spelled outside its declaration: code that must name one imports the constant
-(tests/test_structure.py checks it).
+(tests/house/test_structure.py checks it).
 """
 
 from __future__ import annotations

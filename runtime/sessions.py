@@ -38,7 +38,7 @@ class OrtError(ZooError):
 
 # A graph of one fp32 Identity ([1] -> [1], opset 18, IR 10), serialized: the probe of whether
 # CUDA really runs, without onnx to build it (export/bench/machine.py's one_node_model makes
-# the same bytes; tests/test_torch_free.py checks it).
+# the same bytes; tests/house/test_torch_free.py checks it).
 IDENTITY_PROBE = (b'\x08\n:>\n\x10\n\x01x\x12\x01y"\x08Identity\x12\x08identityZ\x0f\n\x01x\x12\n'
                   b'\n\x08\x08\x01\x12\x04\n\x02\x08\x01b\x0f\n\x01y\x12\n\n\x08\x08\x01\x12\x04\n\x02\x08\x01'
                   b'B\x04\n\x00\x10\x12')

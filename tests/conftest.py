@@ -19,7 +19,7 @@ from safetensors import safe_open
 
 from registry import Card, open_catalog
 
-pytest.register_assert_rewrite("tests.helpers")  # its asserts say what they compared
+pytest.register_assert_rewrite("tests.support")  # the helpers' asserts say what they compared
 CATALOG = open_catalog()
 ALL_CARDS = CATALOG.names()
 TINY_CARDS = CATALOG.names("*-tiny")
@@ -137,8 +137,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 SharedExport = Callable[..., tuple[Path, Any]]
 
 
-# gpt-tiny trained briefly: tests/test_train.py's round trip and tests/test_serving.py both
-# export it, from one worker (their tests carry ON_TRAINED), so it is trained and traced once.
+# gpt-tiny trained briefly: tests/zoo/test_train.py's round trip and tests/clients/test_serving.py
+# both export it, from one worker (their tests carry ON_TRAINED), so it is trained and traced once.
 ON_TRAINED = pytest.mark.xdist_group("trained-gpt-tiny")
 
 
@@ -146,7 +146,7 @@ ON_TRAINED = pytest.mark.xdist_group("trained-gpt-tiny")
 def trained_gpt_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], Path]:
     """() -> gpt-tiny after 5 steps on the shipped text: the folder `zoo train` leaves
     (weights, config, byte tokenizer, checkpoints), trained on first call; only read. Briefly:
-    longer (30 steps at 3e-3) it greedily repeats one byte, and tests/test_serving.py needs
+    longer (30 steps at 3e-3) it greedily repeats one byte, and tests/clients/test_serving.py needs
     prompts that continue differently."""
     out = tmp_path_factory.mktemp("trained") / "gpt-tiny-trained"
 
@@ -164,8 +164,9 @@ def trained_gpt_tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], P
     return folder
 
 
-# bert-tiny as a sentence classifier: tests/test_embeddings.py and tests/test_node_classify.py
-# both read it, from one worker (their files carry ON_CLASSIFIER), so it is exported once.
+# bert-tiny as a sentence classifier: tests/runtime/test_embeddings.py and
+# tests/clients/test_node_classify.py both read it, from one worker (their files carry
+# ON_CLASSIFIER), so it is exported once.
 BERT_CLASSIFIER = {"pooling": "mean", "normalize": True, "num_labels": 3, "mlm_head": False,
                    "labels": ["low", "mid", "high"]}
 CLASSIFIER_SEED = 4
@@ -195,17 +196,18 @@ def classifier_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        CLASSIFIER_SEED)
 
 
-# Fresh exports loaded by the Hugging Face clients (tests/hf_exports.py): the tests of
-# tests/test_transformers_js.py and tests/test_optimum.py run in one worker and share them.
+# Fresh exports loaded by the Hugging Face clients (tests/support/hf_exports.py): the tests of
+# tests/clients/test_transformers_js.py and tests/clients/test_optimum.py run in one worker and
+# share them.
 ON_HF_CLIENTS = pytest.mark.xdist_group("hf-clients")
 
 
 @pytest.fixture(scope="session")
 def hf_client_exports(tmp_path_factory: pytest.TempPathFactory,
                       shared_traces: dict[tuple, onnx.ModelProto]) -> Lazy:
-    """{key of tests/hf_exports.py's KEYS: its fresh export}, each made on first use; a
+    """{key of tests/support/hf_exports.py's KEYS: its fresh export}, each made on first use; a
     quantized export reuses its fp32 twin's trace (the same weights)."""
-    from tests.hf_exports import KEYS, fresh_export
+    from tests.support.hf_exports import KEYS, fresh_export
 
     root = tmp_path_factory.mktemp("hf-exports")
 
@@ -258,7 +260,7 @@ def shared_export(tmp_path_factory: pytest.TempPathFactory,
 def traces_reused(traces: dict[tuple, onnx.ModelProto]) -> Iterator[None]:
     """Within the block, a graph traced again (the same wrapper class, file, names, opset and
     weights) is the proto traced before: torch.onnx's export is deterministic
-    (tests/test_same_bytes.py), so the variants (optimize, int8, int4) of a shared export
+    (tests/house/test_same_bytes.py), so the variants (optimize, int8, int4) of a shared export
     reuse its trace instead of paying torch.export's seconds again, and what they do after the
     trace runs as it does for a user. Only for code no test has patched: the key cannot see a
     patched forward."""

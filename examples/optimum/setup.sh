@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes examples/optimum/.venv: Optimum (optimum-onnx) and sentence-transformers, which load a
-# zoo export as a Hugging Face model folder (run.py; tests/test_optimum.py). An environment of
+# zoo export as a Hugging Face model folder (run.py; tests/clients/test_optimum.py). An environment of
 # its own because optimum-onnx needs transformers < 4.58, older than the test extra's.
 # Versions pinned in requirements.txt; torch pinned: a bare requirement pulls the CUDA build.
 set -euo pipefail

@@ -7,7 +7,7 @@ The rules are the shape checks of onnxruntime's
 not depend on the CPU's instruction set (AVX2, AVX-512 with VNNI, AVX-512 FP16 with AMX pick
 how the kernel computes, not what it takes) nor on the sequence length, except that the cos and
 sin caches must hold a row for every position (the zoo's hold max_positions).
-tests/test_gqa_rules.py runs each rule against ONNX Runtime over head sizes 4 to 256, with
+tests/export/test_gqa_rules.py runs each rule against ONNX Runtime over head sizes 4 to 256, with
 rotary in and out of the kernel, at several sequence lengths and past lengths.
 
 So: a head size that is a multiple of 16 rotates in the kernel (do_rotary, its cos and sin

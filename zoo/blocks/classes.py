@@ -2,7 +2,7 @@
 (registry/blocks.py: the built-in ones and plugins' alike), and `build_block`: every
 selectable block is built from the validated card and its layer index.
 
-A block class declares `reads` (the card fields it reads; tests/test_block_fields.py checks the
+A block class declares `reads` (the card fields it reads; tests/zoo/test_block_fields.py checks the
 built-in ones) and builds itself with `from_card(card, layer)`, `layer` None outside the layers
 (the embeddings' position, the final norm). A per-layer pattern (local and global attention,
 dense and mixture-of-experts layers) is then a card field the block reads at its index, not code

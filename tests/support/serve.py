@@ -1,0 +1,142 @@
+"""A `zoo serve` in a subprocess over a tiny export, and what the serve tests share with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from runtime.files.chat import CHAT_TEMPLATE
+from runtime.generate import generate
+from runtime.sampling import Sampling
+from tests.support.helpers import zoo
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "sk-test-7731"
+SPECIALS = ["<pad>", "<s>", "</s>", "<mask>"]  # gpt-tiny's and bert-tiny's ids 256..259
+# a word a token: "w5 w6" is [5, 6]; the template's markers are words too, so a message of n
+# words is n + 2 prompt tokens
+TEMPLATE = ("{% for m in messages %}w1 {{ m['content'] }} {% endfor %}"
+            "{% if add_generation_prompt %}w2{% endif %}")
+
+
+def with_tokenizer(source: Path, folder: Path) -> Path:
+    """A copy of an export with a word-level tokenizer.json over its 260 ids (the four
+    specials dropped when decoding, as a real tokenizer's are) and a chat template."""
+    shutil.copytree(source, folder)
+    vocab = {f"w{i}": i for i in range(256)} | {name: 256 + i for i, name in enumerate(SPECIALS)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(SPECIALS)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / CHAT_TEMPLATE).write_text(TEMPLATE, encoding="utf-8")
+    return folder
+
+
+class Server:
+    """`zoo serve` in a subprocess; its log (stderr) in a file."""
+
+    def __init__(self, folders: list[Path], log: Path, *args: str) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.log = log
+        command = [sys.executable, "-c", "import cli; cli.main()", "serve", *map(str, folders),
+                   "--port", str(self.port), "--threads", "1", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, log.read_text()
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"the server did not start: {log.read_text()}")
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(self, path: str, body: bytes | dict | None = None, key: str | None = KEY,
+                method: str | None = None) -> tuple[int, dict[str, Any]]:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        request = urllib.request.Request(self.base + path, data, headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        return self.request(path, key=KEY)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+def zoo_run(*args: str | Path) -> str:
+    result = zoo("run", *args)
+    assert result.exit_code == 0, result.output
+    return result.stdout.rstrip("\n")
+
+
+SAMPLE = re.compile(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(server: Server) -> dict[tuple, float]:
+    """GET /metrics (with the key: it is behind it) parsed: {(name, sorted labels): value}."""
+    request = urllib.request.Request(server.base + "/metrics",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert re.match(r"# (HELP|TYPE) zoo_\w+ ", line), line
+            continue
+        name, labels, value = SAMPLE.match(line).groups()  # type: ignore[union-attr]
+        samples[name, tuple(sorted(LABEL.findall(labels or "")))] = float(value)
+    return samples
+
+
+class Collected:
+    """A job's events, gathered from the scheduler's thread."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+        self.finished = threading.Event()
+
+    def __call__(self, event: tuple[str, Any]) -> None:
+        self.events.append(event)
+        if event[0] in ("done", "gone", "error"):
+            self.finished.set()
+
+
+def alone(runtime: Any, prompt: list[int], tokens: int, sampling: Sampling) -> list[int]:
+    """`zoo run`'s tokens for the prompt by itself, up to and with eos."""
+    eos = runtime.card["eos_token_id"]
+    row = generate(runtime, np.array([prompt]), None, tokens, sampling, eos)[0].tolist()
+    return row[:row.index(eos) + 1] if eos in row else row

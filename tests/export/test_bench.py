@@ -335,3 +335,24 @@ def test_shared_cache_graph_follows_other_blocks(tmp_path: Path) -> None:
     assert_check_ran(report, variant.fields)
     generation = {what: steps for what, _, steps in report.check.generation}
     assert generation["shared-cache loop vs plain loop"] > 0, report.table()  # the loop ran
+
+
+def test_every_family_is_measured_and_drawn_through_its_spec() -> None:
+    """`zoo bench` and `zoo attention` find each family's pieces by its spec (the Family object
+    holds export only); a spec nothing registered for is one error naming it."""
+    from dataclasses import replace
+
+    from export.bench.families import bench_of
+    from export.families import FAMILIES
+    from export.inspect.maps import maps_of
+    from registry.errors import ZooError
+
+    specs = {family.spec for family in FAMILIES.values()}
+    specs |= {spec.pooled_variant for spec in specs if spec.pooled_variant is not None}
+    assert {spec.kind for spec in specs} == {"encoder", "sequence", "decoder", "encoder-decoder"}
+    for spec in specs:
+        assert callable(bench_of(spec).measure) and callable(maps_of(spec))
+    stranger = replace(next(iter(specs)), kind="a plugin's family")
+    for lookup in (bench_of, maps_of):
+        with pytest.raises(ZooError, match="a plugin's family"):
+            lookup(stranger)

@@ -148,13 +148,14 @@ def test_greedy_tokens_match_transformers_generate(row: Decoder, folders: Folder
 
 
 def exports() -> list[Any]:
-    """(row, optimize) of each export the rows declare, in the row's own xdist group (an export
-    takes tens of seconds: the rows' spread over the workers), slow where the row says."""
-    return [pytest.param(row, optimize, id=f"{row.id}-{'optimize' if optimize else 'plain'}",
-                         marks=[pytest.mark.xdist_group(f"hf-export-{row.id}"),
+    """(row, optimize) of each export the rows declare, each in an xdist group of its own (an
+    export takes tens of seconds: they spread over the workers), slow where the row says."""
+    return [pytest.param(row, optimize, id=name,
+                         marks=[pytest.mark.xdist_group(f"hf-export-{name}"),
                                 *([pytest.mark.slow] if slow else [])])
             for row in TABLE.values() if EXPORT in row.checks
-            for optimize, slow in row.exports]
+            for optimize, slow in row.exports
+            for name in [f"{row.id}-{'optimize' if optimize else 'plain'}"]]
 
 
 @pytest.mark.parametrize("row, optimize", exports())

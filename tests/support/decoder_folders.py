@@ -3,8 +3,9 @@ Gemma3ForCausalLM (two sliding-window layers to one global, a window of 4, short
 test text) and a Qwen3MoeForCausalLM (a dense layer, then two of top-2-of-4 experts), each
 saved with save_pretrained beside a byte-level tokenizer.json (ids 0..255 are the UTF-8 bytes,
 256..259 the special tokens), so the clients read the text as `zoo run` does. Their settings and
-weights are those of tests/support/hf_decoders.py, with which tests/imports/ checks the imports
-against transformers; the vocabulary here is the tokenizer's."""
+weights are those of tests/support/hf_decoders.py's rows, with which
+tests/imports/test_hf_decoders.py checks the imports against transformers; the vocabulary here
+is the tokenizer's."""
 
 from __future__ import annotations
 
@@ -23,20 +24,10 @@ FOLDERS = (GEMMA3, QWEN3_MOE)
 
 def decoder_folder(root: Path, name: str) -> Path:
     """root/NAME: the transformers folder of GEMMA3 or QWEN3_MOE."""
-    import transformers
-
-    if name == GEMMA3:
-        kind, extra = hf_decoders.GEMMA_CASES["gemma3"]
-        norm_mean = 0.0  # Gemma's norms: offsets from one
-        config = transformers.Gemma3TextConfig(**{**hf_decoders.GEMMA_SIZES, **extra, **SPECIALS,
-                                                  "sliding_window": WINDOW,
-                                                  "tie_word_embeddings": False})
-    else:
-        kind, extra = hf_decoders.MOE_CASES["qwen3_moe"]
-        norm_mean = 1.0
-        config = transformers.Qwen3MoeConfig(**{**hf_decoders.MOE_SIZES, **extra, **SPECIALS})
-    model = hf_decoders.randomise(getattr(transformers, f"{kind}ForCausalLM")(config),
-                                  norm_mean=norm_mean)
+    row = hf_decoders.DECODERS["gemma3" if name == GEMMA3 else "qwen3_moe"]
+    changes = ({"sliding_window": WINDOW, "tie_word_embeddings": False} if name == GEMMA3
+               else {})
+    model = row.reference(**SPECIALS, **changes)
     folder = root / name
     model.save_pretrained(folder)
     (folder / HF_TOKENIZER).write_text(byte_level_json(ByteTokenizer()), encoding="utf-8")

@@ -18,7 +18,6 @@ inputs and outputs (name, dtype, dims), so it cannot drift from the file it desc
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,22 +116,21 @@ def takes_cache(proto: onnx.ModelProto) -> bool:
 def _place_graph(source: Path, proto: onnx.ModelProto, version: Path) -> None:
     data = external_data_files(source, proto)
     if not data:
-        _link_or_copy(source, version / MODEL_FILE)
+        _copy(source, version / MODEL_FILE)
         return
     folder = version / MODEL_FILE  # a folder named model.onnx holding model.onnx and the data
     folder.mkdir()
-    _link_or_copy(source, folder / MODEL_FILE)
+    _copy(source, folder / MODEL_FILE)
     for location, path in data.items():  # relative to the graph, as onnx writes it
-        _link_or_copy(path, folder / location)
+        _copy(path, folder / location)
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    """A hard link where the file system allows (no second copy of gigabytes), else a copy."""
+def _copy(source: Path, target: Path) -> None:
+    """A copy, never a hard link: onnx.checker refuses external data with more than one link
+    ("a potential hardlink attack"), so a linked repository would leave the export itself
+    failing the checker."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
+    shutil.copyfile(source, target)
 
 
 def tensors(values: list[onnx.ValueInfoProto], batched: bool, file: str) -> list[Tensor]:

@@ -294,6 +294,13 @@ def test_triton_configs_parse_with_tritons_schema_and_match_the_graphs(
         graph_path = placed / "model.onnx" if external else placed
         session = ort.InferenceSession(str(graph_path), providers=["CPUExecutionProvider"])
         assert [i.name for i in session.get_inputs()] == [e.name for e in config.input]
+    # The repository holds copies: a hard-linked data file would make onnx.checker refuse the
+    # export itself ("multiple hard links, a potential hardlink attack"), and the other tests
+    # reading this shared export with it.
+    for path in exports[name].rglob("*.onnx*"):
+        assert path.stat().st_nlink == 1, path
+    for graph_file in manifest["graphs"]:
+        onnx.checker.check_model(str(exports[name] / graph_file))
 
 
 @on_shared("bert-tiny")

@@ -19,6 +19,8 @@ from registry.errors import ZooError
 from registry.families import SPECS
 from registry.sizes import attention_sizes
 
+BUILT_IN = "built-in"  # the origin of the blocks declared here and in registry/experts.py
+
 
 @dataclass(frozen=True)
 class BlockEntry:
@@ -28,7 +30,7 @@ class BlockEntry:
     target: str | None = None
     # Parameters one instance holds, as a function of the resolved card (plugins may omit it).
     param_count: Callable[[dict], int] | None = None
-    origin: str = "built-in"
+    origin: str = BUILT_IN
     # Card fields of the block's own, validated like the schema's and present in a resolved
     # card only when the card selects this block (so no other card changes when it is added).
     fields: Mapping[str, Any] = field(default_factory=dict)  # {name: registry.schema.Field}
@@ -117,6 +119,9 @@ def register_block(kind: str, entry: BlockEntry) -> None:
     already declares, is an error, never an override."""
     if kind not in BLOCKS:
         raise ZooError(f"{entry.origin}: unknown block kind '{kind}' (known: {', '.join(BLOCKS)})")
+    if not entry.target:
+        raise ZooError(f"{entry.origin}: {kind} block '{entry.name}' names no class "
+                       "('module:Class')")
     existing = BLOCKS[kind].get(entry.name)
     if existing is not None:
         raise ZooError(f"{entry.origin}: {kind} block '{entry.name}' is already registered "

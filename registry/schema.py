@@ -21,6 +21,7 @@ from registry.blocks import (
     ROTARY,
     block_fields,
     block_names,
+    effective_bias,  # noqa: F401  (its old home, kept for plugins for one release)
     field_owner,
 )
 from registry.errors import CardError, ZooError

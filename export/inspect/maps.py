@@ -95,6 +95,13 @@ MAPS: dict[str, Maps] = {
     families.DECODER.kind: decoder_maps, families.ENCODER_DECODER.kind: seq2seq_maps}
 
 
+def register_maps(spec: families.FamilySpec, maps: Maps) -> None:
+    """A plugin family's maps; one kind twice is an error."""
+    if spec.kind in MAPS:
+        raise ZooError(f"zoo attention: a {spec.kind} already has its maps")
+    MAPS[spec.kind] = maps
+
+
 def maps_of(spec: families.FamilySpec) -> Maps:
     try:
         return MAPS[spec.kind]

@@ -82,35 +82,31 @@ LAYERNORM = "layernorm"
 LEARNED, ROTARY = "learned", "rotary"
 
 
-def _declared(module: str, *entries: tuple[Any, ...]) -> dict[str, BlockEntry]:
-    """Built-in blocks of one kind: (name, class, count[, module]), the class in
-    zoo/blocks/{module}.py."""
-    return {name: BlockEntry(name, f"zoo.blocks.{own[0] if own else module}:{cls}", count)
-            for name, cls, count, *own in entries}
+def _declared(*entries: tuple[str, str, Callable[[Mapping[str, Any]], int]]
+              ) -> dict[str, BlockEntry]:
+    """Built-in blocks of one kind: (name, `module:Class` under zoo/blocks/, count)."""
+    return {name: BlockEntry(name, f"zoo.blocks.{path}", count) for name, path, count in entries}
 
 
 BLOCKS: dict[str, dict[str, BlockEntry]] = {
     "activation": _declared(
-        "feedforward",
-        ("relu", "ReluFeedForward", two_matrices),
-        (GELU, "GeluFeedForward", two_matrices),
-        (GELU_TANH, "GeluTanhFeedForward", two_matrices),
-        ("silu", "SiluFeedForward", two_matrices),
-        (SWIGLU, "SwiGLUFeedForward", three_matrices),
-        (GEGLU, "GeGLUFeedForward", three_matrices),
-        ("geglu_tanh", "GeGLUTanhFeedForward", three_matrices)),
+        ("relu", "feedforward:ReluFeedForward", two_matrices),
+        (GELU, "feedforward:GeluFeedForward", two_matrices),
+        (GELU_TANH, "feedforward:GeluTanhFeedForward", two_matrices),
+        ("silu", "feedforward:SiluFeedForward", two_matrices),
+        (SWIGLU, "feedforward:SwiGLUFeedForward", three_matrices),
+        (GEGLU, "feedforward:GeGLUFeedForward", three_matrices),
+        ("geglu_tanh", "feedforward:GeGLUTanhFeedForward", three_matrices)),
     "norm": _declared(
-        "norms",
-        (LAYERNORM, "LayerNorm", layernorm_params),
-        ("rmsnorm", "RMSNorm", scale_params),
-        ("rmsnorm_gemma", "GemmaRMSNorm", scale_params)),
+        (LAYERNORM, "norms:LayerNorm", layernorm_params),
+        ("rmsnorm", "norms:RMSNorm", scale_params),
+        ("rmsnorm_gemma", "norms:GemmaRMSNorm", scale_params)),
     "position": _declared(
-        "positions",
-        ("sinusoidal", "Sinusoidal", no_params),
-        ("sinusoidal_halves", "SinusoidalHalves", no_params),
-        (LEARNED, "Learned", learned_params),
-        (ROTARY, "RotaryPositions", no_params),
-        ("t5_relative", "T5RelativeBias", relative_bias_params, "relative_bias")),
+        ("sinusoidal", "positions:Sinusoidal", no_params),
+        ("sinusoidal_halves", "positions:SinusoidalHalves", no_params),
+        (LEARNED, "positions:Learned", learned_params),
+        (ROTARY, "positions:RotaryPositions", no_params),
+        ("t5_relative", "relative_bias:T5RelativeBias", relative_bias_params)),
 }
 
 

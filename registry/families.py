@@ -1,7 +1,8 @@
 """What a family is, as data: its stacks, whether it generates, the poolings a sentence vector
 may use, its Hugging Face naming, its prompt's noun. Torch-free, so the runtime, the importers
 and the Hugging Face files read these fields instead of switching on the family's name;
-export/family.py's Family wraps a spec with what the exporter adds (graphs, checks, bench).
+export/family.py's Family wraps a spec with what the exporter adds (graphs, checks); PerKind
+holds what another command needs per family (bench, attention maps).
 
 `spec_of(card)` is the one lookup: a decoder card with a pooling is the `sequence` variant (a
 classifier or embedder, as GPT2ForSequenceClassification), which encodes and does not generate.
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from registry.errors import ZooError
 
@@ -81,3 +82,27 @@ def register_spec(spec: FamilySpec) -> None:
     if spec.name in SPECS:
         raise ZooError(f"family '{spec.name}' is already registered")
     SPECS[spec.name] = spec
+
+
+Value = TypeVar("Value")
+
+
+class PerKind(Generic[Value]):
+    """What a command needs for each family, registered against its spec's `kind` (so the
+    exporter's Family holds export alone): `zoo bench`'s measurements, `zoo attention`'s maps.
+    `what` names the command in its errors."""
+
+    def __init__(self, what: str, entries: dict[str, Value]) -> None:
+        self.what, self.entries = what, entries
+
+    def of(self, spec: FamilySpec) -> Value:
+        try:
+            return self.entries[spec.kind]
+        except KeyError:
+            raise ZooError(f"{self.what}: nothing is registered for a {spec.kind}") from None
+
+    def register(self, spec: FamilySpec, value: Value) -> None:
+        """A plugin family's; one kind twice is an error."""
+        if spec.kind in self.entries:
+            raise ZooError(f"{self.what}: a {spec.kind} is already registered")
+        self.entries[spec.kind] = value

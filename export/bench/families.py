@@ -17,8 +17,7 @@ from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
 from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
 from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
 from registry.catalog import Card
-from registry.errors import ZooError
-from registry.families import DECODER, ENCODER, ENCODER_DECODER, SEQUENCE, FamilySpec
+from registry.families import DECODER, ENCODER, ENCODER_DECODER, SEQUENCE, PerKind
 from runtime.sessions import Runtime
 
 Figures = dict[str, dict[str, Figure]]
@@ -32,25 +31,11 @@ class FamilyBench:
 
 
 ENCODER_BENCH = FamilyBench(bench_encoder, encoder_summary, forward_profile)
-BENCHES: dict[str, FamilyBench] = {
+BENCHES: PerKind[FamilyBench] = PerKind("zoo bench", {
     ENCODER.kind: ENCODER_BENCH,
     SEQUENCE.kind: ENCODER_BENCH,  # a pooled decoder runs and is measured like an encoder
     DECODER.kind: FamilyBench(bench_decoder, decoder_summary, decoder_profile),
     ENCODER_DECODER.kind: FamilyBench(bench_seq2seq, seq2seq_summary,
                                       partial(forward_profile, file="encoder.onnx")),
-}
-
-
-def bench_of(spec: FamilySpec) -> FamilyBench:
-    try:
-        return BENCHES[spec.kind]
-    except KeyError:
-        raise ZooError(f"zoo bench: nothing is registered to measure a {spec.kind} "
-                       "(export/bench/families.py register_bench)") from None
-
-
-def register_bench(spec: FamilySpec, bench: FamilyBench) -> None:
-    """A plugin family's measurements; one kind twice is an error."""
-    if spec.kind in BENCHES:
-        raise ZooError(f"zoo bench: a {spec.kind} is already measured")
-    BENCHES[spec.kind] = bench
+})
+bench_of, register_bench = BENCHES.of, BENCHES.register

@@ -16,7 +16,6 @@ import numpy as np
 
 import registry.families as families
 from export.family import attention_names
-from registry.errors import ZooError
 from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
@@ -90,20 +89,7 @@ def seq2seq_maps(engine: Engine, prompt: list[int], generated: list[int]
 
 # `zoo attention`'s maps per family, registered against the torch-free family spec (its kind)
 Maps = Callable[[Engine, list[int], list[int]], list[AttentionGroup]]  # prompt, generated
-MAPS: dict[str, Maps] = {
+MAPS: families.PerKind[Maps] = families.PerKind("zoo attention", {
     families.ENCODER.kind: encoder_maps, families.SEQUENCE.kind: encoder_maps,
-    families.DECODER.kind: decoder_maps, families.ENCODER_DECODER.kind: seq2seq_maps}
-
-
-def register_maps(spec: families.FamilySpec, maps: Maps) -> None:
-    """A plugin family's maps; one kind twice is an error."""
-    if spec.kind in MAPS:
-        raise ZooError(f"zoo attention: a {spec.kind} already has its maps")
-    MAPS[spec.kind] = maps
-
-
-def maps_of(spec: families.FamilySpec) -> Maps:
-    try:
-        return MAPS[spec.kind]
-    except KeyError:
-        raise ZooError(f"zoo attention: no maps are registered for a {spec.kind}") from None
+    families.DECODER.kind: decoder_maps, families.ENCODER_DECODER.kind: seq2seq_maps})
+maps_of, register_maps = MAPS.of, MAPS.register

@@ -41,11 +41,11 @@ def block_class(kind: str, name: str) -> type[nn.Module]:
     if entry is None or entry.target is None:
         raise ZooError(f"unknown {kind} block '{name}'")
     module_name, _, attribute = entry.target.partition(":")
-    if entry.origin == BUILT_IN:  # a wrong path here is the zoo's bug: a traceback, not exit 2
-        return getattr(importlib.import_module(module_name), attribute)
     try:
         return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
+        if entry.origin == BUILT_IN:  # the zoo's own bug: a traceback, not a user's exit 2
+            raise
         raise ZooError(f"{entry.origin}: cannot import {kind} block {entry.target}: {exc}") from exc
 
 

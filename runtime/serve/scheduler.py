@@ -97,6 +97,11 @@ class Job:
         self.ended = True
         self.emit(event)
 
+    def choose(self, logits: np.ndarray) -> int:
+        """The next token from this row's (vocab,) logits, with its own settings and
+        generator."""
+        return pick_one(logits, self.sampling, self.rng)
+
 
 class Scheduler:
     def __init__(self, engine: Engine, max_batch: int, decode_text: Callable[[list[int]], str],
@@ -191,7 +196,7 @@ class Scheduler:
         finished = np.zeros(len(self.rows), bool)
         endings: list[tuple[Job, Event]] = []
         for index, job in enumerate(self.rows):
-            self.pending[index] = token = pick_one(logits[index], job.sampling, job.rng)
+            self.pending[index] = token = job.choose(logits[index])
             ending = self._advance(job, token)
             if ending is not None:
                 finished[index] = True
@@ -240,8 +245,8 @@ class Scheduler:
 
     def _admit(self, jobs: list[Job], session: Any, logits: np.ndarray) -> None:
         """Pick the first tokens of prefilled jobs; the rows of those not done join."""
-        tokens = np.array([pick_one(row, job.sampling, job.rng)
-                           for row, job in zip(logits, jobs, strict=True)], np.int64)
+        tokens = np.array([job.choose(row) for row, job in zip(logits, jobs, strict=True)],
+                          np.int64)
         endings = [self._advance(job, int(token)) for job, token in zip(jobs, tokens, strict=True)]
         for job, ending in zip(jobs, endings, strict=True):
             if ending is not None:  # done at its first token: it never joins the batch

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from registry.catalog import Card
-from registry.errors import ZooError
+from registry.errors import ZooError, first_line
 from registry.options import option
 from registry.paths import display_path, inside
 from runtime.classify import SequenceOutputs, run_sequences
@@ -19,6 +20,7 @@ from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.chat_worker import render_chat
 from runtime.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
 from runtime.generate import generate, left_padded
+from runtime.grammar.engine import Grammar, Grammars, json_grammar, read_schema_file, regex_grammar
 from runtime.opening import open_export
 from runtime.prompts import check_ids, check_text
 from runtime.sampling import Sampling, check_new_tokens
@@ -37,9 +39,30 @@ class GenerateOptions:
     top_p: float = option(1.0)
     beams: int = option(1, "Beam search width.")
     seed: int = option(0, "Sampling seed.")
+    json_schema: str | dict | None = option(
+        None, "A JSON schema every answer must follow (a file; in Python the schema or its "
+        "JSON text), enforced at every step.", parse=read_schema_file, metavar="FILE")
+    regex: str | None = option(None, "A regular expression every answer must match as a "
+                               "whole, enforced at every step.", metavar="PATTERN")
 
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, self.top_p, self.seed, self.beams)
+
+    def grammar(self) -> Grammar | None:
+        """What the answer must match, or None (free decoding)."""
+        if self.json_schema is not None and self.regex is not None:
+            raise ZooError("--json-schema and --regex cannot be combined")
+        if self.regex is not None:
+            return regex_grammar(self.regex, "--regex")
+        if self.json_schema is None:
+            return None
+        schema = self.json_schema
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except (ValueError, RecursionError) as exc:
+                raise ZooError(f"--json-schema: not valid JSON ({first_line(exc)})") from None
+        return json_grammar(schema, "--json-schema")
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,7 @@ class Exported:
         self.folder = Path(folder)
         self.runtime: Runtime = open_export(self.folder, provider, threads)
         self.tokenizer: Tokenizer | None = load_tokenizer(self.folder)
+        self.grammars = Grammars(self.tokenizer, self.card, display_path(self.folder))
 
     @property
     def card(self) -> Card:
@@ -103,9 +127,12 @@ class Exported:
         # transformers' pipelines and llama.cpp encode one; a chat prompt comes as ids (BOS in
         # its template)
         batch = self.tokens(prompts, what, whole=True)
+        grammar = options.grammar()
+        constraints = None if grammar is None else \
+            [self.grammars.constraint(grammar) for _ in batch]
         ids, mask = left_padded(batch, self.card["pad_token_id"])
         rows = generate(self.runtime, ids, mask, options.max_new_tokens, options.sampling(),
-                        self.card["eos_token_id"])
+                        self.card["eos_token_id"], constraints=constraints)
         return [Generated(prompt, row, self._text(row)) for prompt, row in
                 zip(batch, rows.tolist(), strict=True)]
 

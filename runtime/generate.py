@@ -60,11 +60,16 @@ def generate(
     sampling: Sampling | None = None,
     eos: int | None = None,
     shared_cache: bool = True,
+    constraints: list[Any] | None = None,
 ) -> np.ndarray:
     """New tokens (B, new_tokens) for left-padded prompts `ids` (B, T); rows that reach `eos`
-    are padded with it afterwards. `shared_cache=False` forces the plain loop."""
+    are padded with it afterwards. `shared_cache=False` forces the plain loop; `constraints`:
+    a grammar state per row (runtime/grammar/engine.py)."""
     sampling = sampling or Sampling()
     sampling.check()
+    if constraints is not None and sampling.beams > 1:
+        raise ZooError("--beams cannot be combined with --json-schema or --regex: a grammar "
+                       "constrains one sequence per prompt")
     check_new_tokens(new_tokens)
     ids = np.asarray(ids, np.int64)
     mask = np.ones_like(ids) if mask is None else np.asarray(mask, np.int64)
@@ -72,4 +77,4 @@ def generate(
     check_ids(engine.card, ids)
     empty_row = bool(ids.size) and int(mask.sum(axis=1).min()) == 0  # only the plain loop
     session = open_session(engine, ids.shape[1] + new_tokens, shared_cache and not empty_row)
-    return decode(session, ids, mask, new_tokens, sampling, eos)
+    return decode(session, ids, mask, new_tokens, sampling, eos, constraints)

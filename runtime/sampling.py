@@ -95,7 +95,8 @@ def _compaction(keep: np.ndarray) -> np.ndarray:
 
 
 def decode(session: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
-           sampling: Sampling, eos: int | None) -> np.ndarray:
+           sampling: Sampling, eos: int | None, constraints: list[Any] | None = None
+           ) -> np.ndarray:
     """New tokens (B, new_tokens) from an open session; rows that reach `eos` are padded with
     it afterwards and leave the batch (`session.reorder` to the live rows), so later steps
     cost only the rows still generating.
@@ -112,7 +113,12 @@ def decode(session: Any, ids: np.ndarray, mask: np.ndarray, new_tokens: int,
     live = np.arange(batch)  # live[i]: the prompt that session row i generates
     for index in range(new_tokens):
         uniforms = rng.random(batch) if sampling.temperature > 0 else np.zeros(batch)
+        if constraints is not None:
+            logits = np.stack([constraints[row].mask(row_logits)
+                               for row, row_logits in zip(live, logits, strict=True)])
         token = _pick(logits, sampling, uniforms[live])
+        for row, picked in zip(live, token, strict=True) if constraints is not None else ():
+            constraints[row].advance(picked)
         result[live, index] = token
         if index + 1 == new_tokens:
             break

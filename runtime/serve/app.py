@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from runtime.grammar.engine import Constraint
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.http import Guard
@@ -142,8 +143,10 @@ async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, i
     body = await read_body(request, "chat")
     served = model_of(request, body, models, "chat")
     sampled = bodies.sampled(body)
+    grammar = bodies.response_format(body)
     ids = await asyncio.to_thread(served.prompt_ids, bodies.messages(body), "messages")
-    return await answer(request, served, ids, sampled, "chat.completion")
+    constraint = await asyncio.to_thread(served.constraint, grammar)
+    return await answer(request, served, ids, sampled, "chat.completion", constraint)
 
 
 async def completions(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
@@ -155,9 +158,9 @@ async def completions(request: Request, models: dict[str, Served]) -> tuple[Resp
 
 
 async def answer(request: Request, served: Served, ids: list[int], sampled: bodies.Sampled,
-                 kind: str) -> tuple[Response, int]:
+                 kind: str, constraint: Constraint | None = None) -> tuple[Response, int]:
     options = served.options(ids, sampled)
-    ticket = served.generate(ids, options, sampled)  # 429 when full, before any work
+    ticket = served.generate(ids, options, sampled, constraint)  # 429 when full, before work
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
     if sampled.stream:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry.errors import ZooError, first_line
+from runtime.grammar.engine import Grammar, GrammarError, json_grammar
 from runtime.prompts import check_text
 from runtime.serve.errors import ApiError
 
@@ -17,11 +18,12 @@ MAX_STOPS = 4  # as OpenAI
 # characters in one stop string: far past any real one (a closing tag, a role marker), and
 # what a body may carry four of without its tables (runtime/serve/stops.py) mattering
 MAX_STOP_CHARS = 1000
+MAX_NESTING = 500  # brackets deep: under Python's JSON reader's limit, past any real body
 
 SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
             "n", "user"}
 FIELDS = {
-    "chat": {"model", "messages", "max_completion_tokens"} | SAMPLING,
+    "chat": {"model", "messages", "max_completion_tokens", "response_format"} | SAMPLING,
     "completions": {"model", "prompt"} | SAMPLING,
     "embeddings": {"model", "input", "encoding_format", "user"},
     "classify": {"model", "input", "user"},
@@ -32,7 +34,11 @@ def parse_body(raw: bytes, route: str) -> dict[str, Any]:
     """The JSON object of a request body, with only the fields `route` knows."""
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep, long numbers
+    except RecursionError:
+        field = too_deep(raw)
+        raise ApiError(400, f"{field or 'the body'}: nested deeper than a body may be", field,
+                       "invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # long numbers
         raise ApiError(400, f"the body is not valid JSON ({first_line(exc)[:200]})", None,
                        "invalid_json") from None
     if not isinstance(body, dict):
@@ -42,6 +48,33 @@ def parse_body(raw: bytes, route: str) -> dict[str, Any]:
         raise ApiError(400, f"unrecognized request argument supplied: {unknown[0]}", unknown[0],
                        "unknown_parameter")
     return body
+
+
+def too_deep(raw: bytes) -> str | None:
+    """The top-level field of a JSON object whose value nests past `MAX_NESTING` (Python's
+    reader gives up near 1,000 levels without saying where), or None."""
+    depth, in_string, escaped, last, key, start = 0, False, False, "", None, 0
+    for index, byte in enumerate(raw):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # the closing quote
+                in_string = False
+                if depth == 1:
+                    last = raw[start:index].decode("utf-8", "replace")
+        elif byte == 0x22:
+            in_string, start = True, index + 1
+        elif byte in b"[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return key
+        elif byte in b"]}":
+            depth -= 1
+        elif byte == 0x3A and depth == 1:  # the colon after a top-level key
+            key = last[:64]
+    return None
 
 
 def wrong(name: str, expected: str) -> ApiError:
@@ -172,3 +205,41 @@ def texts(body: dict[str, Any]) -> list[str]:
     if not given or not all(isinstance(text, str) for text in given):
         raise wrong("input", "a string or a non-empty list of strings")
     return given
+
+
+def response_format(body: dict[str, Any]) -> Grammar | None:
+    """/v1/chat/completions' response_format: text (free), json_object (any JSON object) or
+    json_schema ({name, schema, strict, description}), as OpenAI reads it."""
+    given = read(body, "response_format", dict, None, "an object with a type")
+    if given is None:
+        return None
+    kind = given.get("type")
+    if kind == "text" and set(given) == {"type"}:
+        return None
+    if kind == "json_object" and set(given) == {"type"}:
+        return _grammar(json_grammar, None)
+    if kind != "json_schema":
+        raise wrong("response_format", "{type: text | json_object | json_schema}")
+    spec = given.get("json_schema")
+    if not isinstance(spec, dict) or set(given) != {"type", "json_schema"}:
+        raise wrong("response_format.json_schema", "an object {name, schema, strict}")
+    unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+    if unknown:
+        raise ApiError(400, f"response_format.json_schema: unrecognized field {unknown[0]}",
+                       "response_format", "unknown_parameter")
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise wrong("response_format.json_schema.name", "a non-empty string")
+    if not isinstance(spec.get("strict", False), bool | None):
+        raise wrong("response_format.json_schema.strict", "true or false")
+    schema = spec.get("schema", {})  # OpenAI: absent means any JSON value
+    if not isinstance(schema, dict):
+        raise wrong("response_format.json_schema.schema", "a JSON schema object")
+    return _grammar(json_grammar, schema)
+
+
+def _grammar(make: Any, source: Any) -> Grammar:
+    try:
+        return make(source, "response_format.json_schema.schema" if source is not None
+                    else "response_format")
+    except GrammarError as exc:
+        raise ApiError(400, str(exc), "response_format", "invalid_value") from None

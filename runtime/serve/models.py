@@ -22,6 +22,7 @@ from registry.errors import ZooError
 from runtime.classify import SequenceOutputs, label_names
 from runtime.exported import Exported, GenerateOptions
 from runtime.files.tokenizer import sequence_ids
+from runtime.grammar.engine import Constraint, Grammar
 from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
@@ -87,7 +88,8 @@ class Served:
                            "retry later", None, "queue_full")
         self.admitted += 1
 
-    def generate(self, ids: list[int], options: GenerateOptions, sampled: Sampled) -> Ticket:
+    def generate(self, ids: list[int], options: GenerateOptions, sampled: Sampled,
+                 constraint: Constraint | None = None) -> Ticket:
         """Queue a generation (on the event loop); its events come on the ticket. Its place is
         taken once the job is made and given back by its last event ("done", "gone" or
         "error", which every queued job gets), or here if queueing it fails."""
@@ -104,7 +106,7 @@ class Served:
                 loop.call_soon_threadsafe(deliver, event)  # no one waits for this event
 
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
-                  sampled.stream, emit)
+                  sampled.stream, emit, constraint)
         self.admit()
         try:
             if self.scheduler is not None:
@@ -229,6 +231,20 @@ class Served:
         if len(completion.text) > len(sent):
             pieces.append(completion.text[len(sent):])
         return pieces
+
+    def constraint(self, grammar: Grammar | None) -> Constraint | None:
+        """A request's grammar state (in a thread: a large schema compiles for a while), or a
+        400 naming the field that asked for it; only the batched decoders are constrained."""
+        if grammar is None:
+            return None
+        if self.scheduler is None:
+            raise ApiError(400, f"{grammar.where.split('.')[0]}: a {self.exported.card.family} "
+                           "export's answers are not constrained (decoders only)",
+                           grammar.where.split(".")[0], "invalid_value")
+        try:
+            return self.exported.grammars.constraint(grammar)
+        except ZooError as exc:
+            raise ApiError(400, str(exc), grammar.where.split(".")[0], "invalid_value") from None
 
     def embed_tokens(self, prompts: list[Any]) -> list[list[int]]:
         """Each input's token ids, as `zoo run --text --json` reads them."""

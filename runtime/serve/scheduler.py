@@ -38,6 +38,7 @@ import numpy as np
 
 from runtime.engine import Engine
 from runtime.generate import left_padded, open_session
+from runtime.grammar.engine import Constraint
 from runtime.sampling import Sampling, pick_one
 from runtime.serve.errors import log_fault
 from runtime.serve.options import PREFILL_TOKENS
@@ -83,6 +84,7 @@ class Job:
     stops: tuple[str, ...]
     stream: bool
     emit: Callable[[Event], None]
+    constraint: Constraint | None = None  # the grammar its answer must match, if any
     cancelled: bool = False
     tokens: list[int] = field(default_factory=list)
     sent: str = ""  # the text streamed so far
@@ -99,8 +101,12 @@ class Job:
 
     def choose(self, logits: np.ndarray) -> int:
         """The next token from this row's (vocab,) logits, with its own settings and
-        generator."""
-        return pick_one(logits, self.sampling, self.rng)
+        generator, among those its grammar allows."""
+        if self.constraint is None:
+            return pick_one(logits, self.sampling, self.rng)
+        token = pick_one(self.constraint.mask(logits), self.sampling, self.rng)
+        self.constraint.advance(token)
+        return token
 
 
 class Scheduler:

@@ -209,6 +209,7 @@ def test_only_four_files_switch_on_a_family_name(tmp_path: Path) -> None:
 # (and h11, uvicorn's HTTP parser, whose refusals the server words) only in runtime/serve/,
 # `zoo serve`'s server).
 RUNTIME_LIBRARIES = {"numpy", "onnxruntime", "tokenizers", "yaml", "jinja2", "sentencepiece",
+                     "llguidance",
                      "registry", "runtime"}
 SERVER_LIBRARIES = {"starlette", "uvicorn", "h11"}
 

@@ -125,7 +125,7 @@ class Constraint:
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(int(token)):
             raise RuntimeError(f"the grammar refused token {token} it allowed: "
-                               f"{first_line(Exception(self.matcher.get_error()))}")
+                               f"{_said(self.matcher.get_error())}")
 
     @property
     def complete(self) -> bool:
@@ -199,5 +199,8 @@ class _Bytes:
 
 
 def _said(message: str) -> str:
-    """llguidance's error in one line, without its grammar dump."""
-    return " ".join(first_line(Exception(message)).split())[:300]
+    """llguidance's error in one line: its lines joined, without its state and grammar dump
+    or the carets under the regex it quotes."""
+    message = message.split("<state>")[0].split("<grammar>")[0]
+    lines = [line.strip() for line in message.splitlines()]
+    return " ".join(line for line in lines if line.strip("^ ")).strip()[:300]

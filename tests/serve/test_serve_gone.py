@@ -10,34 +10,15 @@ import json
 import time
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tests.conftest import SharedExport, on_shared
+from tests.support.serve import HeldAtThirdToken
 
 pytest.importorskip("starlette")
 pytestmark = on_shared("gpt-tiny")
 
 MAX_TOKENS = 100
-
-
-class HeldAtThirdToken:
-    """The plain graph of a runtime, each run taking 20 ms more (100 tokens take 2 s), that
-    waits, once its row has 3 tokens, until the client's leaving has cancelled it: the
-    scheduler's thread cannot run on while the event loop is slow to see the hang-up."""
-
-    def __init__(self, runtime: Any) -> None:
-        self.runtime, self.card, self.spec = runtime, runtime.card, runtime.spec
-        self.scheduler: Any = None
-
-    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        time.sleep(0.02)
-        deadline = time.monotonic() + 30
-        rows = self.scheduler.rows if self.scheduler else []
-        while (any(len(job.tokens) >= 3 and not job.cancelled for job in rows)
-               and time.monotonic() < deadline):
-            time.sleep(0.005)
-        return self.runtime.run(file, feeds)
 
 
 def test_a_client_gone_before_its_answer_frees_its_row(shared_export: SharedExport) -> None:

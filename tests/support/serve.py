@@ -47,6 +47,39 @@ def with_tokenizer(source: Path, folder: Path) -> Path:
     return folder
 
 
+def with_byte_level_tokenizer(source: Path, folder: Path) -> Path:
+    """A copy of a byte-level export (ids 0..255 are bytes) with the same ids as a byte-level
+    BPE tokenizer.json (no merges: one token a byte, GPT-2's stand-in letters), the specials
+    at 256..259, and the chat template: what a grammar engine and a chat client read."""
+    from tokenizers import decoders
+
+    shutil.copytree(source, folder)
+    letters = pre_tokenizers.ByteLevel.alphabet()
+    ordered = sorted(letters, key=_byte_of)
+    vocab = {letter: _byte_of(letter) for letter in ordered}
+    vocab |= {name: 256 + i for i, name in enumerate(SPECIALS)}
+    tokenizer = Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                        use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(SPECIALS)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / CHAT_TEMPLATE).write_text(TEMPLATE, encoding="utf-8")
+    (folder / "byte-tokenizer.json").unlink(missing_ok=True)  # it would win over the json
+    return folder
+
+
+def _byte_of(letter: str) -> int:
+    """GPT-2's byte-to-letter table inverted: printable bytes are themselves, the others
+    shifted past 255 in order."""
+    code = ord(letter)
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    if code in printable:
+        return code
+    others = [b for b in range(256) if b not in printable]
+    return others[code - 256]
+
+
 class Server:
     """`zoo serve` in a subprocess; its log (stderr) in a file."""
 
@@ -93,6 +126,25 @@ class Server:
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=30)
+
+
+class HeldAtThirdToken:
+    """The plain graph of a runtime, each run taking 20 ms more (100 tokens take 2 s), that
+    waits, once its row has 3 tokens, until the client's leaving has cancelled it: the
+    scheduler's thread cannot run on while the event loop is slow to see the hang-up."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime, self.card, self.spec = runtime, runtime.card, runtime.spec
+        self.scheduler: Any = None
+
+    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        rows = self.scheduler.rows if self.scheduler else []
+        while (any(len(job.tokens) >= 3 and not job.cancelled for job in rows)
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
+        return self.runtime.run(file, feeds)
 
 
 def zoo_run(*args: str | Path) -> str:

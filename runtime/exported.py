@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from runtime.encode import MaskedPrediction, encode
 from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.chat_worker import render_chat
 from runtime.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
+from runtime.files.tools import presented
 from runtime.generate import generate, left_padded
 from runtime.grammar.engine import Grammar, Grammars, json_grammar, read_schema_file, regex_grammar
 from runtime.opening import open_export
@@ -142,7 +144,10 @@ class Exported:
         the export's chat template (chat_template.jinja), then generated to eos."""
         return self.generate([self.chat_prompt(messages)], options, "--chat")[0]
 
-    def chat_prompt(self, messages: str | list[dict[str, str]]) -> list[int]:
+    def chat_prompt(self, messages: str | list[dict[str, Any]],
+                    tools: Any = None) -> list[int]:
+        """The prompt's ids; `tools` (runtime/serve/tools.py Tools, `zoo serve`'s) shown by
+        the template where it reads them, else as a system message."""
         # kept inside the folder as every file the export reads, listed in the manifest or not
         template = inside(self.folder, CHAT_TEMPLATE, display_path(self.folder), "chat template")
         if not template.is_file() or not isinstance(self.tokenizer, HuggingFaceTokenizer):
@@ -150,9 +155,12 @@ class Exported:
                            "and tokenizer.json); give the prompt as text")
         if isinstance(messages, str):
             messages = [{"role": "user", "content": check_text(messages)}]
+        reads_tools = "tools" in template.read_text(encoding="utf-8", errors="replace")
+        messages, shown_tools = presented(messages, tools, reads_tools)
         specials = {name: self.tokenizer.label(self.card[f"{name}_token_id"])
                     if self.card[f"{name}_token_id"] is not None else "" for name in ("bos", "eos")}
-        text = render_chat(template, messages, specials["bos"], specials["eos"])
+        text = render_chat(template, messages, specials["bos"], specials["eos"],
+                           tools=shown_tools)
         return self.tokenizer.encode(text)
 
     def _text(self, ids: list[int]) -> str | None:

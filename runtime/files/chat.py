@@ -114,9 +114,21 @@ def _environment(budget: _Budget) -> Any:
                              extensions=[loopcontrols], optimized=False)
     environment.globals["raise_exception"] = _refuse
     environment.globals[_TICK] = budget.steps
+    environment.filters["tojson"] = _tojson
     environment.filters = {name: _checked(budget, filter_)
                            for name, filter_ in environment.filters.items()}
     return environment
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson`: keys in their order and no HTML escaping (Jinja's own sorts the
+    keys and escapes <, > and &, so a template showing tools as JSON (Qwen2.5's) would show
+    the model another text than transformers does)."""
+    import json
+
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _checked(budget: _Budget, filter_: Any) -> Any:
@@ -173,15 +185,16 @@ class RenderRefused(Exception):
     template's path in the ZooError that runtime/files/chat_worker.py `render_chat` raises."""
 
 
-def render_source(source: str, messages: list[dict[str, str]], bos: str, eos: str,
-                  seconds: float, chars: int) -> str:
+def render_source(source: str, messages: list[dict[str, Any]], bos: str, eos: str,
+                  seconds: float, chars: int, tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt text for `messages` from a template's text, in this process (the worker's
     part of `render_chat`)."""
     budget = _Budget(seconds, chars)
     try:
         template = _ticking(_environment(budget), source)
+        extra = {"tools": tools} if tools else {}  # as transformers' apply_chat_template
         pieces = template.generate(messages=messages, add_generation_prompt=True,
-                                   bos_token=bos, eos_token=eos)
+                                   bos_token=bos, eos_token=eos, **extra)
         return "".join(budget.write(piece) for piece in pieces)
     except _OverBudget as exc:
         raise RenderRefused(f"refused the chat template: it {exc}") from exc

@@ -55,8 +55,9 @@ def limited() -> bool:
     return sys.platform.startswith("linux") and hasattr(resource, "RLIMIT_AS")
 
 
-def render_chat(path: Path, messages: list[dict[str, str]], bos: str = "", eos: str = "",
-                seconds: float = RENDER_SECONDS, chars: int = RENDER_CHARS) -> str:
+def render_chat(path: Path, messages: list[dict[str, Any]], bos: str = "", eos: str = "",
+                seconds: float = RENDER_SECONDS, chars: int = RENDER_CHARS,
+                tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt text for `messages` ({role, content} each), ending where the assistant's
     reply begins (add_generation_prompt, as transformers' apply_chat_template); refused in one
     line past `seconds` or `chars`, past the memory a render may use, or on any error the
@@ -64,7 +65,7 @@ def render_chat(path: Path, messages: list[dict[str, str]], bos: str = "", eos: 
     source = size_checked(path)
     try:
         return render_isolated(source.read_text(encoding="utf-8"), messages, bos, eos, seconds,
-                               chars)
+                               chars, tools)
     except RenderRefused as exc:
         raise ZooError(f"{display_path(path)}: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -72,13 +73,14 @@ def render_chat(path: Path, messages: list[dict[str, str]], bos: str = "", eos: 
                        f"at byte {exc.start})") from None
 
 
-def render_isolated(source: str, messages: list[dict[str, str]], bos: str, eos: str,
-                    seconds: float, chars: int) -> str:
+def render_isolated(source: str, messages: list[dict[str, Any]], bos: str, eos: str,
+                    seconds: float, chars: int, tools: list[dict[str, Any]] | None = None
+                    ) -> str:
     """`render_source` in a worker process (RenderRefused as there)."""
     if not limited():
-        return render_source(source, messages, bos, eos, seconds, chars)
+        return render_source(source, messages, bos, eos, seconds, chars, tools)
     request = {"source": source, "messages": messages, "bos": bos, "eos": eos,
-               "seconds": seconds, "chars": chars}
+               "seconds": seconds, "chars": chars, "tools": tools}
     with _POOL.slots:
         worker = _POOL.take()
         try:

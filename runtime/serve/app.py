@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from runtime.files.tools import split_calls
 from runtime.grammar.engine import Constraint
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError, internal_error, log_fault
@@ -36,6 +37,7 @@ from runtime.serve.http import Guard
 from runtime.serve.metrics import Metrics
 from runtime.serve.models import Served, Ticket
 from runtime.serve.scheduler import Completion, Job
+from runtime.serve.tools import call_grammar, read_tools
 
 LOG = logging.getLogger("zoo.serve")
 Handler = Callable[[Request, dict[str, Served]], Awaitable[tuple[Response, int]]]
@@ -144,9 +146,18 @@ async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, i
     served = model_of(request, body, models, "chat")
     sampled = bodies.sampled(body)
     grammar = bodies.response_format(body)
-    ids = await asyncio.to_thread(served.prompt_ids, bodies.messages(body), "messages")
+    tools = read_tools(body)
+    if tools is not None and tools.choice != "none":
+        if grammar is not None:
+            raise ApiError(400, "response_format: cannot be combined with tools (send "
+                           'tool_choice "none" for an answer in a format)', "response_format",
+                           "invalid_value")
+        grammar = call_grammar(tools)
+    shown = tools.tools if tools is not None else None
+    ids = await asyncio.to_thread(served.prompt_ids, bodies.messages(body), "messages", shown)
     constraint = await asyncio.to_thread(served.constraint, grammar)
-    return await answer(request, served, ids, sampled, "chat.completion", constraint)
+    calls = tools is not None and tools.choice != "none"
+    return await answer(request, served, ids, sampled, "chat.completion", constraint, calls)
 
 
 async def completions(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
@@ -158,13 +169,15 @@ async def completions(request: Request, models: dict[str, Served]) -> tuple[Resp
 
 
 async def answer(request: Request, served: Served, ids: list[int], sampled: bodies.Sampled,
-                 kind: str, constraint: Constraint | None = None) -> tuple[Response, int]:
+                 kind: str, constraint: Constraint | None = None, calls: bool = False
+                 ) -> tuple[Response, int]:
+    """The answer, whole or streamed; `calls`: tool calls are parsed out of it."""
     options = served.options(ids, sampled)
     ticket = served.generate(ids, options, sampled, constraint)  # 429 when full, before work
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
     if sampled.stream:
-        return StreamingResponse(events(request, served, ticket, kind, head),
+        return StreamingResponse(events(request, served, ticket, kind, head, calls),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"}), 0
     watcher = asyncio.ensure_future(cancel_when_gone(request, ticket))
@@ -174,13 +187,24 @@ async def answer(request: Request, served: Served, ids: list[int], sampled: bodi
         watcher.cancel()
     answered(request, served, ticket.job, completion)
     if kind == "chat.completion":
-        choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-                  "finish_reason": completion.finish_reason, "logprobs": None}
+        message, finish = assistant(completion, calls)
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
     else:
         choice = {"index": 0, "text": completion.text, "finish_reason":
                   completion.finish_reason, "logprobs": None}
     return JSONResponse({**head, "object": kind, "choices": [choice],
                          "usage": completion.usage()}), completion.usage()["total_tokens"]
+
+
+def assistant(completion: Completion, calls: bool) -> tuple[dict[str, Any], str]:
+    """The assistant's message and finish reason: its tool calls parsed out of a whole
+    answer (finish_reason "tool_calls"), else its text."""
+    if calls and completion.finish_reason == "stop":
+        content, tool_calls = split_calls(completion.text)
+        if tool_calls:
+            return {"role": "assistant", "content": content, "tool_calls": tool_calls}, \
+                "tool_calls"
+    return {"role": "assistant", "content": completion.text}, completion.finish_reason
 
 
 async def cancel_when_gone(request: Request, ticket: Ticket) -> None:
@@ -201,19 +225,24 @@ def answered(request: Request, served: Served, job: Job, completion: Completion)
 
 
 async def events(request: Request, served: Served, ticket: Ticket, kind: str,
-                 head: dict[str, Any]) -> AsyncIterator[str]:
+                 head: dict[str, Any], calls: bool = False) -> AsyncIterator[str]:
     """Server-Sent Events: the text in pieces as its tokens are decoded, the finish reason, a
     last chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
-    [DONE]. A client gone cancels this generator: its row leaves the batch at the next step."""
+    [DONE]. A client gone cancels this generator: its row leaves the batch at the next step.
+    With tools (`calls`), an answer that begins a call is held until it ends, then sent as
+    OpenAI streams calls: per call its index, id and name, then its arguments."""
     start, status, tokens = time.perf_counter(), "done", 0
     chat_kind = kind == "chat.completion"
     kind = "chat.completion.chunk" if chat_kind else "text_completion"
 
-    def chunk(piece: str | None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(piece: str | None, finish: str | None = None, role: bool = False,
+              tool_calls: list[dict[str, Any]] | None = None) -> str:
         if chat_kind:
-            delta: dict[str, str] = {"role": "assistant"} if role else {}
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if piece is not None:
                 delta["content"] = piece
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": piece or ""}
@@ -223,13 +252,29 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
     try:
         if chat_kind:
             yield chunk("", role=True)
+        held, holding = "", calls  # with tools: an answer that begins with "<" is a call
         async for name, value in ticket.events():
             if name == "piece":
-                yield chunk(value)
+                if holding and (held + value)[:1] in ("<", ""):
+                    held += value
+                    continue
+                holding = False
+                yield chunk(held + value)
+                held = ""
             elif name == "done":
                 answered(request, served, ticket.job, value)
                 tokens = value.usage()["total_tokens"]
-                yield chunk(None, value.finish_reason)
+                message, finish = assistant(value, calls)
+                if message.get("content") and held:
+                    yield chunk(held if not message.get("tool_calls") else message["content"])
+                for index, call in enumerate(message.get("tool_calls", [])):
+                    function = call["function"]
+                    yield chunk(None, tool_calls=[{
+                        "index": index, "id": call["id"], "type": "function",
+                        "function": {"name": function["name"], "arguments": ""}}])
+                    yield chunk(None, tool_calls=[{
+                        "index": index, "function": {"arguments": function["arguments"]}}])
+                yield chunk(None, finish)
                 yield sse({**head, "object": kind, "choices": [], "usage": value.usage()})
                 yield "data: [DONE]\n\n"
             else:  # the headers are sent: the fault can only be told in the stream

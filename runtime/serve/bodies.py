@@ -23,7 +23,8 @@ MAX_NESTING = 500  # brackets deep: under Python's JSON reader's limit, past any
 SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
             "n", "user"}
 FIELDS = {
-    "chat": {"model", "messages", "max_completion_tokens", "response_format"} | SAMPLING,
+    "chat": {"model", "messages", "max_completion_tokens", "response_format", "tools",
+             "tool_choice", "parallel_tool_calls"} | SAMPLING,
     "completions": {"model", "prompt"} | SAMPLING,
     "embeddings": {"model", "input", "encoding_format", "user"},
     "classify": {"model", "input", "user"},
@@ -142,8 +143,9 @@ def sampled(body: dict[str, Any]) -> Sampled:
                    stops, read(body, "stream", bool, False))
 
 
-def messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    """The chat's {role, content} messages; a content given as parts keeps their text."""
+def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat's {role, content} messages; a content given as parts keeps their text; an
+    assistant's `tool_calls` (content may then be null) and a tool's `tool_call_id` kept."""
     given = read(body, "messages", list, ApiError, "a list of {role, content} objects")
     if not given:
         raise wrong("messages", "at least one message")
@@ -153,6 +155,10 @@ def messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise wrong(where, "an object with a string role")
         content = message.get("content")
+        calls = message.get("tool_calls") if message["role"] == "assistant" else None
+        if calls is not None:
+            _check_calls(calls, f"{where}.tool_calls")
+            content = content or ""
         if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text"
                        and isinstance(p.get("text"), str) for p in content):
@@ -164,8 +170,27 @@ def messages(body: dict[str, Any]) -> list[dict[str, str]]:
             check_text(content, f"{where}.content")  # JSON may carry a lone surrogate
         except ZooError as exc:
             raise ApiError(400, str(exc), f"{where}.content", "invalid_value") from None
-        out.append({"role": message["role"], "content": content})
+        kept: dict[str, Any] = {"role": message["role"], "content": content}
+        if calls:
+            kept["tool_calls"] = calls
+        if message["role"] == "tool":
+            if not isinstance(message.get("tool_call_id"), str):
+                raise wrong(f"{where}.tool_call_id", "the id of the call it answers")
+            kept["tool_call_id"] = message["tool_call_id"]
+        out.append(kept)
     return out
+
+
+def _check_calls(calls: Any, where: str) -> None:
+    """An assistant's past calls, as OpenAI sends them back."""
+    if not isinstance(calls, list):
+        raise wrong(where, "a list of calls")
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments"), str):
+            raise wrong(f"{where}[{index}]", '{"id", "type": "function", "function": {name, '
+                        "arguments (a JSON string)}}")
 
 
 def prompt(body: dict[str, Any]) -> str | list[int]:

@@ -169,13 +169,14 @@ class Served:
         waiting, rows, steps, decoded, largest = self.scheduler.gauges()
         return waiting + worker[0], rows + worker[1], steps, decoded, largest
 
-    def prompt_ids(self, prompt: str | list[int] | list[dict[str, str]], param: str) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int] | list[dict[str, Any]], param: str,
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:
         """A chat's ids in the export's template, or a prompt's as `zoo run --text` / `--ids`
         encode it; within the vocabulary and shorter than the context."""
         exported = self.exported
         try:
             if param == "messages":
-                ids = exported.chat_prompt(prompt)  # type: ignore[arg-type]
+                ids = exported.chat_prompt(prompt, tools)  # type: ignore[arg-type]
             elif isinstance(prompt, str):
                 if exported.tokenizer is None:
                     raise ZooError(f"{self.name} has no tokenizer: send token ids")

@@ -47,7 +47,7 @@ def with_tokenizer(source: Path, folder: Path) -> Path:
     return folder
 
 
-def with_byte_level_tokenizer(source: Path, folder: Path) -> Path:
+def with_byte_level_tokenizer(source: Path, folder: Path, template: str = TEMPLATE) -> Path:
     """A copy of a byte-level export (ids 0..255 are bytes) with the same ids as a byte-level
     BPE tokenizer.json (no merges: one token a byte, GPT-2's stand-in letters), the specials
     at 256..259, and the chat template: what a grammar engine and a chat client read."""
@@ -64,7 +64,7 @@ def with_byte_level_tokenizer(source: Path, folder: Path) -> Path:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(SPECIALS)
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / CHAT_TEMPLATE).write_text(TEMPLATE, encoding="utf-8")
+    (folder / CHAT_TEMPLATE).write_text(template, encoding="utf-8")
     (folder / "byte-tokenizer.json").unlink(missing_ok=True)  # it would win over the json
     return folder
 

@@ -7,7 +7,8 @@ Every refusal is OpenAI's error object naming the field, checked before any work
 an unexpected fault is one log line (its traceback with `--tracebacks`) and reaches the client
 as a bare 500, and the server keeps serving. A chat's template and a prompt's tokens are made
 in a thread, off the event loop. One log line a request: method, path, status, tokens,
-milliseconds. docs/serve.md lists every limit and what a client gets past it."""
+milliseconds. docs/serve.md lists every limit and what a client gets past it; log-probabilities
+(`logprobs`, `top_logprobs`, `echo`) are shaped by runtime/serve/logprobs.py."""
 
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ from starlette.routing import Route
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.http import Guard
+from runtime.serve.logprobs import Shaper, joined
 from runtime.serve.metrics import Metrics
 from runtime.serve.models import Served, Ticket
-from runtime.serve.scheduler import Completion, Job
+from runtime.serve.scheduler import Completion, Event
 
 LOG = logging.getLogger("zoo.serve")
 Handler = Callable[[Request, dict[str, Served]], Awaitable[tuple[Response, int]]]
@@ -141,43 +143,80 @@ def model_of(request: Request, body: dict[str, Any], models: dict[str, Served], 
 async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "chat")
     served = model_of(request, body, models, "chat")
-    sampled = bodies.sampled(body)
+    sampled, scoring = bodies.sampled(body), bodies.scoring(body, "chat")
+    served.check_scoring(scoring.top, "logprobs")
     ids = await asyncio.to_thread(served.prompt_ids, bodies.messages(body), "messages")
-    return await answer(request, served, ids, sampled, "chat.completion")
+    return await answer(request, served, ids, sampled, "chat.completion", scoring)
 
 
 async def completions(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "completions")
     served = model_of(request, body, models, "completions")
-    sampled = bodies.sampled(body)
-    ids = await asyncio.to_thread(served.prompt_ids, bodies.prompt(body), "prompt")
-    return await answer(request, served, ids, sampled, "text_completion")
+    sampled, scoring = bodies.sampled(body), bodies.scoring(body, "completions")
+    served.check_scoring(scoring.top, "logprobs")
+    prompt = bodies.prompt(body)
+    ids = await asyncio.to_thread(served.prompt_ids, prompt, "prompt")
+    # echo: the prompt as sent (a text), or its ids' text
+    echoed = (prompt if isinstance(prompt, str) else served.text(ids)) if scoring.echo else None
+    return await answer(request, served, ids, sampled, "text_completion", scoring, echoed)
 
 
 async def answer(request: Request, served: Served, ids: list[int], sampled: bodies.Sampled,
-                 kind: str) -> tuple[Response, int]:
+                 kind: str, scoring: bodies.Scoring, echoed: str | None = None
+                 ) -> tuple[Response, int]:
+    """Generate (max_tokens 0: nothing, an echo's prompt alone) and answer whole or as a
+    stream; an echoed prompt with logprobs is scored first, under the generation's place in
+    the queue (or a place of its own)."""
     options = served.options(ids, sampled)
-    ticket = served.generate(ids, options, sampled)  # 429 when full, before any work
+    # 429 when full, before any work
+    ticket = served.generate(ids, options, sampled, scoring.top) \
+        if options.max_new_tokens else None
+    shaper = Shaper(served.token_texts, kind == "chat.completion", scoring.top is not None)
+    prefix = None  # the echoed prompt: its text and its logprobs
+    if echoed is not None:
+        try:
+            scores = None if scoring.top is None else \
+                await served.score_prompt(ids, scoring.top, own_place=ticket is None)
+        except BaseException:
+            if ticket is not None:
+                ticket.cancel()
+            raise
+        prefix = echoed, shaper.prompt(ids, scores, echoed)
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
+    nothing = Completion(len(ids), [], "", "length")  # max_tokens 0
     if sampled.stream:
-        return StreamingResponse(events(request, served, ticket, kind, head),
+        source = ticket.events() if ticket is not None else finished(nothing)
+        return StreamingResponse(events(request, served, ticket, source, kind, head, shaper,
+                                        prefix),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"}), 0
-    watcher = asyncio.ensure_future(cancel_when_gone(request, ticket))
-    try:
-        completion = await ticket.completion()
-    finally:
-        watcher.cancel()
-    answered(request, served, ticket.job, completion)
+    completion = nothing
+    if ticket is not None:
+        watcher = asyncio.ensure_future(cancel_when_gone(request, ticket))
+        try:
+            completion = await ticket.completion()
+        finally:
+            watcher.cancel()
+    answered(request, served, ticket, completion)
+    recorder = ticket.job.logprobs if ticket is not None else None
+    logprobs = shaper.shaped(recorder.entries if recorder is not None else [])
     if kind == "chat.completion":
         choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-                  "finish_reason": completion.finish_reason, "logprobs": None}
+                  "finish_reason": completion.finish_reason, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": completion.text, "finish_reason":
-                  completion.finish_reason, "logprobs": None}
+        text = completion.text
+        if prefix is not None:  # echo: the prompt's text and values before the answer's
+            text, logprobs = prefix[0] + text, joined(prefix[1], logprobs)
+        choice = {"index": 0, "text": text, "finish_reason": completion.finish_reason,
+                  "logprobs": logprobs}
     return JSONResponse({**head, "object": kind, "choices": [choice],
                          "usage": completion.usage()}), completion.usage()["total_tokens"]
+
+
+async def finished(completion: Completion) -> AsyncIterator[Event]:
+    """The events of an answer with nothing to generate."""
+    yield "done", completion
 
 
 async def cancel_when_gone(request: Request, ticket: Ticket) -> None:
@@ -189,24 +228,29 @@ async def cancel_when_gone(request: Request, ticket: Ticket) -> None:
     ticket.cancel()
 
 
-def answered(request: Request, served: Served, job: Job, completion: Completion) -> None:
+def answered(request: Request, served: Served, ticket: Ticket | None, completion: Completion
+             ) -> None:
     """Time to first token (from the request's arrival to its first token picked) and the
     tokens, once the answer is complete."""
     metrics: Metrics = request.app.state.metrics
-    metrics.first_token(served.name, job.first_token_at - request.state.start)
+    if ticket is not None:  # something was generated
+        metrics.first_token(served.name, ticket.job.first_token_at - request.state.start)
     metrics.counted(served.name, completion.prompt_tokens, len(completion.ids))
 
 
-async def events(request: Request, served: Served, ticket: Ticket, kind: str,
-                 head: dict[str, Any]) -> AsyncIterator[str]:
-    """Server-Sent Events: the text in pieces as its tokens are decoded, the finish reason, a
-    last chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
+async def events(request: Request, served: Served, ticket: Ticket | None,
+                 source: AsyncIterator[Event], kind: str, head: dict[str, Any], shaper: Shaper,
+                 prefix: tuple[str, dict[str, Any] | None] | None) -> AsyncIterator[str]:
+    """Server-Sent Events: the echoed prompt, the text in pieces as its tokens are decoded
+    (each with the logprobs of the tokens picked since the last), the finish reason, a last
+    chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
     [DONE]. A client gone cancels this generator: its row leaves the batch at the next step."""
     start, status, tokens = time.perf_counter(), "done", 0
     chat_kind = kind == "chat.completion"
     kind = "chat.completion.chunk" if chat_kind else "text_completion"
 
-    def chunk(piece: str | None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(piece: str | None, finish: str | None = None, role: bool = False,
+              logprobs: dict[str, Any] | None = None) -> str:
         if chat_kind:
             delta: dict[str, str] = {"role": "assistant"} if role else {}
             if piece is not None:
@@ -214,19 +258,27 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": piece or ""}
-        choice.update(finish_reason=finish, logprobs=None)
+        choice.update(finish_reason=finish, logprobs=logprobs)
         return sse({**head, "object": kind, "choices": [choice]})
 
     try:
         if chat_kind:
             yield chunk("", role=True)
-        async for name, value in ticket.events():
+        if prefix is not None:
+            yield chunk(prefix[0], logprobs=prefix[1])
+        scored = []  # the tokens picked since the last chunk
+        async for name, value in source:
+            if name == "logprobs":
+                scored += value
+                continue
+            logprobs = shaper.shaped(scored) if scored else None
+            scored = []
             if name == "piece":
-                yield chunk(value)
+                yield chunk(value, logprobs=logprobs)
             elif name == "done":
-                answered(request, served, ticket.job, value)
+                answered(request, served, ticket, value)
                 tokens = value.usage()["total_tokens"]
-                yield chunk(None, value.finish_reason)
+                yield chunk(None, value.finish_reason, logprobs=logprobs)
                 yield sse({**head, "object": kind, "choices": [], "usage": value.usage()})
                 yield "data: [DONE]\n\n"
             else:  # the headers are sent: the fault can only be told in the stream
@@ -240,7 +292,8 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
         status = "client gone"
         raise
     finally:
-        ticket.cancel()  # no-op when it ended
+        if ticket is not None:
+            ticket.cancel()  # no-op when it ended
         LOG.info("POST %s 200 %d tokens %.0f ms (stream %s)", "/v1/" + (
             "chat/completions" if chat_kind else "completions"), tokens,
             (time.perf_counter() - start) * 1000, status)

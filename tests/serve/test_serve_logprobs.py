@@ -12,6 +12,10 @@ folder reach the same accuracy on a multiple-choice (loglikelihood) and a `gener
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ import torch
 from export.targets.tokenizer_files import BYTE_SPECIALS
 from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.tokenizer import ByteTokenizer
+from tests.conftest import on_shared
 from tests.support.decoder_folders import llama_folder
 from tests.support.helpers import zoo_ok
 from tests.support.serve import KEY, Server
@@ -242,3 +247,104 @@ def test_bad_values_are_400s_naming_the_field(server: Server, path: str, body: d
 
 def test_the_server_logged_no_traceback(server: Server) -> None:
     assert "Traceback" not in server.log.read_text()
+
+
+@pytest.mark.slow
+@on_shared("transformer-tiny")
+def test_an_encoder_decoder_refuses_logprobs(shared_export, tmp_path: Path) -> None:
+    """Its generation runs whole in a worker, which scores nothing: a 400 naming the field,
+    and the export goes on answering."""
+    server = Server([shared_export("transformer-tiny")[0]], tmp_path / "serve.log",
+                    "--name", "seq2seq")
+    try:
+        body = {"model": "seq2seq", "prompt": [5, 6, 7], "max_tokens": 3}
+        assert error_of(server.request("/v1/completions", body | {"logprobs": 1})) == \
+            (400, "logprobs", "unsupported_value")
+        assert server.request("/v1/completions", body)[0] == 200
+    finally:
+        server.stop()
+
+
+MC = [("The sky is", [" blue", " green", " loud"]), ("Cats say", [" meow", " woof"]),
+      ("Two plus two is", [" four", " five", " six", " seven"]), ("Ice is", [" cold", " hot"]),
+      ("The sun rises in the", [" east", " west"]), ("Fish live in", [" water", " sand"]),
+      ("Snow is", [" white", " black"]), ("A week has", [" seven days", " five days"])]
+GENERATE = ["Once upon", "abc", "héllo", "The"]
+NEW_TOKENS = 8
+
+
+def lm_eval_tasks(folder: Path, model: Any, tokenizer: Any) -> Path:
+    """folder: a multiple-choice task (the first choice right) and a generate_until task whose
+    targets are transformers' greedy answer for every other prompt (so half are right, for a
+    model that answers as transformers does), each from a JSONL file, as lm-eval's YAML."""
+    folder.mkdir()
+    rows = {"mc": [{"question": q, "choices": c, "answer": 0} for q, c in MC], "gen": []}
+    for index, prompt in enumerate(GENERATE):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                             pad_token_id=BYTES.pad, eos_token_id=BYTES.eos)
+        answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        rows["gen"].append({"prompt": prompt, "target": answer.split("\n")[0] if index % 2 == 0
+                            else "not this"})
+    for name, docs in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs),
+                                              encoding="utf-8")
+    data = "dataset_path: json\ntest_split: test\ndataset_kwargs:\n  data_files:\n    test: {}\n"
+    (folder / "zoo_mc.yaml").write_text(
+        "task: zoo_mc\n" + data.format(folder / "mc.jsonl") + "output_type: multiple_choice\n"
+        "doc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\ndoc_to_target: "
+        "'{{answer}}'\nmetric_list:\n  - metric: acc\n", encoding="utf-8")
+    (folder / "zoo_gen.yaml").write_text(
+        "task: zoo_gen\n" + data.format(folder / "gen.jsonl") + "output_type: generate_until\n"
+        "doc_to_text: '{{prompt}}'\ndoc_to_target: '{{target}}'\ngeneration_kwargs:\n"
+        f"  until: ['\\n']\n  max_gen_toks: {NEW_TOKENS}\n  do_sample: false\n"
+        "  temperature: 0\nmetric_list:\n  - metric: exact_match\n", encoding="utf-8")
+    return folder
+
+
+def lm_eval(model: str, args: str, tasks: Path, out: Path) -> tuple[dict, dict]:
+    """`lm-eval run` in a subprocess, offline: (results by task, responses by task)."""
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "HF_HOME": str(out / "hf-home"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "lm_eval", "run", "--model", model,
+                           "--model_args", args, "--tasks", "zoo_mc,zoo_gen",
+                           "--include_path", str(tasks), "--output_path", str(out),
+                           "--log_samples", "--device", "cpu"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(next(out.rglob("results_*.json")).read_text())["results"]
+    responses = {task: [json.loads(line)["filtered_resps"] for line in
+                        next(out.rglob(f"samples_{task}_*.jsonl")).read_text().splitlines()]
+                 for task in ("zoo_mc", "zoo_gen")}
+    return results, responses
+
+
+@pytest.mark.slow
+def test_lm_eval_scores_zoo_serve_as_it_scores_transformers(tmp_path: Path) -> None:
+    """lm-evaluation-harness's `local-completions` model against `zoo serve` (loglikelihoods
+    from echo + logprobs, answers from max_tokens and stop) and its `hf` model on the same
+    Hugging Face folder: the same accuracies, each choice's loglikelihood within 1e-4, the same
+    generated answers."""
+    pytest.importorskip("lm_eval")
+    folder = llama_folder(tmp_path / "hf", max_positions=256)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tasks = lm_eval_tasks(tmp_path / "tasks", model,
+                          transformers.AutoTokenizer.from_pretrained(folder))
+    zoo_ok("import", folder, "-o", tmp_path / "built")
+    zoo_ok("export", tmp_path / "built", "--onnx", "-o", tmp_path / "llama")
+    server = Server([tmp_path / "llama"], tmp_path / "serve.log")
+    try:
+        served = lm_eval("local-completions", f"base_url={server.base}/v1/completions,"
+                         f"model=llama,tokenizer={folder},tokenizer_backend=huggingface,"
+                         "tokenized_requests=True", tasks, tmp_path / "served")
+    finally:
+        server.stop()
+    hf = lm_eval("hf", f"pretrained={folder},dtype=float32", tasks, tmp_path / "hf")
+    for metric, task in (("acc,none", "zoo_mc"), ("exact_match,none", "zoo_gen")):
+        assert served[0][task][metric] == hf[0][task][metric], (task, served[0], hf[0])
+    assert hf[0]["zoo_gen"]["exact_match,none"] == 0.5  # the targets made to be half right
+    np.testing.assert_allclose([float(choice[0]) for doc in served[1]["zoo_mc"] for choice in doc],
+                               [float(choice[0]) for doc in hf[1]["zoo_mc"] for choice in doc],
+                               rtol=0, atol=1e-4)
+    assert served[1]["zoo_gen"] == hf[1]["zoo_gen"]
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()

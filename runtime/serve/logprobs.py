@@ -17,6 +17,7 @@ the bytes that are not text (`\\xe2`; `bytes:\\xe2` in the legacy shape).
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +125,7 @@ class TokenTexts:
                  "top_logprobs": [self.entry(token, value) for token, value in e.top]}
                 for e in entries]
 
-    def legacy(self, entries: list[Scored | None], tokens: list[int], offsets: Offsets
+    def legacy(self, entries: Sequence[Scored | None], tokens: list[int], offsets: Offsets
                ) -> dict[str, Any]:
         """/v1/completions' `logprobs` for `tokens` (an entry each, None for an echoed first
         token): each token's `top` likeliest and the token itself (OpenAI's up to
@@ -182,7 +183,7 @@ class Shaper:
             return None
         if self.chat:
             return {"content": self.texts.chat(entries)}
-        return self.texts.legacy(list(entries), [e.token for e in entries], self.offsets)
+        return self.texts.legacy(entries, [e.token for e in entries], self.offsets)
 
 
 def joined(first: dict[str, Any] | None, then: dict[str, Any] | None) -> dict[str, Any] | None:

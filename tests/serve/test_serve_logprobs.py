@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tokenizers import AddedToken, Tokenizer, decoders, models
 
-from export.targets.tokenizer_files import BYTE_SPECIALS
+from export.targets.tokenizer_files import BYTE_SPECIALS, byte_level_json
 from runtime.files.chat import CHAT_TEMPLATE
-from runtime.files.tokenizer import ByteTokenizer
+from runtime.files.tokenizer import ByteTokenizer, HuggingFaceTokenizer
 from tests.conftest import on_shared
 from tests.support.decoder_folders import llama_folder
 from tests.support.helpers import zoo_ok
@@ -348,3 +349,24 @@ def test_lm_eval_scores_zoo_serve_as_it_scores_transformers(tmp_path: Path) -> N
                                rtol=0, atol=1e-4)
     assert served[1]["zoo_gen"] == hf[1]["zoo_gen"]
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_a_tokens_bytes_are_exact_for_each_kind_of_tokenizer_json(tmp_path: Path) -> None:
+    """Byte-level BPE (GPT-2's stand-in letters), a SentencePiece-style BPE with byte fallback
+    (Llama 2's `<0xE2>` pieces, `▁` for a space) and an added token: each token's bytes."""
+    path = tmp_path / "tokenizer.json"
+    path.write_text(byte_level_json(BYTES), encoding="utf-8")
+    byte_level = HuggingFaceTokenizer(path)
+    assert [byte_level.token_bytes(i) for i in range(256)] == [bytes([i]) for i in range(256)]
+    assert byte_level.token_bytes(BYTES.eos) == BYTE_SPECIALS["eos"].encode()
+    pieces = Tokenizer(models.BPE(vocab={"<unk>": 0, "<0xE2>": 1, "<0x82>": 2, "<0xAC>": 3,
+                                         "\u2581hi": 4, "h": 5, "i": 6, "\u2581": 7},
+                                  merges=[], unk_token="<unk>", byte_fallback=True))
+    pieces.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                        decoders.Fuse()])
+    pieces.add_special_tokens([AddedToken("</s>", special=True)])
+    pieces.save(str(path))
+    fallback = HuggingFaceTokenizer(path)
+    assert [fallback.token_bytes(i) for i in (1, 2, 3, 4, 8)] == \
+        [b"\xe2", b"\x82", b"\xac", b" hi", b"</s>"]
+    assert b"".join(fallback.token_bytes(i) for i in (4, 1, 2, 3)).decode() == " hi€"

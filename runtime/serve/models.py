@@ -118,8 +118,9 @@ class Served:
             send(event)
 
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
-                  sampled.stream, emit, logprobs=None if top is None else Recorder(top))
+                  sampled.stream, emit)
         self.admit()
+        job.logprobs = None if top is None else Recorder(top)  # before it is queued
         try:
             if self.scheduler is not None:
                 self.scheduler.submit(job)

@@ -159,7 +159,15 @@ test: $(STAMP) node-deps $(OPTIMUM)
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
-test-slow: $(STAMP)
+# lm-evaluation-harness (its API and hf models), which the slow test in
+# tests/serve/test_serve_logprobs.py runs against `zoo serve`: not in `make test`'s install
+# (some fifty packages that no other test needs).
+LM_EVAL := $(VENV)/.lm-eval
+$(LM_EVAL): $(STAMP) constraints.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt 'lm-eval[api,hf]'
+	touch $(LM_EVAL)
+
+test-slow: $(STAMP) $(LM_EVAL)
 	$(BIN)/python -m pytest -q -m slow
 
 # Plants small realistic bugs one at a time (tests/support/mutants.py lists them) and fails if the

@@ -11,6 +11,8 @@ would alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from registry.sizes import cache_shape
@@ -98,6 +100,26 @@ class DecoderSession:
         if start:
             self.past = [p[:, :, start:] for p in self.past]
             self.mask = self.mask[:, start:]
+
+
+def prompt_logits(engine: Engine, ids: list[int], chunk: int) -> Iterator[np.ndarray]:
+    """The (T, vocab) logits at every position of one prompt, `chunk` tokens at a time: the
+    contract graph over each chunk after the cache of those before it (as a chunked prefill
+    computes), where the decoding loops keep only the last position's. Memory stays at
+    `chunk` rows of logits, whatever the prompt's length (`zoo serve`'s echo scores a prompt
+    of the whole context)."""
+    names = past_names(engine.card["n_layers"], CACHE_INPUT), \
+        past_names(engine.card["n_layers"], CACHE_OUTPUT)
+    past = empty_past(engine, 1)
+    for start in range(0, len(ids), chunk):
+        piece = np.array([ids[start:start + chunk]], np.int64)
+        end = start + piece.shape[1]
+        feeds = {"input_ids": piece, "attention_mask": np.ones((1, end), np.int64),
+                 "position_ids": np.arange(start, end, dtype=np.int64)[None],
+                 **dict(zip(names[0], past, strict=True))}
+        outputs = engine.run(MODEL_GRAPH, feeds)
+        past = [outputs[name] for name in names[1]]
+        yield outputs["logits"][0]
 
 
 def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:

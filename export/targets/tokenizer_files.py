@@ -21,23 +21,17 @@ from export.targets.marian_tokenizer import (
     marian_tokenizer_json,
 )
 from runtime.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
-from runtime.files.tokenizer import BYTE_TOKENIZER, HF_TOKENIZER, ByteTokenizer, load_tokenizer
+from runtime.files.tokenizer import (
+    BYTE_TOKENIZER,
+    HF_TOKENIZER,
+    ByteTokenizer,
+    byte_to_unicode,
+    load_tokenizer,
+)
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 BYTE_SPECIALS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>", "mask": "<|mask|>"}
-
-
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's table: printable bytes stand for themselves, the rest move past U+0100."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {b: chr(b) for b in kept}, 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 def byte_level_json(tokenizer: ByteTokenizer) -> str:

@@ -13,6 +13,8 @@ A model folder (built, trained, imported or exported) holds at most one of:
 from __future__ import annotations
 
 import json
+import re
+from functools import cache
 from pathlib import Path
 from typing import Protocol
 
@@ -35,6 +37,11 @@ HF_TOKENIZER = "tokenizer.json"
 WORD_TOKENIZER = "word-tokenizer.json"
 TOKENIZER_FILES = (BYTE_TOKENIZER, HF_TOKENIZER, WORD_TOKENIZER, *SPM_FILES, TARGET_VOCAB,
                    CHAT_TEMPLATE)
+
+
+# a SentencePiece tokenizer.json's byte fallback piece (Llama 2's "<0xE6>") and word marker
+BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+WORD_MARK = "\u2581"
 
 
 class Tokenizer(Protocol):
@@ -73,6 +80,10 @@ class ByteTokenizer:
         if token in visible:
             return visible[token]
         return chr(token) if 33 <= token < 127 else f"\\x{token:02x}"
+
+    def token_bytes(self, token: int) -> bytes:
+        """The one byte a token is; a special token's name."""
+        return bytes([token]) if token < 256 else self.label(token).encode()
 
     def to_json(self) -> str:
         return json.dumps({"kind": "bytes", "pad": self.pad, "bos": self.bos, "eos": self.eos,
@@ -135,6 +146,41 @@ class HuggingFaceTokenizer:
             if text and "\ufffd" not in text:
                 return text
         return piece
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for, exactly, even a piece of a character: byte-level
+        BPE's stand-in letters mapped back through GPT-2's table, a byte-fallback piece's byte,
+        SentencePiece's word marker as a space; an added token's own text."""
+        added = self.backend.get_added_tokens_decoder()
+        if token in added:
+            return added[token].content.encode()
+        piece = self.backend.id_to_token(token)
+        if piece is None:
+            return b""
+        if type(self.backend.decoder).__name__ == "ByteLevel":
+            table = unicode_to_byte()
+            if all(char in table for char in piece):
+                return bytes(table[char] for char in piece)
+        if match := BYTE_PIECE.fullmatch(piece):
+            return bytes([int(match.group(1), 16)])
+        return piece.replace(WORD_MARK, " ").encode()
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's table: printable bytes stand for themselves, the rest move past U+0100."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {b: chr(b) for b in kept}, 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+@cache
+def unicode_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in byte_to_unicode().items()}
 
 
 def sequence_ids(tokenizer: Tokenizer, text: str) -> list[int]:

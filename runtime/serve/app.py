@@ -7,7 +7,8 @@ Every refusal is OpenAI's error object naming the field, checked before any work
 an unexpected fault is one log line (its traceback with `--tracebacks`) and reaches the client
 as a bare 500, and the server keeps serving. A chat's template and a prompt's tokens are made
 in a thread, off the event loop. One log line a request: method, path, status, tokens,
-milliseconds. docs/serve.md lists every limit and what a client gets past it."""
+milliseconds. docs/serve.md lists every limit and what a client gets past it; log-probabilities
+(`logprobs`, `top_logprobs`, `echo`) are shaped by runtime/serve/logprobs.py."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ from runtime.grammar.engine import Constraint
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.http import Guard
+from runtime.serve.logprobs import Shaper, joined
 from runtime.serve.metrics import Metrics
 from runtime.serve.models import Served, Ticket
-from runtime.serve.scheduler import Completion, Job
+from runtime.serve.scheduler import Completion, Event
 from runtime.serve.tools import call_grammar, read_tools
 
 LOG = logging.getLogger("zoo.serve")
@@ -144,10 +146,12 @@ def model_of(request: Request, body: dict[str, Any], models: dict[str, Served], 
 async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "chat")
     served = model_of(request, body, models, "chat")
-    sampled = bodies.sampled(body)
+    sampled, scoring = bodies.sampled(body), bodies.scoring(body, "chat")
+    served.check_scoring(scoring.top, "logprobs")
     grammar = bodies.response_format(body)
     tools = read_tools(body)
-    if tools is not None and tools.choice != "none":
+    calls = tools is not None and tools.choice != "none"
+    if tools is not None and calls:
         if grammar is not None:
             raise ApiError(400, "response_format: cannot be combined with tools (send "
                            'tool_choice "none" for an answer in a format)', "response_format",
@@ -156,42 +160,73 @@ async def chat(request: Request, models: dict[str, Served]) -> tuple[Response, i
     shown = tools.tools if tools is not None else None
     ids = await asyncio.to_thread(served.prompt_ids, bodies.messages(body), "messages", shown)
     constraint = await asyncio.to_thread(served.constraint, grammar)
-    calls = tools is not None and tools.choice != "none"
-    return await answer(request, served, ids, sampled, "chat.completion", constraint, calls)
+    return await answer(request, served, ids, sampled, "chat.completion", scoring,
+                        constraint=constraint, calls=calls)
 
 
 async def completions(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "completions")
     served = model_of(request, body, models, "completions")
-    sampled = bodies.sampled(body)
-    ids = await asyncio.to_thread(served.prompt_ids, bodies.prompt(body), "prompt")
-    return await answer(request, served, ids, sampled, "text_completion")
+    sampled, scoring = bodies.sampled(body), bodies.scoring(body, "completions")
+    served.check_scoring(scoring.top, "logprobs")
+    prompt = bodies.prompt(body)
+    ids = await asyncio.to_thread(served.prompt_ids, prompt, "prompt")
+    # echo: the prompt as sent (a text), or its ids' text
+    echoed = (prompt if isinstance(prompt, str) else served.text(ids)) if scoring.echo else None
+    return await answer(request, served, ids, sampled, "text_completion", scoring, echoed)
 
 
 async def answer(request: Request, served: Served, ids: list[int], sampled: bodies.Sampled,
-                 kind: str, constraint: Constraint | None = None, calls: bool = False
+                 kind: str, scoring: bodies.Scoring, echoed: str | None = None,
+                 constraint: Constraint | None = None, calls: bool = False
                  ) -> tuple[Response, int]:
-    """The answer, whole or streamed; `calls`: tool calls are parsed out of it."""
+    """Generate (max_tokens 0: nothing, an echo's prompt alone) and answer whole or as a
+    stream; an echoed prompt with logprobs is scored first, under the generation's place in
+    the queue (or a place of its own); `calls`: tool calls are parsed out of the answer."""
     options = served.options(ids, sampled)
-    ticket = served.generate(ids, options, sampled, constraint)  # 429 when full, before work
+    # 429 when full, before any work
+    ticket = served.generate(ids, options, sampled, constraint, scoring.top) \
+        if options.max_new_tokens else None
+    shaper = Shaper(served.token_texts, kind == "chat.completion", scoring.top is not None)
+    prefix = None  # the echoed prompt: its text and its logprobs
+    if echoed is not None:
+        try:
+            scores = None if scoring.top is None else \
+                await served.score_prompt(ids, scoring.top, own_place=ticket is None)
+        except BaseException:
+            if ticket is not None:
+                ticket.cancel()
+            raise
+        prefix = echoed, shaper.prompt(ids, scores, echoed)
     head = {"id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
             "created": int(time.time()), "model": served.name}
+    nothing = Completion(len(ids), [], "", "length")  # max_tokens 0
     if sampled.stream:
-        return StreamingResponse(events(request, served, ticket, kind, head, calls),
+        source = ticket.events() if ticket is not None else finished(nothing)
+        return StreamingResponse(events(request, served, ticket, source, kind, head, shaper,
+                                        prefix, calls),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"}), 0
-    watcher = asyncio.ensure_future(cancel_when_gone(request, ticket))
-    try:
-        completion = await ticket.completion()
-    finally:
-        watcher.cancel()
-    answered(request, served, ticket.job, completion)
+    completion = nothing
+    if ticket is not None:
+        watcher = asyncio.ensure_future(cancel_when_gone(request, ticket))
+        try:
+            completion = await ticket.completion()
+        finally:
+            watcher.cancel()
+    answered(request, served, ticket, completion)
+    recorder = ticket.job.logprobs if ticket is not None else None
+    logprobs = shaper.shaped(recorder.entries if recorder is not None else [])
     if kind == "chat.completion":
         message, finish = assistant(completion, calls)
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "message": message, "finish_reason": finish,
+                  "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": completion.text, "finish_reason":
-                  completion.finish_reason, "logprobs": None}
+        text = completion.text
+        if prefix is not None:  # echo: the prompt's text and values before the answer's
+            text, logprobs = prefix[0] + text, joined(prefix[1], logprobs)
+        choice = {"index": 0, "text": text, "finish_reason": completion.finish_reason,
+                  "logprobs": logprobs}
     return JSONResponse({**head, "object": kind, "choices": [choice],
                          "usage": completion.usage()}), completion.usage()["total_tokens"]
 
@@ -207,6 +242,11 @@ def assistant(completion: Completion, calls: bool) -> tuple[dict[str, Any], str]
     return {"role": "assistant", "content": completion.text}, completion.finish_reason
 
 
+async def finished(completion: Completion) -> AsyncIterator[Event]:
+    """The events of an answer with nothing to generate."""
+    yield "done", completion
+
+
 async def cancel_when_gone(request: Request, ticket: Ticket) -> None:
     """A non-streaming client that hangs up while its answer is generated: the server hears
     it as the request's next message (the body is read), and its row leaves at the next step
@@ -216,18 +256,23 @@ async def cancel_when_gone(request: Request, ticket: Ticket) -> None:
     ticket.cancel()
 
 
-def answered(request: Request, served: Served, job: Job, completion: Completion) -> None:
+def answered(request: Request, served: Served, ticket: Ticket | None, completion: Completion
+             ) -> None:
     """Time to first token (from the request's arrival to its first token picked) and the
     tokens, once the answer is complete."""
     metrics: Metrics = request.app.state.metrics
-    metrics.first_token(served.name, job.first_token_at - request.state.start)
+    if ticket is not None:  # something was generated
+        metrics.first_token(served.name, ticket.job.first_token_at - request.state.start)
     metrics.counted(served.name, completion.prompt_tokens, len(completion.ids))
 
 
-async def events(request: Request, served: Served, ticket: Ticket, kind: str,
-                 head: dict[str, Any], calls: bool = False) -> AsyncIterator[str]:
-    """Server-Sent Events: the text in pieces as its tokens are decoded, the finish reason, a
-    last chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
+async def events(request: Request, served: Served, ticket: Ticket | None,
+                 source: AsyncIterator[Event], kind: str, head: dict[str, Any], shaper: Shaper,
+                 prefix: tuple[str, dict[str, Any] | None] | None, calls: bool = False
+                 ) -> AsyncIterator[str]:
+    """Server-Sent Events: the echoed prompt, the text in pieces as its tokens are decoded
+    (each with the logprobs of the tokens picked since the last), the finish reason, a last
+    chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
     [DONE]. A client gone cancels this generator: its row leaves the batch at the next step.
     With tools (`calls`), an answer that begins a call is held until it ends, then sent as
     OpenAI streams calls: per call its index, id and name, then its arguments."""
@@ -236,6 +281,7 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
     kind = "chat.completion.chunk" if chat_kind else "text_completion"
 
     def chunk(piece: str | None, finish: str | None = None, role: bool = False,
+              logprobs: dict[str, Any] | None = None,
               tool_calls: list[dict[str, Any]] | None = None) -> str:
         if chat_kind:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
@@ -246,35 +292,46 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
             choice: dict[str, Any] = {"index": 0, "delta": delta}
         else:
             choice = {"index": 0, "text": piece or ""}
-        choice.update(finish_reason=finish, logprobs=None)
+        choice.update(finish_reason=finish, logprobs=logprobs)
         return sse({**head, "object": kind, "choices": [choice]})
 
     try:
         if chat_kind:
             yield chunk("", role=True)
+        if prefix is not None:
+            yield chunk(prefix[0], logprobs=prefix[1])
+        scored = []  # the tokens picked since the last chunk
         held, holding = "", calls  # with tools: an answer that begins with "<" is a call
-        async for name, value in ticket.events():
+        async for name, value in source:
+            if name == "logprobs":
+                scored += value
+                continue
+            if name == "piece" and holding and (held + value)[:1] in ("<", ""):
+                held += value  # its logprobs wait with it
+                continue
+            logprobs = shaper.shaped(scored) if scored else None
+            scored = []
             if name == "piece":
-                if holding and (held + value)[:1] in ("<", ""):
-                    held += value
-                    continue
                 holding = False
-                yield chunk(held + value)
+                yield chunk(held + value, logprobs=logprobs)
                 held = ""
             elif name == "done":
-                answered(request, served, ticket.job, value)
+                answered(request, served, ticket, value)
                 tokens = value.usage()["total_tokens"]
                 message, finish = assistant(value, calls)
-                if message.get("content") and held:
-                    yield chunk(held if not message.get("tool_calls") else message["content"])
-                for index, call in enumerate(message.get("tool_calls", [])):
-                    function = call["function"]
-                    yield chunk(None, tool_calls=[{
-                        "index": index, "id": call["id"], "type": "function",
-                        "function": {"name": function["name"], "arguments": ""}}])
-                    yield chunk(None, tool_calls=[{
-                        "index": index, "function": {"arguments": function["arguments"]}}])
-                yield chunk(None, finish)
+                if message.get("tool_calls"):
+                    if message.get("content"):
+                        yield chunk(message["content"])
+                    for index, call in enumerate(message["tool_calls"]):
+                        function = call["function"]
+                        yield chunk(None, tool_calls=[{
+                            "index": index, "id": call["id"], "type": "function",
+                            "function": {"name": function["name"], "arguments": ""}}])
+                        yield chunk(None, tool_calls=[{
+                            "index": index, "function": {"arguments": function["arguments"]}}])
+                elif held:
+                    yield chunk(held)
+                yield chunk(None, finish, logprobs=logprobs)
                 yield sse({**head, "object": kind, "choices": [], "usage": value.usage()})
                 yield "data: [DONE]\n\n"
             else:  # the headers are sent: the fault can only be told in the stream
@@ -288,7 +345,8 @@ async def events(request: Request, served: Served, ticket: Ticket, kind: str,
         status = "client gone"
         raise
     finally:
-        ticket.cancel()  # no-op when it ended
+        if ticket is not None:
+            ticket.cancel()  # no-op when it ended
         LOG.info("POST %s 200 %d tokens %.0f ms (stream %s)", "/v1/" + (
             "chat/completions" if chat_kind else "completions"), tokens,
             (time.perf_counter() - start) * 1000, status)

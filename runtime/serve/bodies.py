@@ -1,6 +1,6 @@
 """The fields of an OpenAI request body, read and checked: a wrong one is an ApiError (400)
 naming it. Only what the server does is accepted; an unknown field is refused, as OpenAI does,
-rather than ignored (a client asking for `n=3` or `logprobs` would get something else)."""
+rather than ignored (a client asking for `n=3` or `tools` would get something else)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from registry.errors import ZooError, first_line
 from runtime.grammar.engine import Grammar, GrammarError, json_grammar
 from runtime.prompts import check_text
 from runtime.serve.errors import ApiError
+from runtime.serve.logprobs import MAX_TOP_CHAT, MAX_TOP_COMPLETIONS
 
 MAX_BODY = 1 << 20  # bytes; a chat history of a tiny-context model is far below it
 MAX_STOPS = 4  # as OpenAI
@@ -23,9 +24,9 @@ MAX_NESTING = 500  # brackets deep: under Python's JSON reader's limit, past any
 SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
             "n", "user"}
 FIELDS = {
-    "chat": {"model", "messages", "max_completion_tokens", "response_format", "tools",
-             "tool_choice", "parallel_tool_calls"} | SAMPLING,
-    "completions": {"model", "prompt"} | SAMPLING,
+    "chat": {"model", "messages", "max_completion_tokens", "logprobs", "top_logprobs",
+             "response_format", "tools", "tool_choice", "parallel_tool_calls"} | SAMPLING,
+    "completions": {"model", "prompt", "logprobs", "echo"} | SAMPLING,
     "embeddings": {"model", "input", "encoding_format", "user"},
     "classify": {"model", "input", "user"},
 }
@@ -116,9 +117,12 @@ def sampled(body: dict[str, Any]) -> Sampled:
         raise ApiError(400, "n: only n=1 is served", "n", "unsupported_value")
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
-    max_tokens = read(body, name, int, None, "an integer >= 1")
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"{name}: expected an integer >= 1, got {max_tokens}", name,
+    # 0 only to score an echoed prompt (as OpenAI): nothing is generated
+    least = 0 if body.get("echo") is True else 1
+    expected = f"an integer >= {least}"
+    max_tokens = read(body, name, int, None, expected)
+    if max_tokens is not None and max_tokens < least:
+        raise ApiError(400, f"{name}: expected {expected}, got {max_tokens}", name,
                        "invalid_value")
     temperature = float(read(body, "temperature", (int, float), 1.0, "a number in 0..2"))
     if not 0 <= temperature <= 2:
@@ -141,6 +145,41 @@ def sampled(body: dict[str, Any]) -> Sampled:
     # any integer, as OpenAI: -1 is a seed like 1 (runtime/sampling.py `Sampling.generator`)
     return Sampled(max_tokens, temperature, top_p, read(body, "seed", int, None),
                    stops, read(body, "stream", bool, False))
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """The log-probabilities a request asks for: `top` None for none, else the likeliest
+    alternatives given a token; `echo` (/v1/completions) the prompt's as well."""
+
+    top: int | None = None
+    echo: bool = False
+
+    @property
+    def asked(self) -> bool:
+        return self.top is not None or self.echo
+
+
+def scoring(body: dict[str, Any], route: str) -> Scoring:
+    """A chat's `logprobs: true` and `top_logprobs` (0..20, only with it), or a completion's
+    `logprobs` (0..5) and `echo`, as OpenAI reads them."""
+    if route == "chat":
+        wanted = read(body, "logprobs", bool, False)
+        top = read(body, "top_logprobs", int, None, f"an integer in 0..{MAX_TOP_CHAT}")
+        if top is not None and not wanted:
+            raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs",
+                           "invalid_value")
+        _within(top, "top_logprobs", MAX_TOP_CHAT)
+        return Scoring((top or 0) if wanted else None)
+    top = read(body, "logprobs", int, None, f"an integer in 0..{MAX_TOP_COMPLETIONS}")
+    _within(top, "logprobs", MAX_TOP_COMPLETIONS)
+    return Scoring(top, read(body, "echo", bool, False))
+
+
+def _within(top: int | None, name: str, most: int) -> None:
+    if top is not None and not 0 <= top <= most:
+        raise ApiError(400, f"{name}: expected an integer in 0..{most}, got {top}", name,
+                       "invalid_value")
 
 
 def messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@ runtime/serve/scheduler.py), a sentence vector's and a classifier's to its embed
 (runtime/serve/embedder.py, batched by length); an encoder-decoder's generation runs in the
 export's worker thread one request at a time (whole, then streamed in pieces). Admission is
 bounded: max_batch rows decoding (1 in the worker) and max_queue waiting; past that a request
-gets 429."""
+gets 429. A decoder's echoed prompt is scored in that worker too (runtime/serve/logprobs.py),
+off the event loop and the batching thread, one prompt at a time."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from runtime.prompts import check_text
 from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
 from runtime.serve.errors import ApiError, internal_error, log_fault
+from runtime.serve.logprobs import Recorder, Scored, TokenTexts, prompt_scores
 from runtime.serve.options import PREFILL_TOKENS
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
@@ -67,6 +69,8 @@ class Served:
     def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1,
                  prefill_chunk: int = PREFILL_TOKENS) -> None:
         self.name, self.exported, self.max_queue = name, exported, max_queue
+        self.prefill_chunk = prefill_chunk
+        self.token_texts = TokenTexts(exported.tokenizer)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
         spec, card = exported.runtime.spec, exported.card
         batched = spec.generates and not spec.cross_attention
@@ -89,10 +93,12 @@ class Served:
         self.admitted += 1
 
     def generate(self, ids: list[int], options: GenerateOptions, sampled: Sampled,
-                 constraint: Constraint | None = None) -> Ticket:
+                 constraint: Constraint | None = None, top: int | None = None) -> Ticket:
         """Queue a generation (on the event loop); its events come on the ticket. Its place is
         taken once the job is made and given back by its last event ("done", "gone" or
-        "error", which every queued job gets), or here if queueing it fails."""
+        "error", which every queued job gets), or here if queueing it fails. `top` not None:
+        its tokens are scored, and a ("logprobs", [Scored]) event with those picked since the
+        last comes before each piece of text and before "done"."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -101,13 +107,21 @@ class Served:
             if event[0] in ENDS:
                 self.admitted -= 1
 
-        def emit(event: Event) -> None:  # from the scheduler's or the worker's thread
+        def send(event: Event) -> None:  # from the scheduler's or the worker's thread
             with contextlib.suppress(RuntimeError):  # the loop closed: the server stopped,
                 loop.call_soon_threadsafe(deliver, event)  # no one waits for this event
+
+        def emit(event: Event) -> None:
+            # as the text is sent, on the thread that picked its tokens: a piece carries the
+            # scores of exactly the tokens picked before it
+            if job.logprobs is not None and event[0] in ("piece", "done"):
+                send(("logprobs", job.logprobs.unsent()))
+            send(event)
 
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
                   sampled.stream, emit, constraint)
         self.admit()
+        job.logprobs = None if top is None else Recorder(top)  # before it is queued
         try:
             if self.scheduler is not None:
                 self.scheduler.submit(job)
@@ -136,6 +150,27 @@ class Served:
         finally:
             with self.lock:
                 self.running -= 1
+
+    def check_scoring(self, top: int | None, field: str) -> None:
+        """An encoder-decoder generates whole in the worker (runtime/exported.py), which
+        scores nothing: log-probabilities are refused, naming the field that asks."""
+        if top is not None and self.scheduler is None:
+            raise ApiError(400, f"{field}: log-probabilities are served for decoder exports "
+                           f"only ({self.name} is a {self.exported.card.family})", field,
+                           "unsupported_value")
+
+    async def score_prompt(self, ids: list[int], top: int, own_place: bool
+                           ) -> list[Scored | None]:
+        """The prompt's tokens scored (an echo's), in the worker thread; `own_place`: it takes
+        a place in the queue of its own (no generation holds one for it)."""
+        if own_place:
+            self.admit()
+        try:
+            return await asyncio.wrap_future(self.worker.submit(
+                prompt_scores, self.exported.runtime, ids, top, self.prefill_chunk))
+        finally:
+            if own_place:
+                self.admitted -= 1
 
     async def embed_batched(self, prompts: list[list[int]]) -> list[list[float]]:
         """Sentence vectors of tokenized prompts, batched with other requests' by length."""
@@ -194,7 +229,7 @@ class Served:
 
     def options(self, ids: list[int], sampled: Sampled) -> GenerateOptions:
         room = self.exported.card["max_positions"] - len(ids)
-        wanted = sampled.max_tokens or room
+        wanted = room if sampled.max_tokens is None else sampled.max_tokens
         if wanted > room:
             raise ApiError(400, f"max_tokens: {len(ids)} prompt tokens and {wanted} new ones "
                            f"exceed the context of {room + len(ids)} tokens", "max_tokens",

@@ -41,6 +41,7 @@ from runtime.generate import left_padded, open_session
 from runtime.grammar.engine import Constraint
 from runtime.sampling import Sampling, pick_one
 from runtime.serve.errors import log_fault
+from runtime.serve.logprobs import Recorder
 from runtime.serve.options import PREFILL_TOKENS
 from runtime.serve.stops import StopFinder
 
@@ -90,6 +91,7 @@ class Job:
     sent: str = ""  # the text streamed so far
     first_token_at: float = 0.0  # time.perf_counter() when its first token was picked
     ended: bool = False  # its last event ("done", "gone" or "error") sent
+    logprobs: Recorder | None = None  # where the client asked for its tokens' log-probabilities
 
     def __post_init__(self) -> None:
         self.rng = self.sampling.generator()
@@ -103,9 +105,12 @@ class Job:
         """The next token from this row's (vocab,) logits, with its own settings and
         generator, among those its grammar allows."""
         if self.constraint is None:
-            return pick_one(logits, self.sampling, self.rng)
-        token = pick_one(self.constraint.mask(logits), self.sampling, self.rng)
-        self.constraint.advance(token)
+            token = pick_one(logits, self.sampling, self.rng)
+        else:
+            token = pick_one(self.constraint.mask(logits), self.sampling, self.rng)
+            self.constraint.advance(token)
+        if self.logprobs is not None:  # of the raw logits: a mask is the draw's alone
+            self.logprobs.add(logits, token)
         return token
 
 

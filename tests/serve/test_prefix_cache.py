@@ -128,7 +128,9 @@ def test_a_resumed_prefix_gives_the_logits_of_one_pass(shared_export: SharedExpo
     cache = PrefixCache(10**7, BLOCK)
     cache.store(long, session, 0)
     cache.store(short, session, 1)  # 14 columns of padding before it in the plain loop
-    for prompt, served in ((short[:8] + [7, 8, 9], 8), (long[:21] + [5], 20), (short, 8)):
+    other = 3 if long[19] != 3 else 4  # long's 20th token (block 5's last) changed
+    for prompt, served in ((short[:8] + [7, 8, 9], 8), (long[:21] + [5], 20), (short, 8),
+                           (long[:19] + [other, 5, 6], 16)):
         resumed_session, fed = resumed(cache, runtime, prompt)
         assert fed == served
         logits = resumed_session.extend(np.array([prompt[fed:]]))

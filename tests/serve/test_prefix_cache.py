@@ -24,7 +24,6 @@ from runtime.sampling import Sampling
 from runtime.serve.prefix_cache import ROOT, PrefixCache, resumed
 from runtime.serve.scheduler import Job, Scheduler
 from tests.conftest import SharedExport, on_shared
-from tests.support.helpers import assert_one_line_error, zoo
 from tests.support.serve import Collected, Server, alone, scrape, with_tokenizer
 
 pytestmark = on_shared("gpt-tiny")
@@ -237,8 +236,3 @@ def test_metrics_count_hits_and_misses_and_0_turns_the_cache_off(
                          "zoo_prefix_cache_bytes": 2 * block,
                          "zoo_prefix_cache_limit_bytes": 2**20}
 
-
-def test_a_negative_bound_is_refused(shared_export: SharedExport) -> None:
-    result = zoo("serve", shared_export("gpt-tiny")[0], "--host", "256.0.0.1",
-                 "--prefix-cache-mb", "-1")
-    assert_one_line_error(result, "--prefix-cache-mb -1", ">= 0")

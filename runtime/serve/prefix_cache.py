@@ -79,15 +79,17 @@ class PrefixCache:
                 return
             self._evict(self.bytes + (wanted - len(chain)) * size - self.limit)
             parent = chain[-1].id if chain else ROOT
-            for start in range(len(chain) * self.block, wanted * self.block, self.block):
-                key = (parent, tuple(prompt[start:start + self.block]))
-                values = np.stack(session.keys_values(row, start, start + self.block))
-                block = Block(key, next(self._ids), values)
-                self.blocks[key] = block
-                self.bytes += values.nbytes
-                chain.append(block)
-                parent = block.id
-            self._touch(chain)
+            try:
+                for start in range(len(chain) * self.block, wanted * self.block, self.block):
+                    key = (parent, tuple(prompt[start:start + self.block]))
+                    values = np.stack(session.keys_values(row, start, start + self.block))
+                    block = Block(key, next(self._ids), values)
+                    self.blocks[key] = block
+                    self.bytes += values.nbytes
+                    chain.append(block)
+                    parent = block.id
+            finally:  # even after a fault: a block stays more recent than those after it
+                self._touch(chain)
 
     def stats(self) -> tuple[int, int, int, int]:
         """(prompt tokens hit, prompt tokens missed, bytes held, the bound), for /metrics."""

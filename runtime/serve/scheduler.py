@@ -264,17 +264,17 @@ class Scheduler:
 
     def _admit(self, jobs: list[Job], session: Any, logits: np.ndarray) -> None:
         """Pick the first tokens of prefilled jobs; the rows of those not done join. Their
-        prompts' keys/values go to the prefix cache (after the first tokens: not in their
-        time)."""
+        prompts' keys/values go to the prefix cache once the first tokens (and the answers
+        done at them) are sent: copying them is not in their time."""
         tokens = np.array([job.choose(row) for row, job in zip(logits, jobs, strict=True)],
                           np.int64)
         endings = [self._advance(job, int(token)) for job, token in zip(jobs, tokens, strict=True)]
-        if self.prefix is not None:
-            for row, job in enumerate(jobs):
-                self.prefix.store(job.prompt, session, row)
         for job, ending in zip(jobs, endings, strict=True):
             if ending is not None:  # done at its first token: it never joins the batch
                 job.end(ending)
+        if self.prefix is not None:  # before a row leaves the session
+            for row, job in enumerate(jobs):
+                self.prefix.store(job.prompt, session, row)
         going = np.array([ending is None for ending in endings])
         if not going.any():
             return

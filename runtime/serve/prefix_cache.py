@@ -81,7 +81,7 @@ class PrefixCache:
             parent = chain[-1].id if chain else ROOT
             try:
                 for start in range(len(chain) * self.block, wanted * self.block, self.block):
-                    key = (parent, tuple(prompt[start:start + self.block]))
+                    key = self._key(parent, prompt, start)
                     values = np.stack(session.keys_values(row, start, start + self.block))
                     block = Block(key, next(self._ids), values)
                     self.blocks[key] = block
@@ -101,12 +101,16 @@ class PrefixCache:
         chain: list[Block] = []
         parent = ROOT
         for start in range(0, blocks * self.block, self.block):
-            block = self.blocks.get((parent, tuple(prompt[start:start + self.block])))
+            block = self.blocks.get(self._key(parent, prompt, start))
             if block is None:
                 break
             chain.append(block)
             parent = block.id
         return chain
+
+    def _key(self, parent: int, prompt: list[int], start: int) -> Key:
+        """The key of the prompt's block from `start`, after the block `parent`."""
+        return parent, tuple(prompt[start:start + self.block])
 
     def _touch(self, chain: list[Block]) -> None:
         """Most recently used, the first block last: more recent than the blocks after it."""

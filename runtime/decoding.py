@@ -90,6 +90,22 @@ class DecoderSession:
                                     _left_pad(other.mask, width, 1)])
         self.last_position = np.concatenate([self.last_position, other.last_position])
 
+    def resume(self, past: list[np.ndarray]) -> None:
+        """Start one row after keys/values computed before (`zoo serve`'s prefix cache: one
+        (1, kv_heads, length, head_dim) array per cache input); `extend` feeds the rest of its
+        prompt, positions going on after them."""
+        length = past[0].shape[2]
+        self.past = list(past)
+        self.mask = np.ones((1, length), np.int64)
+        self.last_position = np.array([length - 1])
+
+    def keys_values(self, row: int, start: int, stop: int) -> list[np.ndarray]:
+        """The keys/values of a row's real tokens start..stop (views, one (kv_heads,
+        stop - start, head_dim) per cache input), for `zoo serve`'s prefix cache. A row's real
+        tokens are contiguous after its left padding."""
+        first = int(np.argmax(self.mask[row]))
+        return [p[row, :, first + start:first + stop] for p in self.past]
+
     def make_room(self) -> None:
         """Its cache grows by one column a step: there is always room for the next token."""
 

@@ -131,6 +131,26 @@ class SharedCacheSession:
         self._bind_step_inputs()
         return logits
 
+    def resume(self, past: list[np.ndarray]) -> None:
+        """Start one row after keys/values computed before (`zoo serve`'s prefix cache: one
+        (1, kv_heads, length, head_dim) array per cache input), written into its slots;
+        `extend` feeds the rest of its prompt."""
+        length = past[0].shape[2]
+        if length >= self.capacity:
+            raise ZooError(f"a cached prefix of {length} tokens leaves no room in the cache "
+                           f"capacity {self.capacity}")
+        self._allocate(1)  # zeroed: nothing past the prefix
+        for buffer, cached in zip(self.buffers, past, strict=True):
+            buffer[0, :, :length] = cached[0]
+        self.lengths[:] = length
+        self._bind_step_inputs()
+
+    def keys_values(self, row: int, start: int, stop: int) -> list[np.ndarray]:
+        """The keys/values of a row's tokens start..stop (views, one (kv_heads, stop - start,
+        head_dim) per cache input), for `zoo serve`'s prefix cache: a row's tokens sit at the
+        front of its slots."""
+        return [buffer[row, :, start:stop] for buffer in self.buffers]
+
     def step(self, tokens: np.ndarray) -> np.ndarray:
         if int(self.lengths.max()) >= self.capacity:
             raise ZooError(f"generation exceeds the cache capacity {self.capacity}")

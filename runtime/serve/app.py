@@ -401,6 +401,8 @@ async def health(request: Request, models: dict[str, Served]) -> tuple[Response,
 
 
 async def scrape(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
-    text = request.app.state.metrics.text((name, *served.gauges())
-                                          for name, served in models.items())
+    text = request.app.state.metrics.text(
+        ((name, *served.gauges()) for name, served in models.items()),
+        [(name, *served.prefix_cache.stats()) for name, served in models.items()
+         if served.prefix_cache is not None])
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8"), 0

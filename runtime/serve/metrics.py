@@ -1,7 +1,8 @@
 """GET /metrics in Prometheus' text exposition format (version 0.0.4), written by hand: the
 request and token counters, time to first token as a histogram, and each export's queue
-length and batch size read from its Served at scrape time. The event loop and the exports'
-worker threads both update it, so every change and the scrape hold one lock."""
+length, batch size and prefix cache's counters read from its Served at scrape time. The
+event loop and the exports' worker threads both update it, so every change and the scrape
+hold one lock."""
 
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ class Metrics:
                 counts[index] += seconds <= bound  # cumulative, as the format's buckets are
             self.ttft_sum[model] += seconds
 
-    def text(self, gauges: Iterable[tuple[str, int, int, int, int, int]]) -> str:
+    def text(self, gauges: Iterable[tuple[str, int, int, int, int, int]],
+             caches: Iterable[tuple[str, int, int, int, int]] = ()) -> str:
         """The exposition; `gauges` is (model, queue length, batch size, decoding steps, rows
-        decoded, largest batch) per export."""
+        decoded, largest batch) per export, `caches` (model, prompt tokens hit, missed, bytes
+        held, bound) per export with a prefix cache."""
         lines = ["# HELP zoo_requests_total Requests answered, by model, route and status.",
                  "# TYPE zoo_requests_total counter"]
         with self.lock:
@@ -81,4 +84,16 @@ class Metrics:
                 ("zoo_batch_size_max", 4, "The largest batch decoded so far.", "gauge")):
             lines += [f"# HELP {name} {what}", f"# TYPE {name} {kind}"]
             lines += [f"{name}{{model={label(m)}}} {g[index]}" for m, *g in gauges]
+        caches = list(caches)
+        for name, index, what, kind in (
+                ("zoo_prefix_cache_hit_tokens_total", 0, "Prompt tokens whose keys/values came "
+                 "from the prefix cache.", "counter"),
+                ("zoo_prefix_cache_miss_tokens_total", 1, "Prompt tokens prefilled (not in the "
+                 "prefix cache).", "counter"),
+                ("zoo_prefix_cache_bytes", 2, "Bytes of keys/values the prefix cache holds.",
+                 "gauge"),
+                ("zoo_prefix_cache_limit_bytes", 3, "The prefix cache's bound "
+                 "(--prefix-cache-mb).", "gauge")):
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} {kind}"]
+            lines += [f"{name}{{model={label(m)}}} {c[index]}" for m, *c in caches]
         return "\n".join(lines) + "\n"

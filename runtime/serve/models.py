@@ -29,7 +29,8 @@ from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
 from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.logprobs import Recorder, Scored, TokenTexts, prompt_scores
-from runtime.serve.options import PREFILL_TOKENS
+from runtime.serve.options import PREFILL_TOKENS, PREFIX_CACHE_MB
+from runtime.serve.prefix_cache import PrefixCache
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
 LOG = logging.getLogger("zoo.serve")
@@ -67,15 +68,18 @@ class Served:
     """An export under its name; `admitted` counts its requests running or waiting."""
 
     def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1,
-                 prefill_chunk: int = PREFILL_TOKENS) -> None:
+                 prefill_chunk: int = PREFILL_TOKENS, prefix_cache_mb: int = PREFIX_CACHE_MB
+                 ) -> None:
         self.name, self.exported, self.max_queue = name, exported, max_queue
         self.prefill_chunk = prefill_chunk
         self.token_texts = TokenTexts(exported.tokenizer)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"serve-{name}")
         spec, card = exported.runtime.spec, exported.card
         batched = spec.generates and not spec.cross_attention
+        self.prefix_cache = PrefixCache(prefix_cache_mb * 2**20) \
+            if batched and prefix_cache_mb else None
         self.scheduler = Scheduler(exported.runtime, max_batch, self.text, name,
-                                   prefill_chunk) \
+                                   prefill_chunk, self.prefix_cache) \
             if batched else None
         self.embedder = Embedder(exported.runtime, name) if card["pooling"] is not None \
             else None

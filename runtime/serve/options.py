@@ -10,6 +10,9 @@ from runtime.sessions import PROVIDERS
 
 API_KEY_ENV = "ZOO_API_KEY"
 PREFILL_TOKENS = 512  # prompt tokens (padded) prefilled a step; longer prompts are chunked
+# MiB of prompt keys/values kept per decoder export: about 11,000 tokens of SmolLM2-135M
+# (46 KiB a token in float32), 2,000 of an 8B model's; a laptop spares it
+PREFIX_CACHE_MB = 512
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class ServeOptions:
     prefill_chunk: int = option(PREFILL_TOKENS, "Prompt tokens a decoder export prefills a "
                                 "step; a longer prompt is prefilled in chunks of it between "
                                 "the decoding steps of the others.")
+    prefix_cache_mb: int = option(PREFIX_CACHE_MB, "MiB of prompt keys/values a decoder "
+                                  "export keeps for later prompts that begin with the same "
+                                  "tokens (least recently used evicted); 0 turns it off.")
     names: tuple[str, ...] = option((), "The name clients use for each OUT, in order [its "
                                     "folder's name].", flags=("--name",))
     provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)

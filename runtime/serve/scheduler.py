@@ -17,6 +17,11 @@ step admits shorter newcomers while their padded prefill (rows x longest prompt)
 what the chunk left of the budget (always at least one when no chunk ran); the other
 newcomers join at the next steps.
 
+With a prefix cache (runtime/serve/prefix_cache.py), a prompt that begins with cached whole
+blocks starts from their keys/values and is fed only the rest: a newcomer alone (`_resume`),
+a long prompt as the first chunks of its `Filling`; every prefill's prompt is stored as its
+jobs are admitted.
+
 A row's greedy tokens are those of its prompt alone: in its prefill and in the batch its
 cache is left-padded and masked out (runtime/decoding.py) or held in its own slots
 (runtime/shared_cache.py), as rows of `zoo run`'s own batches are; a chunked prompt's cache
@@ -43,6 +48,7 @@ from runtime.sampling import Sampling, pick_one
 from runtime.serve.errors import log_fault
 from runtime.serve.logprobs import Recorder
 from runtime.serve.options import PREFILL_TOKENS
+from runtime.serve.prefix_cache import PrefixCache, resumed
 from runtime.serve.stops import StopFinder
 
 LOG = logging.getLogger("zoo.serve")
@@ -116,9 +122,11 @@ class Job:
 
 class Scheduler:
     def __init__(self, engine: Engine, max_batch: int, decode_text: Callable[[list[int]], str],
-                 name: str, prefill_chunk: int = PREFILL_TOKENS) -> None:
+                 name: str, prefill_chunk: int = PREFILL_TOKENS,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.engine, self.max_batch, self.decode_text = engine, max_batch, decode_text
         self.chunk = prefill_chunk
+        self.prefix = prefix_cache  # prompts' keys/values kept for prompts that begin alike
         self.filling: Filling | None = None  # the long prompt being prefilled, if any
         self.eos: int | None = engine.card["eos_token_id"]
         self.inbox: deque[Job] = deque()
@@ -224,12 +232,22 @@ class Scheduler:
             if job.cancelled:
                 job.end(("gone", None))
         jobs = [job for job in newcomers if not job.ended]
+        if self.prefix is not None:
+            jobs = [job for job in jobs if not self._resume(job)]
         if not jobs:
             return
         ids, mask = left_padded([job.prompt for job in jobs],
                                 self.engine.card["pad_token_id"] or 0)
         session = open_session(self.engine, ids.shape[1] + 1)
         self._admit(jobs, session, session.prefill(ids, mask))
+
+    def _resume(self, job: Job) -> bool:
+        """Whether the job's prompt begins with a cached prefix: if so only the rest is fed,
+        after it, in a session of its own, and the job is admitted."""
+        session, fed = resumed(self.prefix, self.engine, job.prompt)
+        if fed:
+            self._admit([job], session, session.extend(np.array([job.prompt[fed:]], np.int64)))
+        return bool(fed)
 
     def _fill(self) -> None:
         """The next chunk of the prompt being chunked; after its last one, its row joins."""
@@ -242,11 +260,12 @@ class Scheduler:
                 self.filling = None
             job.end(("gone", None))
             return
+        if filling.session is None:  # its cached prefix, if any, is not fed again
+            filling.session, filling.fed = resumed(self.prefix, self.engine, job.prompt)
         chunk = np.array([job.prompt[filling.fed:filling.fed + self.chunk]], np.int64)
         if filling.fed:
             logits = filling.session.extend(chunk)
         else:
-            filling.session = open_session(self.engine, len(job.prompt) + 1)
             logits = filling.session.prefill(chunk, None)
         filling.fed += chunk.shape[1]
         if filling.fed == len(job.prompt):
@@ -255,13 +274,18 @@ class Scheduler:
             self._admit([job], filling.session, logits)
 
     def _admit(self, jobs: list[Job], session: Any, logits: np.ndarray) -> None:
-        """Pick the first tokens of prefilled jobs; the rows of those not done join."""
+        """Pick the first tokens of prefilled jobs; the rows of those not done join. Their
+        prompts' keys/values go to the prefix cache once the first tokens (and the answers
+        done at them) are sent: copying them is not in their time."""
         tokens = np.array([job.choose(row) for row, job in zip(logits, jobs, strict=True)],
                           np.int64)
         endings = [self._advance(job, int(token)) for job, token in zip(jobs, tokens, strict=True)]
         for job, ending in zip(jobs, endings, strict=True):
             if ending is not None:  # done at its first token: it never joins the batch
                 job.end(ending)
+        if self.prefix is not None:  # before a row leaves the session
+            for row, job in enumerate(jobs):
+                self.prefix.store(job.prompt, session, row)
         going = np.array([ending is None for ending in endings])
         if not going.any():
             return

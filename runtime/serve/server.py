@@ -40,8 +40,12 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
         raise ZooError(f"--max-batch {options.max_batch}: should be >= 1")
     if options.prefill_chunk < 1:
         raise ZooError(f"--prefill-chunk {options.prefill_chunk}: should be >= 1")
+    if options.prefix_cache_mb < 0:
+        raise ZooError(f"--prefix-cache-mb {options.prefix_cache_mb}: should be >= 0 (0 turns "
+                       "the cache off)")
     models = {name: Served(name, load(folder, options.provider, options.threads),
-                           options.max_queue, options.max_batch, options.prefill_chunk)
+                           options.max_queue, options.max_batch, options.prefill_chunk,
+                           options.prefix_cache_mb)
               for name, folder in zip(names, folders, strict=True)}
     api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -270,6 +270,8 @@ def test_bad_command_lines_are_one_line_errors(exports: dict[str, Path]) -> None
     assert_one_line_error(serve(exports["chat"], "--max-queue", "-1"), "--max-queue")
     assert_one_line_error(serve(exports["chat"], "--max-batch", "0"), "--max-batch 0")
     assert_one_line_error(serve(exports["chat"], "--prefill-chunk", "0"), "--prefill-chunk 0")
+    assert_one_line_error(serve(exports["chat"], "--prefix-cache-mb", "-1"),
+                          "--prefix-cache-mb -1")
     assert_one_line_error(serve(exports["chat"], "--port", "70000"), "--port 70000")
 
 
@@ -338,6 +340,8 @@ def test_metrics_move_by_exactly_the_requests_made(server: Server) -> None:
                 tokens("embedder", "prompt"): classified[1]["usage"]["prompt_tokens"]
                 + embedded[1]["usage"]["prompt_tokens"],
                 ("zoo_time_to_first_token_seconds_count", (ttft,)): 1,
+                # a prompt shorter than a block of the prefix cache: every token missed
+                ("zoo_prefix_cache_miss_tokens_total", (ttft,)): chat["prompt_tokens"],
                 ("zoo_time_to_first_token_seconds_bucket", (("le", "+Inf"), ttft)): 1}
     # alone in its batch: a step a token after the first (which its prefill gives)
     steps = chat["completion_tokens"] - 1

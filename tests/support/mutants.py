@@ -280,6 +280,17 @@ MUTANTS = [
     Mutant("chat-template-rendered-in-process", "runtime/files/chat_worker.py",
            "    if not limited():", "    if True:",
            ("tests/hostile/test_hostile_templates.py::test_one_operation_that_makes_gigabytes_is_refused",)),
+    # issue 45: the prefix cache serves a prompt's own keys/values, never its last token's
+    Mutant("prefix-cache-block-keyed-without-its-last-token", "runtime/serve/prefix_cache.py",
+           "tuple(prompt[start:start + self.block])",
+           "tuple(prompt[start:start + self.block - 1])",
+           ("tests/serve/test_prefix_cache.py::test_a_match_is_exact_on_token_ids_and_short_of_the_last_token",)),
+    Mutant("prefix-cache-match-covers-the-last-token", "runtime/serve/prefix_cache.py",
+           "(len(prompt) - 1) // self.block", "len(prompt) // self.block",
+           ("tests/serve/test_prefix_cache.py::test_a_match_is_exact_on_token_ids_and_short_of_the_last_token",)),
+    Mutant("prefix-cache-plain-row-read-from-its-padding", "runtime/decoding.py",
+           "first = int(np.argmax(self.mask[row]))", "first = 0",
+           ("tests/serve/test_prefix_cache.py::test_a_resumed_prefix_gives_the_logits_of_one_pass",)),
     # issue 49: the attention rules and rotary as transformers computes it
     Mutant("gqa-rotary-rule-admits-head-size-8", "export/onnx/gqa_rules.py",
            "ROTARY_HEAD_MULTIPLE = 16", "ROTARY_HEAD_MULTIPLE = 8",

@@ -154,6 +154,20 @@ def test_chat_completions_parse_with_a_pydantic_model(chat_server: Server) -> No
         jsonschema.validate(json.loads(choice.message.content), Pet.model_json_schema())
 
 
+def test_a_nested_schema_through_the_client_greedy_and_seeded(chat_server: Server) -> None:
+    """Objects, arrays, enums, required keys and string patterns, at temperature 0 and 1
+    with several seeds: every answer validates."""
+    openai_client = client(chat_server)
+    for temperature, seed in ((0, None), (1, 1), (1, 2), (1, 3)):
+        answer = openai_client.chat.completions.create(  # type: ignore[attr-defined]
+            model="tiny", messages=[{"role": "user", "content": "w5"}], max_tokens=MAX_TOKENS,
+            temperature=temperature, seed=seed, response_format={
+                "type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA,
+                                                       "strict": True}})
+        assert answer.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+
+
 def test_json_object_and_a_cut_answer(chat_server: Server) -> None:
     openai_client = client(chat_server)
     free = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}

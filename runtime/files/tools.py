@@ -16,6 +16,7 @@ DEFAULT_PROMPT = (
     "You may call functions to answer. To call one, answer with nothing but\n"
     f'{OPEN}{{"name": <the function\'s name>, "arguments": <its arguments as a JSON object>}}'
     f"{CLOSE}\n(one block a call). The functions, as JSON schemas:\n")
+HEAD = re.compile(r'\{"name":\s*"([^"\\]*)",\s*"arguments":\s*')  # a call's start
 CALLS = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 
 
@@ -31,13 +32,63 @@ def split_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             return text, []
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return text, []
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                      "function": {"name": call["name"],
-                                   "arguments": json.dumps(call.get("arguments", {}))}})
+        head = HEAD.match(block)
+        # the arguments' text as written (what a stream sends piece by piece), else as JSON
+        written = block[head.end():block.rstrip().rfind("}")].strip() if head else ""
+        arguments = written if head and _parses(written) else \
+            json.dumps(call.get("arguments", {}))
+        calls.append({"id": call_id(), "type": "function",
+                      "function": {"name": call["name"], "arguments": arguments}})
     if not calls:
         return text, []
     content = text[:text.index(OPEN)].strip()
     return content or None, calls
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+class CallStream:
+    """An answer's calls as its text grows, as OpenAI streams them: per call, once its name is
+    complete, a delta with its index, id and name; then its arguments' text as it comes,
+    holding back what may be the call's end (`}` and the closing tag)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int]] = []  # per call announced: its id, argument chars sent
+
+    def deltas(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        start, index = text.find(OPEN), 0
+        while start >= 0:
+            head = HEAD.match(text, start + len(OPEN))
+            if head is None:
+                break
+            if index == len(self.sent):
+                self.sent.append((call_id(), 0))
+                out.append({"index": index, "id": self.sent[index][0], "type": "function",
+                            "function": {"name": head.group(1), "arguments": ""}})
+            end = text.find(CLOSE, head.end())
+            if end >= 0:
+                arguments = text[head.end():text.rfind("}", head.end(), end)].strip()
+            else:
+                safe = len(text) if final else len(text) - len(CLOSE) - 1
+                arguments = text[head.end():max(head.end(), safe)]
+            call, sent = self.sent[index]
+            if len(arguments) > sent:
+                out.append({"index": index, "function": {"arguments": arguments[sent:]}})
+                self.sent[index] = (call, len(arguments))
+            start = text.find(OPEN, end) if end >= 0 else -1
+            index += 1
+        return out
 
 
 def presented(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from runtime.files.tools import split_calls
+from runtime.files.tools import CallStream, split_calls
 from runtime.grammar.engine import Constraint
 from runtime.serve import bodies
 from runtime.serve.errors import ApiError, internal_error, log_fault
@@ -274,8 +274,8 @@ async def events(request: Request, served: Served, ticket: Ticket | None,
     (each with the logprobs of the tokens picked since the last), the finish reason, a last
     chunk with the usage and no choices (as OpenAI's stream_options.include_usage), then
     [DONE]. A client gone cancels this generator: its row leaves the batch at the next step.
-    With tools (`calls`), an answer that begins a call is held until it ends, then sent as
-    OpenAI streams calls: per call its index, id and name, then its arguments."""
+    With tools (`calls`), an answer that begins a call is sent as OpenAI streams calls: per
+    call its index, id and name, then its arguments' text as it is decoded."""
     start, status, tokens = time.perf_counter(), "done", 0
     chat_kind = kind == "chat.completion"
     kind = "chat.completion.chunk" if chat_kind else "text_completion"
@@ -301,14 +301,17 @@ async def events(request: Request, served: Served, ticket: Ticket | None,
         if prefix is not None:
             yield chunk(prefix[0], logprobs=prefix[1])
         scored = []  # the tokens picked since the last chunk
-        held, holding = "", calls  # with tools: an answer that begins with "<" is a call
+        # with tools, an answer that begins with "<" is calls: their deltas instead of text
+        held, holding, stream = "", calls, CallStream()
         async for name, value in source:
             if name == "logprobs":
                 scored += value
                 continue
             if name == "piece" and holding and (held + value)[:1] in ("<", ""):
-                held += value  # its logprobs wait with it
-                continue
+                held += value
+                for delta in stream.deltas(held):
+                    yield chunk(None, tool_calls=[delta])
+                continue  # its logprobs go with the next text, or the last chunk
             logprobs = shaper.shaped(scored) if scored else None
             scored = []
             if name == "piece":
@@ -319,16 +322,11 @@ async def events(request: Request, served: Served, ticket: Ticket | None,
                 answered(request, served, ticket, value)
                 tokens = value.usage()["total_tokens"]
                 message, finish = assistant(value, calls)
-                if message.get("tool_calls"):
-                    if message.get("content"):
-                        yield chunk(message["content"])
-                    for index, call in enumerate(message["tool_calls"]):
-                        function = call["function"]
-                        yield chunk(None, tool_calls=[{
-                            "index": index, "id": call["id"], "type": "function",
-                            "function": {"name": function["name"], "arguments": ""}}])
-                        yield chunk(None, tool_calls=[{
-                            "index": index, "function": {"arguments": function["arguments"]}}])
+                if holding and held.startswith("<"):
+                    for delta in stream.deltas(value.text, final=True):
+                        yield chunk(None, tool_calls=[delta])
+                    if not stream.sent:  # no call begun after all: the text as it is
+                        yield chunk(value.text)
                 elif held:
                     yield chunk(held)
                 yield chunk(None, finish, logprobs=logprobs)

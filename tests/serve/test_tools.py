@@ -77,6 +77,28 @@ def test_required_and_named_calls_streamed_and_not(server: Server) -> None:
         check_calls(final.choices[0].message.tool_calls, names)
 
 
+def test_a_streamed_call_comes_as_openai_deltas(server: Server) -> None:
+    """The first delta of a call carries its index, id and name; its arguments follow in
+    pieces as they are decoded, which joined are the arguments the whole answer gives."""
+    answer = client(server).chat.completions.create(  # type: ignore[attr-defined]
+        model="tiny", messages=ASK, tools=TOOLS, tool_choice={
+            "type": "function", "function": {"name": "weather"}}, temperature=0,
+        max_tokens=80, stream=True)
+    deltas = [call for chunk in answer for choice in chunk.choices
+              for call in choice.delta.tool_calls or []]
+    first, *rest = deltas
+    assert (first.index, first.function.name, first.function.arguments) == (0, "weather", "")
+    assert first.id.startswith("call_") and all(d.id is None and d.index == 0 for d in rest)
+    assert len(rest) > 3  # pieces, not the arguments in one
+    arguments = "".join(d.function.arguments for d in rest)
+    jsonschema.validate(json.loads(arguments), PARAMETERS)
+    whole = client(server).chat.completions.create(  # type: ignore[attr-defined]
+        model="tiny", messages=ASK, tools=TOOLS, tool_choice={
+            "type": "function", "function": {"name": "weather"}}, temperature=0,
+        max_tokens=80)
+    assert whole.choices[0].message.tool_calls[0].function.arguments == arguments
+
+
 def test_a_round_trip_call_result_answer(server: Server) -> None:
     openai_client = client(server)
     first = openai_client.chat.completions.create(  # type: ignore[attr-defined]

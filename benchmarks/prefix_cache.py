@@ -22,7 +22,6 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,20 +32,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from export.cpu import cpu_flags  # noqa: E402
+from serve import Server, machine, say  # noqa: E402  (benchmarks/serve.py)
+
 from runtime.exported import load  # noqa: E402
 
 ROOT = HERE.parent
 # this checkout's zoo (an installed `zoo` script may run another checkout's code)
 ZOO = [sys.executable, "-c", "import cli; cli.main()"]
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def machine() -> dict:
-    return {"cpu_flags": cpu_flags(), "cores": os.cpu_count(), "load_1min": os.getloadavg()[0]}
 
 
 def smollm2_exports(work: Path) -> dict[str, Path]:
@@ -72,35 +64,11 @@ def smollm2_exports(work: Path) -> dict[str, Path]:
     return exports
 
 
-class Server:
+class CachedServer(Server):
+    """`zoo serve` with --prefix-cache-mb MEGABYTES (0: off)."""
+
     def __init__(self, folder: Path, megabytes: int, threads: int | None, log: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        command = [*ZOO, "serve", str(folder), "--port", str(self.port), "--name", "m",
-                   "--prefix-cache-mb", str(megabytes)]
-        if threads:
-            command += ["--threads", str(threads)]
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=log.open("wb"),
-                                        stderr=subprocess.STDOUT)
-        for _ in range(600):
-            try:
-                if self.get("/health").status == 200:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise SystemExit(f"zoo serve did not start: {log.read_text()[-2000:]}")
-
-    def get(self, path: str) -> http.client.HTTPResponse:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
-        connection.request("GET", path)
-        return connection.getresponse()
-
-    def metric(self, name: str) -> float:
-        for line in self.get("/metrics").read().decode().splitlines():
-            if line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        super().__init__(folder, threads, log, "--prefix-cache-mb", str(megabytes))
 
     def first_token(self, prompt: list[int]) -> tuple[float, str]:
         """(seconds to the answer, its text) of a one-token greedy completion."""
@@ -115,15 +83,11 @@ class Server:
         assert response.status == 200, reply
         return seconds, reply["choices"][0]["text"]
 
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-
 
 def measured(folder: Path, megabytes: int, prompts: list[list[int]], threads: int | None,
              log: Path) -> dict:
     """Each prompt's time to first token, one after another, after one warm-up request."""
-    server = Server(folder, megabytes, threads, log)
+    server = CachedServer(folder, megabytes, threads, log)
     try:
         server.first_token(prompts[0])  # warm-up: the prefix cached when the cache is on
         ttft = server.metric("zoo_time_to_first_token_seconds_sum")

@@ -75,12 +75,16 @@ def made_export(model: str, work: Path) -> Path:
 
 
 class Server:
-    def __init__(self, folder: Path, threads: int | None, log: Path) -> None:
+    """`zoo serve FOLDER --name m` on a free port of 127.0.0.1 (with `options`), stopped by
+    its pid; the other serve benchmarks start theirs with it."""
+
+    def __init__(self, folder: Path, threads: int | None, log: Path,
+                 *options: str) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         command = [str(ZOO), "serve", str(folder), "--port", str(self.port), "--name", "m",
-                   "--max-batch", "16", "--max-queue", "64"]
+                   *options]
         if threads:
             command += ["--threads", str(threads)]
         self.process = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
@@ -230,7 +234,8 @@ def main() -> None:
     say("one after another through generate...")
     report["one_after_another"] = one_after_another(folder, prompts, args.tokens, args.threads)
     print(json.dumps(report["one_after_another"]), flush=True)
-    server = Server(folder, args.threads, args.work / "serve-bench.log")
+    server = Server(folder, args.threads, args.work / "serve-bench.log", "--max-batch", "16",
+                    "--max-queue", "64")
     try:
         server.stream(prompts[0], 2)  # warm-up
         report["served"] = []

@@ -100,7 +100,8 @@ def import_command(source: str, out: str, force: bool) -> None:
 @click.argument("source", metavar="NAME|DIR")
 @fields("options", "zoo.training.tasks:TrainOptions",
         "task data eval eval_fraction steps batch_size block_size lr schedule warmup "
-        "label_smoothing checkpoint_every out resume seed force")
+        "label_smoothing checkpoint_every out resume seed force lora lora_alpha lora_targets "
+        "lora_dropout rslora")
 @registry_option
 def train(source: str, registries: tuple[str, ...], options: dict[str, Any]) -> None:
     """Train a card or a built folder; checkpoints land in OUT (safetensors + JSON).
@@ -108,6 +109,8 @@ def train(source: str, registries: tuple[str, ...], options: dict[str, Any]) -> 
     --task classify makes SOURCE a classifier for the labels in --data: the body's weights are
     kept, the new head initialised (OUT/init.json lists which), and OUT/eval.json holds the
     held-out scores. Under `torchrun --nproc_per_node N` the same command trains data-parallel.
+    --lora R trains a LoRA adapter on the frozen base (OUT: the base's weights, the adapter in
+    PEFT's layout beside them; a folder with one loads, and exports, merged).
     """
     from zoo.commands import train_command
     from zoo.training.tasks import TrainOptions

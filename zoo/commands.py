@@ -8,13 +8,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from registry.catalog import open_catalog
 from runtime.files.atomic import refuse_existing, wrote
 from zoo.assemble import build_model
+from zoo.blocks.lora import add_adapters
 from zoo.files.gguf_import import import_gguf
 from zoo.files.importers import import_checkpoint
+from zoo.files.peft_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_adapted
 from zoo.files.sources import load_source
 from zoo.files.weights import save_built
+from zoo.training.checkpoints import trainable
 from zoo.training.classify import INIT_RECORD, prepare_classifier
 from zoo.training.train import Evaluated, Progress, TrainOptions, train
 
@@ -79,12 +84,27 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
         note(f"classifier: {card['num_labels']} labels, pooling {card['pooling']}; kept "
              f"{len(record['kept'])} tensors of {source}, initialised "
              f"{len(record['initialised'])}, dropped {len(record['dropped'])}")
-    result = train(model, card, options, progress, evaluated=evaluated, files=files)
+    finish, adapted = None, []
+    if options.lora is not None:  # before OUT is touched: a bad rank or target writes nothing
+        total = sum(p.numel() for p in model.parameters())
+        names = add_adapters(model, options.targets(), options.lora, options.lora_alpha,
+                             options.lora_dropout, options.rslora, where=source)
+        count = sum(p.numel() for p in trainable(model).values())
+        adapted = [f"LoRA r={options.lora} alpha={options.lora_alpha:g} on {len(names)} "
+                   f"linears ({options.lora_targets}): training {count:,} parameters, "
+                   f"{100 * count / total:.2f}% of the base's {total:,}; the adapter in PEFT's "
+                   f"layout beside the base's weights ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS})"]
+        note(adapted[0])
+
+        def finish(trained: torch.nn.Module, folder: Path) -> None:
+            save_adapted(trained, card, folder)
+    result = train(model, card, options, progress, evaluated=evaluated, files=files,
+                   finish=finish)
     if result.get("rank", 0) != 0:
         return []
     losses, target = result["losses"], options.out
     lines = [f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
-             f"{losses[-1]:.4f}; wrote {target}/"]
+             f"{losses[-1]:.4f}; wrote {target}/", *adapted]
     if "eval" in result:
         scored, baseline = result["eval"], result["eval"]["majority_baseline"]
         lines.append(f"held-out: accuracy {scored['accuracy']:.3f}, macro-F1 "

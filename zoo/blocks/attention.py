@@ -125,7 +125,8 @@ class DotProductCore:
         scale = a.scale
         if scale == 1.0 and source is None and a.query_norm is None:  # T5: nothing to scale
             query = a.split_heads(a.query(x))
-        elif source is None and a.query_norm is None:  # cross-attention: scaled in the projection
+        elif source is None and a.query_norm is None and type(a.query) is nn.Linear:
+            # cross-attention: scaled in the projection (a LoRA adapter's query: below)
             bias = None if a.query.bias is None else a.query.bias * scale
             query = a.split_heads(F.linear(x, a.query.weight * scale, bias))
         else:

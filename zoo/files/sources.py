@@ -1,5 +1,7 @@
 """Where a model comes from: a folder holding config.yaml (built, trained or imported), or a
-card name to build with a seed."""
+card name to build with a seed. A folder with a LoRA adapter beside its weights (PEFT's
+adapter_config.json and adapter_model.safetensors: `zoo train --lora`, `zoo import --adapter`)
+gives its base with the adapter merged into the weights."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.assemble import build_model
+from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter
 from zoo.files.weights import CONFIG, load_built
 
 
@@ -23,9 +26,17 @@ def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed:
             raise ZooError(f"{display_path(folder)}: --set {', '.join(sorted(overrides))}: a "
                            "model folder keeps the card it was built with; --set applies to "
                            "a card name")
-        return load_built(folder)
+        return load_folder(folder)
     card = open_catalog(registries).get(source, overrides)
     return build_model(card, seed=seed), card
+
+
+def load_folder(folder: Path) -> tuple[nn.Module, Card]:
+    """A model folder's module and card, its LoRA adapter (if it has one) merged."""
+    model, card = load_built(folder)
+    if (folder / ADAPTER_CONFIG).is_file():
+        model = apply_adapter(model, card, folder).eval()
+    return model, card
 
 
 def build(card: str | Card, seed: int = 0, sets: dict[str, Any] | None = None,

@@ -45,10 +45,15 @@ class Checkpoint:
         return int(self.trainer["step"])
 
 
+def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The parameters the optimizer holds, by name: all but a frozen base's (--lora)."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
 def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                       ) -> dict[str, torch.Tensor]:
     """Per-parameter optimizer state keyed `<parameter name>/<state key>`."""
-    names = [name for name, _ in model.named_parameters()]
+    names = list(trainable(model))
     tensors = {}
     for index, state in optimizer.state_dict()["state"].items():
         for key, value in state.items():
@@ -94,7 +99,7 @@ def restore(checkpoint: Checkpoint, model: torch.nn.Module,
     """Load weights and optimizer state saved by `save_checkpoint` into fresh objects."""
     load_weights(model, checkpoint.folder / WEIGHTS)
     tensors = read_tensors(checkpoint.folder / OPTIMIZER)
-    names = [name for name, _ in model.named_parameters()]
+    names = list(trainable(model))
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         name, _, field = key.rpartition("/")

@@ -17,6 +17,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
+from zoo.blocks import lora as lora_blocks
 from zoo.training import classify, data, reverse
 from zoo.training.schedules import SCHEDULES
 
@@ -51,6 +52,18 @@ class TrainOptions:
                                "checkpoint.", path="file")
     eval_fraction: float | None = option(
         None, "classify: hold out this share of --data instead (split with --seed).")
+    lora: int | None = option(None, "Train a LoRA adapter of this rank on the frozen base: "
+                              "only the adapters train; OUT keeps the base's weights and the "
+                              "adapter in PEFT's layout (adapter_config.json, "
+                              "adapter_model.safetensors).", metavar="R")
+    lora_alpha: float = option(lora_blocks.DEFAULT_ALPHA, "--lora: the update is scaled by "
+                               "alpha / R (PEFT's default alpha).")
+    lora_targets: str = option(",".join(lora_blocks.DEFAULT_TARGETS), "--lora: the linears that "
+                               "get an adapter, comma-separated, by the zoo's names: "
+                               f"{', '.join(lora_blocks.TARGETS)} (experts left out; the "
+                               "default is PEFT's for Llama, q_proj and v_proj).")
+    lora_dropout: float = option(0.0, "--lora: dropout on the adapter's input, as PEFT's.")
+    rslora: bool = option(False, "--lora: rsLoRA, the update scaled by alpha / sqrt(R).")
     tokenizer_folder: Path | None = None  # classify: where the texts' tokenizer is (SOURCE)
 
     def check(self) -> None:
@@ -61,6 +74,17 @@ class TrainOptions:
             raise ZooError("--eval and --eval-fraction are for --task classify")
         if self.steps < 1 or self.batch_size < 1:
             raise ZooError("--steps and --batch-size should be >= 1")
+        if self.lora is None:
+            return
+        if self.task == "classify":
+            raise ZooError("--lora trains adapters on a frozen base: --task classify's new "
+                           "head would stay untrained")
+        if not self.lora_alpha > 0 or not 0 <= self.lora_dropout < 1:
+            raise ZooError("--lora-alpha should be > 0 and --lora-dropout in [0, 1)")
+
+    def targets(self) -> list[str]:
+        """--lora-targets' names."""
+        return [name.strip() for name in self.lora_targets.split(",") if name.strip()]
 
     def resolved(self, card: Card) -> TrainOptions:
         task = TASKS[self.task]

@@ -31,7 +31,7 @@ from runtime.files.atomic import atomic_folder, atomic_write_bytes, refuse_exist
 from runtime.files.lock import output_lock
 from zoo.files.weights import CONFIG, card_yaml
 from zoo.training import classify, data
-from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint
+from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint, trainable
 from zoo.training.experts import Routed, routed
 from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
@@ -39,6 +39,7 @@ from zoo.training.tasks import TASKS, Task, TrainOptions
 
 Progress = Callable[[int, int, float, float, float], None]  # step, total, loss, lr, tokens/s
 Evaluated = Callable[[int, dict[str, Any]], None]  # step, scores on the held-out rows
+Finish = Callable[[nn.Module, Path], None]  # the trained model, the folder it lands in
 
 
 class TrainingError(ZooError):
@@ -97,14 +98,16 @@ def _prepare_out(card: Card, options: TrainOptions, writer: bool):
 def train(model: nn.Module, card: Card, options: TrainOptions,
           progress: Progress = lambda *args: None, log_every: int = 10,
           evaluated: Evaluated = lambda *args: None,
-          files: dict[str, bytes] | None = None) -> dict[str, Any]:
+          files: dict[str, bytes] | None = None,
+          finish: Finish | None = None) -> dict[str, Any]:
     """Train `model` in place; returns the final trainer state (step, losses, ...).
 
     `files` are written into OUT at the start (classify: init.json). With held-out rows
     (classify), each checkpoint step is evaluated (`evaluated(step, scores)`, and the scores
     in metrics.jsonl) and the last evaluation is OUT/eval.json. `--force` over an existing
     OUT trains into a staged folder that replaces OUT only once training is done: a failed or
-    interrupted run leaves the old OUT as it was."""
+    interrupted run leaves the old OUT as it was. `finish(model, folder)` writes the trained
+    model's own files into OUT last (--lora: the base's weights and the adapter apart)."""
     _check_fit(card, options)  # first: the defaults depend on a known task
     options = options.resolved(card)
     rank, world = _distributed()
@@ -112,16 +115,18 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
         if rank == 0 and options.force and not options.resume and options.out.exists():
             with atomic_folder(options.out, force=True) as staging:
                 return _train(model, card, replace(options, out=staging), rank, world,
-                              progress, log_every, evaluated, files, shown=options.out)
+                              progress, log_every, evaluated, files, shown=options.out,
+                              finish=finish)
         return _train(model, card, options, rank, world, progress, log_every, evaluated,
-                      files, shown=options.out)
+                      files, shown=options.out, finish=finish)
 
 
 def _optimizer(model: nn.Module, card: Card, options: TrainOptions, checkpoint: Any
                ) -> tuple[torch.optim.Optimizer, Any, int, list[float]]:
     """Adam (the paper's betas and eps) and the schedule, at the checkpoint's step when
     resuming: (optimizer, scheduler, first step, the losses so far)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=options.lr, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = torch.optim.Adam(trainable(model).values(), lr=options.lr, betas=(0.9, 0.98),
+                                 eps=1e-9)  # a frozen base (--lora): its adapters only
     start, losses = 0, []
     if checkpoint is not None:
         restore(checkpoint, model, optimizer)
@@ -173,7 +178,8 @@ def _stopped(step: int, loss: float, out: Path, shown: Path) -> TrainingError:
 
 def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,
            progress: Progress, log_every: int, evaluated: Evaluated,
-           files: dict[str, bytes] | None, shown: Path) -> dict[str, Any]:
+           files: dict[str, bytes] | None, shown: Path, finish: Finish | None = None
+           ) -> dict[str, Any]:
     """The loop, writing into `options.out` (OUT, or its staged replacement); messages name
     `shown`, the OUT the user asked for."""
     writer = rank == 0
@@ -227,6 +233,8 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
                            (json.dumps({"step": options.steps, **scores}, indent=1) + "\n"
                             ).encode())
         final["eval"] = scores
+    if writer and finish is not None:
+        finish(model, options.out)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

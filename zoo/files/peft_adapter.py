@@ -1,0 +1,179 @@
+"""LoRA adapters in PEFT's layout: `adapter_config.json` and `adapter_model.safetensors`, keyed
+`base_model.model.<module>.lora_A.weight` / `.lora_B.weight` under the base's transformers
+module names, so `peft.PeftModel.from_pretrained(transformers_model, FOLDER)` reads them.
+
+The module names come from the layout maps (registry/maps/*.yaml), not from a family switch:
+the map that writes the card's config.json (zoo/files/hf_config.py) names each of the zoo's
+linears (`layers.0.self_attention.query` -> `model.layers.0.self_attn.q_proj` for Llama's
+LlamaForCausalLM, whose body the map's first prefix nests). A card no map reproduces, or a
+linear the map keeps fused (GPT-2's c_attn), keeps the zoo's own module names: the files are
+then PEFT's format over the zoo's modules, read back by the zoo.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.families import spec_of
+from registry.layouts import known_maps
+from registry.paths import display_path
+from zoo.blocks.lora import LoRALinear, adapters, merge_adapters
+from zoo.files.hf_config import hf_config
+from zoo.files.json_types import read_json
+from zoo.files.weights import WEIGHTS, read_tensors
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ROOT = "base_model.model."  # PeftModel's prefix over the base model's own names
+PARTS = ("lora_A", "lora_B")
+REFUSED_KEYS = ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform",
+                "layers_pattern")  # PEFT LoRA options the zoo does not apply: refused when set
+
+
+def _linears(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+def _is_bare(name: str) -> bool:
+    """A transformers class that is the body itself (LlamaModel), not one nesting it."""
+    return name.endswith("Model") and "For" not in name and "LMHead" not in name
+
+
+def module_names(card: Card, model: nn.Module) -> dict[str, str]:
+    """zoo module name -> the transformers module name PEFT keys it by (every linear)."""
+    linears = _linears(model)
+    config = hf_config(card).config
+    layout = known_maps().get(config["model_type"]) if config else None
+    if layout is None:
+        return {name: name for name in linears}
+    classes = config.get("architectures") or [""]
+    prefixes = layout.data.get("prefixes") or [""]
+    body = "" if _is_bare(classes[0]) else prefixes[0]
+    names = {}
+    for name in linears:
+        target = f"{name}.weight"
+        match = next(((rule, pattern) for rule in layout.rules
+                      for pattern in rule.target_patterns if pattern.fullmatch(target)), None)
+        if match is None or match[0].transforms != ["none"] or len(match[0].targets) != 1:
+            names[name] = name  # no plain counterpart (a fused or transposed tensor)
+            continue
+        source = match[0].source.format(**match[1].fullmatch(target).groupdict())
+        names[name] = body + source.removesuffix(".weight")  # the heads are not nn.Linear
+    return names
+
+
+def _target_modules(chosen: list[str], every: list[str]) -> list[str]:
+    """PEFT's target_modules: the leaf names where they choose exactly these modules (PEFT
+    matches a name's end), else the full names."""
+    leaves = sorted({name.rpartition(".")[2] for name in chosen})
+    picked = [name for name in every if name.rpartition(".")[2] in leaves]
+    return leaves if sorted(picked) == sorted(chosen) else sorted(chosen)
+
+
+def write_adapter(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
+    """adapter_config.json and adapter_model.safetensors for `model`'s adapters (all of one
+    rank, alpha, dropout and scaling, as `add_adapters` makes them) into `folder`."""
+    found = adapters(model)
+    if not found:
+        raise ZooError("no LoRA adapters to write")
+    names = module_names(card, model)
+    first = next(iter(found.values()))
+    tensors: dict[str, torch.Tensor] = {}
+    for name, module in found.items():
+        for part in PARTS:
+            weight = getattr(module, part).weight
+            tensors[f"{ROOT}{names[name]}.{part}.weight"] = weight.detach().contiguous().cpu()
+    dropout = first.lora_dropout.p if isinstance(first.lora_dropout, nn.Dropout) else 0.0
+    generates = spec_of(card).hf_architectures is not None
+    config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM" if generates else None,
+        "base_model_name_or_path": None, "r": first.rank, "lora_alpha": first.alpha,
+        "lora_dropout": dropout, "use_rslora": first.rslora, "bias": "none",
+        "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,
+        "target_modules": _target_modules([names[n] for n in found], list(names.values())),
+        "modules_to_save": None, "use_dora": False,
+    }
+    (folder / ADAPTER_CONFIG).write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    return config
+
+
+def read_adapter_config(folder: Path) -> dict[str, Any]:
+    path = folder / ADAPTER_CONFIG
+    where = display_path(path)
+    if not path.is_file():
+        raise ZooError(f"{where}: no such file (a PEFT adapter folder has one)")
+    config = read_json(path)
+    if not isinstance(config, dict):
+        raise ZooError(f"{where}: should be a JSON object")
+    if config.get("peft_type") != "LORA":
+        raise ZooError(f"{where}: peft_type: {config.get('peft_type')!r} adapters are not "
+                       "read (only LORA)")
+    for key, refused in (("use_dora", True), ("fan_in_fan_out", True)):
+        if config.get(key) is refused:
+            raise ZooError(f"{where}: {key}: true is not supported (plain LoRA only)")
+    if config.get("bias", "none") != "none":
+        raise ZooError(f"{where}: bias: {config['bias']!r}: only 'none' is supported")
+    for key in REFUSED_KEYS:
+        if config.get(key):
+            raise ZooError(f"{where}: {key}: {config[key]!r} is not supported")
+    for key in ("r", "lora_alpha"):
+        if not isinstance(config.get(key), int | float) or isinstance(config.get(key), bool) \
+                or config[key] <= 0:
+            raise ZooError(f"{where}: {key}: should be a number > 0, got {config.get(key)!r}")
+    return config
+
+
+def apply_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
+    """`model` with the PEFT LoRA adapter in `folder` merged into its weights."""
+    config = read_adapter_config(folder)
+    path = folder / ADAPTER_WEIGHTS
+    where = display_path(path)
+    tensors = read_tensors(path)
+    zoo_name = {peft: zoo for zoo, peft in module_names(card, model).items()}
+    chosen: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        body = key.removeprefix(ROOT)
+        module, _, part = body.removesuffix(".weight").rpartition(".")
+        module = module.removesuffix(".default")  # a name saved with its adapter's
+        if not key.startswith(ROOT) or part not in PARTS or module not in zoo_name:
+            raise ZooError(f"{where}: {key}: names no linear of {card.name}")
+        chosen.setdefault(zoo_name[module], {})[part] = tensor
+    rank = int(config["r"])
+    for name, parts in chosen.items():
+        if set(parts) != set(PARTS):
+            raise ZooError(f"{where}: {name}: needs both lora_A and lora_B")
+        layer = model.get_submodule(name)
+        expected = {"lora_A": (rank, layer.in_features), "lora_B": (layer.out_features, rank)}
+        for part, shape in expected.items():
+            if tuple(parts[part].shape) != shape:
+                raise ZooError(f"{where}: {name}.{part}: shape {tuple(parts[part].shape)}, "
+                               f"expected {shape} (r={rank})")
+    for name, parts in chosen.items():
+        parent_name, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        lora = LoRALinear(getattr(parent, leaf), rank, float(config["lora_alpha"]),
+                          rslora=bool(config.get("use_rslora")))
+        with torch.no_grad():
+            for part in PARTS:
+                getattr(lora, part).weight.copy_(parts[part])
+        setattr(parent, leaf, lora)
+    return merge_adapters(model)
+
+
+
+def save_adapted(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
+    """A trained folder's weights with the adapter apart: model.safetensors the base's own
+    (the frozen weights, as they came), the adapter in PEFT's layout beside them."""
+    base = {name: tensor.detach().contiguous().cpu() for name, tensor in
+            model.state_dict().items() if not any(f".{part}." in name for part in PARTS)}
+    save_file(base, str(folder / WEIGHTS), metadata={"format": "pt"})
+    return write_adapter(model, card, folder)

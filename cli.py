@@ -82,8 +82,11 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
 @click.argument("source", metavar="DIR|FILE.gguf", type=click.Path())
 @click.option("-o", "--out", required=True, type=click.Path(file_okay=False),
               help="Output folder (a built model).")
+@click.option("--adapter", type=click.Path(file_okay=False, path_type=Path),
+              help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) "
+              "for DIR: kept beside the base's weights; OUT loads and exports merged.")
 @force_option()
-def import_command(source: str, out: str, force: bool) -> None:
+def import_command(source: str, out: str, force: bool, adapter: Path | None) -> None:
     """Import a Hugging Face GPT-2, BERT, MarianMT, Llama, Mistral, Qwen2 or Qwen3 folder, a
     BertForSequenceClassification folder or a sentence-transformers folder (config.json +
     model.safetensors), or a Llama, Mistral, Qwen2 or Qwen3 GGUF file (dequantized to float32).
@@ -93,7 +96,7 @@ def import_command(source: str, out: str, force: bool) -> None:
     """
     from zoo.commands import import_command as run_import
 
-    echo(run_import(Path(source), Path(out), force))
+    echo(run_import(Path(source), Path(out), force, adapter))
 
 
 @main.command()

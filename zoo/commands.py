@@ -3,20 +3,31 @@ checkpoint, and by training."""
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from registry.catalog import open_catalog
+from registry.catalog import Card, open_catalog
+from registry.errors import ZooError
+from registry.paths import display_path
 from runtime.files.atomic import refuse_existing, wrote
 from zoo.assemble import build_model
 from zoo.blocks.lora import add_adapters
 from zoo.files.gguf_import import import_gguf
 from zoo.files.importers import import_checkpoint
-from zoo.files.peft_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, save_adapted
+from zoo.files.peft_adapter import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    apply_adapter,
+    read_adapter_config,
+    save_adapted,
+)
 from zoo.files.sources import load_source
 from zoo.files.weights import save_built
 from zoo.training.checkpoints import trainable
@@ -43,17 +54,43 @@ def build_command(name: str, out: Path, seed: int = 0, overrides: dict[str, Any]
             *(f"  {part:<20} {count:>14,}" for part, count in parts.items())]
 
 
-def import_command(source: Path, out: Path, force: bool = False) -> list[str]:
+def import_command(source: Path, out: Path, force: bool = False,
+                   adapter: Path | None = None) -> list[str]:
     if source.suffix == ".gguf":
+        if adapter is not None:
+            raise ZooError(f"{display_path(adapter)}: --adapter is read over a Hugging Face "
+                           "folder, not a GGUF file")
         return _gguf_lines(import_gguf(source, out, force), out)
-    record = import_checkpoint(source, out, force)
+    record = import_checkpoint(source, out, force,
+                               None if adapter is None else partial(_add_adapter, adapter))
     changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
                        if key != "description")
     lines = [f"imported {record['architecture']} as {record['extends']} with {changed}"]
+    if adapter is not None:
+        config = read_adapter_config(out)
+        lines.append(f"LoRA adapter from {display_path(adapter)}: r={config['r']} "
+                     f"alpha={config['lora_alpha']:g} on {_listed(config.get('target_modules'))}"
+                     f"; kept beside the base's weights ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS}), "
+                     "merged where OUT is loaded or exported")
     if record["ignored"] or record["tied"]:
         lines.append(f"left out {len(record['ignored']) + len(record['tied'])} tensors "
                      "(buffers, tied copies, heads the zoo lacks; listed in source.json)")
     return lines + [wrote(out)]
+
+
+def _listed(targets: Any) -> str:
+    return ", ".join(map(str, targets)) if isinstance(targets, list) else str(targets)
+
+
+def _add_adapter(adapter: Path, model: torch.nn.Module, card: Card, staging: Path) -> None:
+    """PEFT's adapter files copied beside the imported weights, once they apply to them."""
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        if not (adapter / name).is_file():
+            raise ZooError(f"{display_path(adapter / name)}: no such file (a PEFT adapter "
+                           "folder has it)")
+    apply_adapter(copy.deepcopy(model), card, adapter)  # refused here: nothing lands
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        shutil.copyfile(adapter / name, staging / name)
 
 
 def _gguf_lines(record: dict[str, Any], out: Path) -> list[str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5",
            "flax_model.msgpack", "model.ckpt.index")
 RECORD = "source.json"
 SHOWN = 12  # names listed in one error line before "(+N more)"
+
+
+Extra = Callable[[torch.nn.Module, Card, Path], None]  # the model, its card, the staged OUT
 
 
 class CheckpointError(ZooError):
@@ -448,9 +452,12 @@ def _refuse_overlap(source: Path, out: Path) -> None:
         raise CheckpointError(f"{display_path(out)}: the output would replace the source folder")
 
 
-def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str, Any]:
+def import_checkpoint(source: Path, out: Path, force: bool = False,
+                      extra: Extra | None = None) -> dict[str, Any]:
     """Write `out` as a built folder (model.safetensors, config.yaml, tokenizer.json when the
-    source has one, source.json); nothing is written on failure. Returns source.json's data."""
+    source has one, source.json); nothing is written on failure. Returns source.json's data.
+    `extra(model, card, staging)` adds files of its own to the staged folder (`--adapter`'s)
+    and may still refuse it."""
     source, out = Path(source), Path(out)
     refuse_existing(out, force)
     if not source.is_dir():
@@ -506,16 +513,18 @@ def import_checkpoint(source: Path, out: Path, force: bool = False) -> dict[str,
         "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),
     }
     copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files
-    _land(out, force, model, card, [source / name for name in copied], record)
+    _land(out, force, model, card, [source / name for name in copied], record, extra)
     return record
 
 
 def _land(out: Path, force: bool, model: torch.nn.Module, card: Card, copied: list[Path],
-          record: dict[str, Any]) -> None:
+          record: dict[str, Any], extra: Extra | None = None) -> None:
     """OUT in one rename: the weights and card, the tokenizer files (already opened and
     checked), source.json."""
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)  # replaces the empty staging folder whole
         for path in copied:
             shutil.copyfile(path, staging / path.name)
+        if extra is not None:
+            extra(model, card, staging)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -35,7 +35,8 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ROOT = "base_model.model."  # PeftModel's prefix over the base model's own names
 PARTS = ("lora_A", "lora_B")
 REFUSED_KEYS = ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_to_transform",
-                "layers_pattern")  # PEFT LoRA options the zoo does not apply: refused when set
+                "layers_pattern", "lora_bias", "target_parameters", "trainable_token_indices",
+                "layer_replication")  # PEFT LoRA options the zoo does not apply: refused if set
 
 
 def _linears(model: nn.Module) -> list[str]:
@@ -138,14 +139,16 @@ def apply_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
     path = folder / ADAPTER_WEIGHTS
     where = display_path(path)
     tensors = read_tensors(path)
-    zoo_name = {peft: zoo for zoo, peft in module_names(card, model).items()}
+    peft_name = module_names(card, model)
+    zoo_name = {peft: zoo for zoo, peft in peft_name.items()}
     chosen: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         body = key.removeprefix(ROOT)
         module, _, part = body.removesuffix(".weight").rpartition(".")
         module = module.removesuffix(".default")  # a name saved with its adapter's
         if not key.startswith(ROOT) or part not in PARTS or module not in zoo_name:
-            raise ZooError(f"{where}: {key}: names no linear of {card.name}")
+            raise ZooError(f"{where}: {key}: names no linear of {card.name} that an adapter "
+                           "can go on")
         chosen.setdefault(zoo_name[module], {})[part] = tensor
     rank = int(config["r"])
     for name, parts in chosen.items():
@@ -155,8 +158,9 @@ def apply_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
         expected = {"lora_A": (rank, layer.in_features), "lora_B": (layer.out_features, rank)}
         for part, shape in expected.items():
             if tuple(parts[part].shape) != shape:
-                raise ZooError(f"{where}: {name}.{part}: shape {tuple(parts[part].shape)}, "
-                               f"expected {shape} (r={rank})")
+                raise ZooError(f"{where}: {ROOT}{peft_name[name]}.{part}.weight: shape "
+                               f"{tuple(parts[part].shape)}, expected {shape} (r={rank} in "
+                               f"{ADAPTER_CONFIG})")
     for name, parts in chosen.items():
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -78,6 +78,10 @@ def import_command(source: Path, out: Path, force: bool = False,
     return lines + [wrote(out)]
 
 
+def _save_adapted(card: Card, model: torch.nn.Module, folder: Path) -> None:
+    save_adapted(model, card, folder)
+
+
 def _listed(targets: Any) -> str:
     return ", ".join(map(str, targets)) if isinstance(targets, list) else str(targets)
 
@@ -121,27 +125,24 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
         note(f"classifier: {card['num_labels']} labels, pooling {card['pooling']}; kept "
              f"{len(record['kept'])} tensors of {source}, initialised "
              f"{len(record['initialised'])}, dropped {len(record['dropped'])}")
-    finish, adapted = None, []
+    finish = None
     if options.lora is not None:  # before OUT is touched: a bad rank or target writes nothing
         total = sum(p.numel() for p in model.parameters())
         names = add_adapters(model, options.targets(), options.lora, options.lora_alpha,
                              options.lora_dropout, options.rslora, where=source)
         count = sum(p.numel() for p in trainable(model).values())
-        adapted = [f"LoRA r={options.lora} alpha={options.lora_alpha:g} on {len(names)} "
-                   f"linears ({options.lora_targets}): training {count:,} parameters, "
-                   f"{100 * count / total:.2f}% of the base's {total:,}; the adapter in PEFT's "
-                   f"layout beside the base's weights ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS})"]
-        note(adapted[0])
-
-        def finish(trained: torch.nn.Module, folder: Path) -> None:
-            save_adapted(trained, card, folder)
+        note(f"LoRA r={options.lora} alpha={options.lora_alpha:g} on {len(names)} linears "
+             f"({options.lora_targets}): training {count:,} parameters, "
+             f"{100 * count / total:.2f}% of the base's {total:,}; the adapter in PEFT's "
+             f"layout beside the base's weights ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS})")
+        finish = partial(_save_adapted, card)
     result = train(model, card, options, progress, evaluated=evaluated, files=files,
                    finish=finish)
     if result.get("rank", 0) != 0:
         return []
     losses, target = result["losses"], options.out
     lines = [f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
-             f"{losses[-1]:.4f}; wrote {target}/", *adapted]
+             f"{losses[-1]:.4f}; wrote {target}/"]
     if "eval" in result:
         scored, baseline = result["eval"], result["eval"]["majority_baseline"]
         lines.append(f"held-out: accuracy {scored['accuracy']:.3f}, macro-F1 "

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -73,12 +74,13 @@ def smollm2_exports(work: Path) -> dict[str, Path]:
 
 
 class Server:
-    def __init__(self, folder: Path, megabytes: int, threads: int | None, log: Path) -> None:
+    def __init__(self, folder: Path, megabytes: int, threads: int | None, log: Path,
+                 extra: Sequence[str] = ()) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         command = [*ZOO, "serve", str(folder), "--port", str(self.port), "--name", "m",
-                   "--prefix-cache-mb", str(megabytes)]
+                   "--prefix-cache-mb", str(megabytes), *extra]
         if threads:
             command += ["--threads", str(threads)]
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=log.open("wb"),

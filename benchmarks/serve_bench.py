@@ -119,14 +119,15 @@ def packaged_gguf() -> Path:
 def smollm2_export(work: Path, name: str, flags: list[str]) -> Path:
     """work/smollm2-NAME: the packaged GGUF imported (once) and exported with `flags`."""
     source, out = work / "smollm2", work / f"smollm2-{name}"
+    if (out / "manifest.json").exists():
+        return out
     if not source.exists():  # zoo import writes its folder whole or not at all
         say("zoo import of the packaged GGUF...")
         subprocess.run([*ZOO, "import", str(packaged_gguf()), "-o", str(source), "--force"],
                        cwd=ROOT, check=True)
-    if not (out / "manifest.json").exists():
-        say(f"zoo export --onnx {' '.join(flags)}...")
-        subprocess.run([*ZOO, "export", str(source), "--onnx", *flags, "-o", str(out),
-                        "--force"], cwd=ROOT, check=True)
+    say(f"zoo export --onnx {' '.join(flags)}...")
+    subprocess.run([*ZOO, "export", str(source), "--onnx", *flags, "-o", str(out), "--force"],
+                   cwd=ROOT, check=True)
     return out
 
 

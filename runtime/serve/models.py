@@ -277,14 +277,14 @@ class Served:
         400 naming the field that asked for it; only the batched decoders are constrained."""
         if grammar is None:
             return None
+        field = grammar.where.split(".")[0]  # response_format or tools
         if self.scheduler is None:
-            raise ApiError(400, f"{grammar.where.split('.')[0]}: a {self.exported.card.family} "
-                           "export's answers are not constrained (decoders only)",
-                           grammar.where.split(".")[0], "invalid_value")
+            raise ApiError(400, f"{field}: a {self.exported.card.family} export's answers are "
+                           "not constrained (decoders only)", field, "invalid_value")
         try:
             return self.exported.grammars.constraint(grammar)
         except ZooError as exc:
-            raise ApiError(400, str(exc), grammar.where.split(".")[0], "invalid_value") from None
+            raise ApiError(400, str(exc), field, "invalid_value") from None
 
     def embed_tokens(self, prompts: list[Any]) -> list[list[int]]:
         """Each input's token ids, as `zoo run --text --json` reads them."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.files.tools import CLOSE, OPEN
-from runtime.grammar.engine import JSON_OPTIONS, Grammar, GrammarError, lark_grammar
+from runtime.grammar.engine import JSON_OPTIONS, Grammar, lark_grammar
 from runtime.grammar.schema import SchemaError, check_schema
 from runtime.serve.errors import ApiError
 
@@ -118,7 +118,4 @@ def call_grammar(tools: Tools) -> Grammar | None:
         calls + '\nfree: /[^<](?s:.*)/'
     lark = (f"{start}\ncall: {json.dumps(OPEN)} body {json.dumps(CLOSE)}\n"
             f"body: %json {json.dumps(call)}\n")
-    try:
-        return lark_grammar(lark, "tools")
-    except GrammarError as exc:  # pragma: no cover - lark_grammar checks nothing itself
-        raise ApiError(400, str(exc), "tools", "invalid_value") from None
+    return lark_grammar(lark, "tools")  # checked when its matcher is made (Served.constraint)

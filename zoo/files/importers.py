@@ -78,15 +78,22 @@ def source_file(folder: Path, name: str) -> Path:
     return inside(folder, name, display_path(folder), "file")
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    path = source_file(folder, SOURCE_CONFIG)
+def read_json_object(folder: Path, name: str, kind: str,
+                     error: type[ZooError] = CheckpointError) -> tuple[dict[str, Any], str]:
+    """A JSON object file of a source folder and its path as shown; refused in one line where
+    it is missing, a symlink out of the folder, or not an object."""
+    path = source_file(folder, name)
     where = display_path(path)
     if not path.is_file():
-        raise CheckpointError(f"{where}: no such file (a Hugging Face model folder has one)")
+        raise error(f"{where}: no such file (a {kind} folder has one)")
     config = read_json(path)
     if not isinstance(config, dict):
-        raise CheckpointError(f"{where}: should be a JSON object, got {type(config).__name__}")
-    return config
+        raise error(f"{where}: should be a JSON object, got {type(config).__name__}")
+    return config, where
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    return read_json_object(folder, SOURCE_CONFIG, "Hugging Face model")[0]
 
 
 def find_map(config: dict[str, Any], where: str) -> LayoutMap:

@@ -27,8 +27,7 @@ from registry.layouts import known_maps
 from registry.paths import display_path
 from zoo.blocks.lora import LoRALinear, adapters, merge_adapters
 from zoo.files.hf_config import hf_config
-from zoo.files.importers import source_file
-from zoo.files.json_types import read_json
+from zoo.files.importers import read_json_object, source_file
 from zoo.files.weights import WEIGHTS, read_tensors
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -109,13 +108,7 @@ def write_adapter(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
-    path = source_file(folder, ADAPTER_CONFIG)  # a symlink out of the folder is refused
-    where = display_path(path)
-    if not path.is_file():
-        raise ZooError(f"{where}: no such file (a PEFT adapter folder has one)")
-    config = read_json(path)
-    if not isinstance(config, dict):
-        raise ZooError(f"{where}: should be a JSON object")
+    config, where = read_json_object(folder, ADAPTER_CONFIG, "PEFT adapter", ZooError)
     if config.get("peft_type") != "LORA":
         raise ZooError(f"{where}: peft_type: {config.get('peft_type')!r} adapters are not "
                        "read (only LORA)")

@@ -104,7 +104,7 @@ def import_command(source: str, out: str, force: bool, adapter: Path | None) -> 
 @fields("options", "zoo.training.tasks:TrainOptions",
         "task data eval eval_fraction steps batch_size block_size lr schedule warmup "
         "label_smoothing checkpoint_every out resume seed force lora lora_alpha lora_targets "
-        "lora_dropout rslora")
+        "lora_dropout rslora shard mixed_precision")
 @registry_option
 def train(source: str, registries: tuple[str, ...], options: dict[str, Any]) -> None:
     """Train a card or a built folder; checkpoints land in OUT (safetensors + JSON).

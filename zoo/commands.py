@@ -32,6 +32,7 @@ from zoo.files.sources import load_source
 from zoo.files.weights import save_built
 from zoo.training.checkpoints import trainable
 from zoo.training.classify import INIT_RECORD, prepare_classifier
+from zoo.training.sharded_checkpoints import consolidate_folder, is_sharded
 from zoo.training.train import Evaluated, Progress, TrainOptions, train
 
 Note = Callable[[str], None]
@@ -56,6 +57,13 @@ def build_command(name: str, out: Path, seed: int = 0, overrides: dict[str, Any]
 
 def import_command(source: Path, out: Path, force: bool = False,
                    adapter: Path | None = None) -> list[str]:
+    if is_sharded(source):  # a --shard full checkpoint: consolidated, streamed
+        if adapter is not None:
+            raise ZooError(f"{display_path(adapter)}: --adapter is read over a Hugging Face "
+                           "folder, not a sharded checkpoint")
+        names = consolidate_folder(source, out, force)
+        return [f"consolidated the sharded checkpoint {display_path(source)}: "
+                f"{len(names)} tensors", wrote(out)]
     if source.suffix == ".gguf":
         if adapter is not None:
             raise ZooError(f"{display_path(adapter)}: --adapter is read over a Hugging Face "

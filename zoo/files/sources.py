@@ -1,10 +1,12 @@
 """Where a model comes from: a folder holding config.yaml (built, trained or imported), or a
 card name to build with a seed. A folder with a LoRA adapter beside its weights (PEFT's
 adapter_config.json and adapter_model.safetensors: `zoo train --lora`, `zoo import --adapter`)
-gives its base with the adapter merged into the weights."""
+gives its base with the adapter merged into the weights. A sharded checkpoint folder (`zoo
+train --shard full`: shards.json) is consolidated into a temporary folder and loaded."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,14 @@ from zoo.assemble import build_model
 from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter
 from zoo.files.weights import CONFIG, load_built
 
+SHARDS = "shards.json"  # a sharded checkpoint's index (zoo/training/sharded_checkpoints.py)
+
 
 def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed: int = 0,
                 overrides: dict[str, Any] | None = None) -> tuple[nn.Module, Card]:
     folder = Path(source)
+    if (folder / SHARDS).is_file():  # a --shard full checkpoint, consolidated first
+        return _load_sharded(folder, overrides)
     if (folder / CONFIG).is_file():
         if overrides:  # its weights were made for its own card: a changed field would not fit
             raise ZooError(f"{display_path(folder)}: --set {', '.join(sorted(overrides))}: a "
@@ -29,6 +35,16 @@ def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed:
         return load_folder(folder)
     card = open_catalog(registries).get(source, overrides)
     return build_model(card, seed=seed), card
+
+
+def _load_sharded(folder: Path, overrides: dict[str, Any] | None) -> tuple[nn.Module, Card]:
+    from zoo.training.sharded_checkpoints import consolidate_folder
+
+    if overrides:
+        raise ZooError(f"{display_path(folder)}: --set applies to a card name, not a checkpoint")
+    with tempfile.TemporaryDirectory() as temporary:
+        consolidate_folder(folder, Path(temporary) / "model")
+        return load_folder(Path(temporary) / "model")
 
 
 def load_folder(folder: Path) -> tuple[nn.Module, Card]:

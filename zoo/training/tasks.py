@@ -20,6 +20,7 @@ from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenize
 from zoo.blocks import lora as lora_blocks
 from zoo.training import classify, data, reverse
 from zoo.training.schedules import SCHEDULES
+from zoo.training.sharding import MIXED_PRECISION, SHARD_MODES
 
 
 @dataclass
@@ -64,6 +65,12 @@ class TrainOptions:
                                "default is PEFT's for Llama, q_proj and v_proj).")
     lora_dropout: float = option(0.0, "--lora: dropout on the adapter's input, as PEFT's.")
     rslora: bool = option(False, "--lora: rsLoRA, the update scaled by alpha / sqrt(R).")
+    shard: str = option("none", "full: FSDP2 under torchrun, each layer's parameters, gradients "
+                        "and Adam state sharded across the ranks, checkpoints sharded (DCP); "
+                        "none: every rank holds the whole model (DDP).", choices=SHARD_MODES)
+    mixed_precision: str = option("none", "--shard full: bf16 computes in bfloat16 (float32 "
+                                  "master weights and gradient reduction), where the device "
+                                  "has bfloat16 arithmetic.", choices=MIXED_PRECISION)
     tokenizer_folder: Path | None = None  # classify: where the texts' tokenizer is (SOURCE)
 
     def check(self) -> None:
@@ -74,6 +81,12 @@ class TrainOptions:
             raise ZooError("--eval and --eval-fraction are for --task classify")
         if self.steps < 1 or self.batch_size < 1:
             raise ZooError("--steps and --batch-size should be >= 1")
+        if self.shard == "none" and self.mixed_precision != "none":
+            raise ZooError("--mixed-precision is FSDP's: use it with --shard full")
+        if self.shard == "full" and (self.eval or self.eval_fraction is not None):
+            raise ZooError("--shard full: held-out scoring (--eval, --eval-fraction) runs on "
+                           "rank 0 alone, which a sharded model cannot (score OUT "
+                           "afterwards)")
         if self.lora is None:
             return
         if self.task == "classify":

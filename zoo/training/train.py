@@ -3,7 +3,9 @@ for the decoder and encoder, fine-tuning a classifier on labelled text (both), c
 exact resume, and data parallelism (DDP).
 
 Run under `torchrun --nproc_per_node N` the same code trains data-parallel: gloo on CPU, nccl on
-CUDA; each rank draws its own batches; only rank 0 writes files and reports progress.
+CUDA; each rank draws its own batches; only rank 0 writes files and reports progress. With
+`--shard full` the model is sharded with FSDP2 instead of replicated (sharding.py), and its
+checkpoints are DCP's, one shard a rank (sharded_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from registry.errors import ZooError
 from registry.paths import display_path
 from runtime.files.atomic import atomic_folder, atomic_write_bytes, refuse_existing
 from runtime.files.lock import output_lock
-from zoo.files.weights import CONFIG, card_yaml
-from zoo.training import classify, data
+from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, read_tensors
+from zoo.training import classify, data, sharded_checkpoints, sharding
 from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint, trainable
 from zoo.training.experts import Routed, routed
 from zoo.training.metrics import append_metrics, truncate_metrics
@@ -59,8 +61,12 @@ def _check_fit(card: Card, options: TrainOptions) -> None:
     task.check(card, options)
 
 
-def _distributed() -> tuple[int, int]:
-    """(rank, world size); starts the process group when launched by torchrun."""
+def _distributed(options: TrainOptions) -> tuple[int, int]:
+    """(rank, world size); starts the process group when launched by torchrun (always for
+    --shard full, which refuses to run without one)."""
+    if options.shard == "full":
+        sharding.check_launch(options.mixed_precision)
+        return sharding.start_process_group()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -83,6 +89,10 @@ def _prepare_out(card: Card, options: TrainOptions, writer: bool):
         checkpoint = latest_checkpoint(out) if out.exists() else None
         if checkpoint is None:
             raise ZooError(f"{display_path(out)}: --resume, but there is no checkpoint there")
+        if checkpoint.trainer.get("sharded", False) != (options.shard == "full"):
+            made = "--shard full" if checkpoint.trainer.get("sharded") else "--shard none"
+            raise ZooError(f"{display_path(checkpoint.folder)}: a checkpoint of a {made} run; "
+                           f"resume it with {made}")
         saved = checkpoint.trainer.get("card", {})
         if saved != card.fields:
             changed = sorted(k for k in card.fields if saved.get(k) != card.fields[k])
@@ -110,7 +120,7 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
     model's own files into OUT last (--lora: the base's weights and the adapter apart)."""
     _check_fit(card, options)  # first: the defaults depend on a known task
     options = options.resolved(card)
-    rank, world = _distributed()
+    rank, world = _distributed(options)
     with output_lock(options.out) if rank == 0 else contextlib.nullcontext():
         if rank == 0 and options.force and not options.resume and options.out.exists():
             with atomic_folder(options.out, force=True) as staging:
@@ -128,7 +138,9 @@ def _optimizer(model: nn.Module, card: Card, options: TrainOptions, checkpoint: 
     optimizer = torch.optim.Adam(trainable(model).values(), lr=options.lr, betas=(0.9, 0.98),
                                  eps=1e-9)  # a frozen base (--lora): its adapters only
     start, losses = 0, []
-    if checkpoint is not None:
+    if checkpoint is not None and options.shard == "full":
+        sharded_checkpoints.load_sharded(checkpoint.folder, model, optimizer, checkpoint.trainer)
+    elif checkpoint is not None:
         restore(checkpoint, model, optimizer)
         start, losses = checkpoint.step, checkpoint.trainer["losses"]
     scheduler = make_scheduler(optimizer, options.schedule, card["d_model"], options.warmup,
@@ -176,6 +188,23 @@ def _stopped(step: int, loss: float, out: Path, shown: Path) -> TrainingError:
     return TrainingError(f"step {step + 1}: loss is {loss}; stopped ({kept})")
 
 
+def _consolidated_out(out: Path, twin: nn.Module | None, finish: Finish | None) -> None:
+    """OUT's model.safetensors streamed from the last (sharded) checkpoint; with `finish`
+    (--lora), the model rebuilt from it on rank 0 writes OUT's files instead."""
+    last = latest_checkpoint(out)
+    assert last is not None  # the last step is always a checkpoint step
+    partial = out / f".{WEIGHTS}.partial"
+    try:
+        sharded_checkpoints.consolidate(last.folder, partial)
+        if twin is None or finish is None:
+            os.replace(partial, out / WEIGHTS)
+            return
+        twin.load_state_dict(read_tensors(partial), assign=True)
+        finish(twin, out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world: int,
            progress: Progress, log_every: int, evaluated: Evaluated,
            files: dict[str, bytes] | None, shown: Path, finish: Finish | None = None
@@ -185,10 +214,14 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
     writer = rank == 0
     task = Task(card, options)
     checkpoint = _prepare_out(card, options, writer)
+    sharded = options.shard == "full"
+    twin = sharding.meta_twin(model) if sharded and writer and finish else None
+    if sharded:
+        sharding.shard_model(model, options.mixed_precision)
     optimizer, scheduler, start, losses = _optimizer(model, card, options, checkpoint)
     if writer:
         _start_out(options, card, start, {**task.files(), **(files or {})})
-    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    trained = nn.parallel.DistributedDataParallel(model) if world > 1 and not sharded else model
     trained.train()
 
     def state(step: int) -> dict[str, Any]:
@@ -221,7 +254,12 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         if writer and (done % log_every == 0 or done == options.steps or scores):
             rate = tokens / max(time.perf_counter() - started, 1e-9)
             _log(options, done, loss.item(), lr, rate, scores, progress, evaluated, routing)
-        if checkpoint_step:
+        if checkpoint_step and sharded:
+            held = sharded_checkpoints.optimizer_bytes_per_rank(model, optimizer)
+            sharded_checkpoints.save_sharded(options.out, model, optimizer,
+                                             {**state(done), "optimizer_bytes_per_rank": held},
+                                             card_yaml(card))
+        elif checkpoint_step:
             spread = _parameter_spread(model) if world > 1 else 0.0
             if writer:
                 save_checkpoint(options.out, model, optimizer,
@@ -233,7 +271,9 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
                            (json.dumps({"step": options.steps, **scores}, indent=1) + "\n"
                             ).encode())
         final["eval"] = scores
-    if writer and finish is not None:
+    if writer and sharded:
+        _consolidated_out(options.out, twin, finish)
+    elif writer and finish is not None:
         finish(model, options.out)
     if world > 1:
         dist.barrier()

@@ -138,10 +138,12 @@ def _optimizer(model: nn.Module, card: Card, options: TrainOptions, checkpoint: 
     optimizer = torch.optim.Adam(trainable(model).values(), lr=options.lr, betas=(0.9, 0.98),
                                  eps=1e-9)  # a frozen base (--lora): its adapters only
     start, losses = 0, []
-    if checkpoint is not None and options.shard == "full":
-        sharded_checkpoints.load_sharded(checkpoint.folder, model, optimizer, checkpoint.trainer)
-    elif checkpoint is not None:
-        restore(checkpoint, model, optimizer)
+    if checkpoint is not None:
+        if options.shard == "full":
+            sharded_checkpoints.load_sharded(checkpoint.folder, model, optimizer,
+                                             checkpoint.trainer)
+        else:
+            restore(checkpoint, model, optimizer)
         start, losses = checkpoint.step, checkpoint.trainer["losses"]
     scheduler = make_scheduler(optimizer, options.schedule, card["d_model"], options.warmup,
                                options.steps)

@@ -1,0 +1,213 @@
+"""`zoo train --shard full` (FSDP2 under torchrun, gloo on CPU): the ranks' losses equal one
+process that averages the same ranks' gradients, each rank holds about half of Adam's state,
+a sharded checkpoint resumes on 1 or 2 ranks to the losses of an uninterrupted run, the result
+exports with parity, and bad input is one line.
+
+The reference is a plain loop here (torch.optim.Adam on the unsharded model): each step it
+runs every rank's batch (the zoo's batches are a function of seed, step and rank), averages
+their gradients (what FSDP's reduce-scatter and DDP's all-reduce do), clips and steps; the
+loss a run records is rank 0's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from cli import main
+from tests.conftest import card
+from zoo.assemble import build_model
+from zoo.training.data import batch_generator
+from zoo.training.schedules import make_scheduler
+from zoo.training.tasks import Task, TrainOptions
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, EVERY = 12, 6
+ARGS = ["--task", "lm", "--batch-size", "4", "--block-size", "32", "--seed", "3"]
+LOSS_TOLERANCE = 2e-4  # float32 sums in another order (measured: at most 1e-5 over 12 steps)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(ranks: int, args: list[str], cwd: Path, timeout: int = 240,
+             launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """`zoo train` under torchrun: ranks on 127.0.0.1, a free port, bounded time."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    launcher = launcher or ["--nnodes", "1", "--master-addr", "127.0.0.1",
+                            "--master-port", str(free_port())]
+    command = [sys.executable, "-m", "torch.distributed.run", *launcher,
+               "--nproc_per_node", str(ranks), str(REPO / "cli.py"), "train", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def train_sharded(ranks: int, name: str, out: Path, steps: int = STEPS,
+                  extra: tuple[str, ...] = ()) -> dict:
+    result = torchrun(ranks, [name, *ARGS, "--steps", str(steps), "--checkpoint-every",
+                              str(EVERY), "--shard", "full", "-o", str(out), *extra], out.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count(f"trained {name}") == 1  # only rank 0 reports
+    return json.loads((out / "checkpoints" / f"step-{steps:08d}" / "trainer.json").read_text())
+
+
+def reference(name: str, worlds: list[int]) -> tuple[list[float], torch.nn.Module]:
+    """Rank 0's losses of a run whose step i averages the gradients of worlds[i] ranks."""
+    tiny = card(name)
+    opts = TrainOptions(task="lm", out=Path("unused"), steps=len(worlds), batch_size=4,
+                        block_size=32, seed=3).resolved(tiny)
+    model = build_model(tiny, seed=opts.seed)
+    model.train()
+    task = Task(tiny, opts)
+    optimizer = torch.optim.Adam(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = make_scheduler(optimizer, "cosine", tiny["d_model"], opts.warmup, opts.steps)
+    losses = []
+    for step, world in enumerate(worlds):
+        optimizer.zero_grad()
+        first = None
+        for rank in range(world):
+            torch.manual_seed(batch_generator(opts.seed, step, rank).initial_seed())  # dropout
+            loss = task.loss(model, task.batch(step, rank))
+            (loss / world).backward()
+            first = loss.item() if first is None else first
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(first)
+    return losses, model
+
+
+def one_rank_adam_bytes(name: str) -> int:
+    """Adam's state for the whole model in one process, measured after a step."""
+    model = build_model(card(name), seed=0)
+    optimizer = torch.optim.Adam(model.parameters())
+    sum(p.sum() for p in model.parameters()).backward()
+    optimizer.step()
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values())
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("fsdp") / "run"
+    return out, train_sharded(2, "llama-tiny", out)
+
+
+def test_two_ranks_sharded_train_to_the_one_process_losses(two_rank_run: tuple) -> None:
+    out, trainer = two_rank_run
+    expected, model = reference("llama-tiny", [2] * STEPS)
+    assert trainer["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+    assert trainer["world_size"] == 2
+    consolidated = load_file(str(out / "model.safetensors"))
+    assert consolidated.keys() == model.state_dict().keys()
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(consolidated[key], tensor, atol=1e-4, rtol=0)
+
+
+def test_each_rank_holds_about_half_of_adams_state(two_rank_run: tuple) -> None:
+    _, trainer = two_rank_run
+    whole = one_rank_adam_bytes("llama-tiny")
+    for held in trainer["optimizer_bytes_per_rank"]:
+        assert held / whole == pytest.approx(0.5, abs=0.01)
+
+
+def interrupted(run: Path, at: int, into: Path) -> Path:
+    """A copy of `run` as a kill just after checkpoint `at` leaves it."""
+    shutil.copytree(run, into)
+    for later in (into / "checkpoints").glob("step-*"):
+        if int(later.name.removeprefix("step-")) > at:
+            shutil.rmtree(later)
+    (into / "checkpoints" / "latest").write_text(f"step-{at:08d}")
+    return into
+
+
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_resume_from_a_sharded_checkpoint_on_one_or_two_ranks(two_rank_run: tuple, ranks: int,
+                                                              tmp_path: Path) -> None:
+    out, uninterrupted = two_rank_run
+    resumed = interrupted(out, EVERY, tmp_path / "resumed")
+    trainer = train_sharded(ranks, "llama-tiny", resumed, extra=("--resume",))
+    if ranks == 2:  # the same ranks: the same run
+        assert trainer["losses"] == pytest.approx(uninterrupted["losses"], abs=1e-6)
+    else:  # on one rank from the checkpoint on: rank 0's batches only
+        expected, _ = reference("llama-tiny", [2] * EVERY + [1] * (STEPS - EVERY))
+        assert trainer["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+    assert trainer["world_size"] == ranks
+    logged = [json.loads(line)["step"] for line in (resumed / "metrics.jsonl").open()]
+    assert logged == sorted(set(logged))  # no step logged twice
+
+
+def test_sharded_checkpoint_imports_as_a_model_folder(two_rank_run: tuple,
+                                                      tmp_path: Path) -> None:
+    out, _ = two_rank_run
+    checkpoint = out / "checkpoints" / f"step-{EVERY:08d}"
+    imported = CliRunner().invoke(main, ["import", str(checkpoint), "-o", str(tmp_path / "f")])
+    assert imported.exit_code == 0, imported.output
+    _, model = reference("llama-tiny", [2] * EVERY)
+    weights = load_file(str(tmp_path / "f" / "model.safetensors"))
+    assert weights.keys() == model.state_dict().keys()
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(weights[key], tensor, atol=1e-4, rtol=0)
+    assert (tmp_path / "f" / "byte-tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+def test_sharded_checkpoint_exports_with_parity(two_rank_run: tuple, tmp_path: Path) -> None:
+    out, _ = two_rank_run
+    checkpoint = out / "checkpoints" / f"step-{EVERY:08d}"
+    exported = CliRunner().invoke(main, ["export", str(checkpoint), "--onnx", "-o",
+                                         str(tmp_path / "onnx")])
+    assert exported.exit_code == 0, exported.output  # zoo export's own parity grid passed
+    assert (tmp_path / "onnx" / "manifest.json").is_file()
+
+
+def test_shard_full_outside_torchrun_says_to_launch_with_torchrun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["train", "llama-tiny", "--task", "lm", "--steps", "2",
+                                       "--shard", "full", "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "launch with torchrun" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate", "bytes, shards.json says"),
+    ("swap", "do not match shards.json"),
+    ("delete", "missing (listed in shards.json)"),
+])
+def test_a_shard_that_does_not_match_the_index_is_named(two_rank_run: tuple, damage: str,
+                                                        message: str, tmp_path: Path) -> None:
+    out, _ = two_rank_run
+    checkpoint = shutil.copytree(out / "checkpoints" / f"step-{EVERY:08d}", tmp_path / "ck")
+    first, second = sorted(checkpoint.glob("shard-*.safetensors"))
+    if damage == "truncate":
+        first.write_bytes(first.read_bytes()[:-100])
+    elif damage == "swap":  # the index of a run whose first rank held other slices
+        index = json.loads((checkpoint / "shards.json").read_text())
+        listed = index["files"][first.name]["tensors"]["model.head.weight"]
+        listed["offsets"][0] += 1
+        (checkpoint / "shards.json").write_text(json.dumps(index))
+    else:
+        second.unlink()
+    result = CliRunner().invoke(main, ["import", str(checkpoint), "-o", str(tmp_path / "f")])
+    assert result.exit_code == 2, result.output
+    named = second if damage == "delete" else first
+    assert named.name in result.stderr and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "f").exists()

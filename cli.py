@@ -92,7 +92,9 @@ def import_command(source: str, out: str, force: bool, adapter: Path | None) -> 
     model.safetensors), or a Llama, Mistral, Qwen2 or Qwen3 GGUF file (dequantized to float32).
 
     Writes OUT/model.safetensors, config.yaml, source.json and the tokenizer files DIR has;
-    OUT then works with `zoo export OUT --onnx`. Pickle checkpoints are never loaded.
+    OUT then works with `zoo export OUT --onnx`. Pickle checkpoints are never loaded. DIR may
+    also be a sharded checkpoint of `zoo train --shard full` (OUT/checkpoints/step-N), which is
+    consolidated into OUT a tensor at a time.
     """
     from zoo.commands import import_command as run_import
 
@@ -111,7 +113,8 @@ def train(source: str, registries: tuple[str, ...], options: dict[str, Any]) -> 
 
     --task classify makes SOURCE a classifier for the labels in --data: the body's weights are
     kept, the new head initialised (OUT/init.json lists which), and OUT/eval.json holds the
-    held-out scores. Under `torchrun --nproc_per_node N` the same command trains data-parallel.
+    held-out scores. Under `torchrun --nproc_per_node N` the same command trains data-parallel;
+    with --shard full, sharded with FSDP2 (docs/scaling.md).
     --lora R trains a LoRA adapter on the frozen base (OUT: the base's weights, the adapter in
     PEFT's layout beside them; a folder with one loads, and exports, merged).
     """

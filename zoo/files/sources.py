@@ -18,8 +18,7 @@ from registry.paths import display_path
 from zoo.assemble import build_model
 from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter
 from zoo.files.weights import CONFIG, load_built
-
-SHARDS = "shards.json"  # a sharded checkpoint's index (zoo/training/sharded_checkpoints.py)
+from zoo.training.checkpoints import SHARDS
 
 
 def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed: int = 0,

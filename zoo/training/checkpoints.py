@@ -33,6 +33,7 @@ LATEST = "latest"
 OPTIMIZER = "optimizer.safetensors"
 TRAINER = "trainer.json"
 KEEP = 2  # checkpoints kept on disk
+SHARDS = "shards.json"  # a sharded checkpoint's index (sharded_checkpoints.py)
 
 
 @dataclass

@@ -43,9 +43,8 @@ from registry.errors import ZooError
 from registry.paths import display_path, inside
 from runtime.files.atomic import atomic_folder, atomic_write_bytes, current_umask
 from runtime.files.tokenizer import tokenizer_files
-from zoo.files.sources import SHARDS
 from zoo.files.weights import CONFIG, WEIGHTS
-from zoo.training.checkpoints import CHECKPOINTS, KEEP, LATEST, TRAINER
+from zoo.training.checkpoints import CHECKPOINTS, KEEP, LATEST, SHARDS, TRAINER
 
 MODEL, OPTIMIZER = "model", "optimizer"  # the two parts of the saved state, key prefixes
 SHARDING_INFO = "DCP_SHARDING_INFO"  # DCP's header key: each tensor's saved_offsets

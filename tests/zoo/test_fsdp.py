@@ -245,29 +245,36 @@ def test_a_sharded_checkpoint_resumes_only_sharded(two_rank_run: tuple, tmp_path
     assert (copy / "checkpoints" / "latest").read_text() == before
 
 
-@pytest.mark.parametrize("damage, message", [
-    ("truncate", "bytes, shards.json says"),
-    ("swap", "do not match shards.json"),
-    ("delete", "missing (listed in shards.json)"),
+@pytest.mark.parametrize("damage, named, message", [
+    ("truncate", 0, "bytes, shards.json says"),
+    ("other slices", 0, "do not match shards.json"),
+    ("delete", 1, "missing (listed in shards.json)"),
+    ("stray", 2, "a shard file shards.json does not list"),
+    ("gap", "shards.json", "the shards do not cover model.head.weight"),
 ])
 def test_a_shard_that_does_not_match_the_index_is_named(two_rank_run: tuple, damage: str,
-                                                        message: str, tmp_path: Path) -> None:
+                                                        named: int | str, message: str,
+                                                        tmp_path: Path) -> None:
     out, _ = two_rank_run
     checkpoint = shutil.copytree(out / "checkpoints" / f"step-{EVERY:08d}", tmp_path / "ck")
-    first, second = sorted(checkpoint.glob("shard-*.safetensors"))
+    shards = sorted(checkpoint.glob("shard-*.safetensors"))
+    index = json.loads((checkpoint / "shards.json").read_text())
     if damage == "truncate":
-        first.write_bytes(first.read_bytes()[:-100])
-    elif damage == "swap":  # the index of a run whose first rank held other slices
-        index = json.loads((checkpoint / "shards.json").read_text())
-        listed = index["files"][first.name]["tensors"]["model.head.weight"]
-        listed["offsets"][0] += 1
-        (checkpoint / "shards.json").write_text(json.dumps(index))
-    else:
-        second.unlink()
+        shards[0].write_bytes(shards[0].read_bytes()[:-100])
+    elif damage == "other slices":  # the index of a run whose first rank held other slices
+        index["files"][shards[0].name]["tensors"]["model.head.weight"]["offsets"][0] += 1
+    elif damage == "delete":
+        shards[1].unlink()
+    elif damage == "stray":  # a third rank's shard left from another run
+        shards.append(checkpoint / "shard-00003-model-00001-of-00001.safetensors")
+        shutil.copyfile(shards[1], shards[2])
+    else:  # the index says the tensor is larger than its pieces
+        index["tensors"]["model.head.weight"]["shape"][0] += 1
+    (checkpoint / "shards.json").write_text(json.dumps(index))
     result = CliRunner().invoke(main, ["import", str(checkpoint), "-o", str(tmp_path / "f")])
     assert result.exit_code == 2, result.output
-    named = second if damage == "delete" else first
-    assert named.name in result.stderr and message in result.stderr
+    name = named if isinstance(named, str) else shards[named].name
+    assert f"{name}: " in result.stderr and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "f").exists()
 

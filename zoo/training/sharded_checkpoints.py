@@ -171,11 +171,26 @@ def read_index(folder: Path) -> dict[str, Any]:
     for stray in sorted(set(p.name for p in folder.glob("*.safetensors")) - set(files)):
         raise ZooError(f"{display_path(folder / stray)}: a shard file {SHARDS} does not list")
     for key, whole in tensors.items():
-        pieces = [f["tensors"][key]["shape"] for f in files.values() if key in f["tensors"]]
-        if sum(math.prod(shape) for shape in pieces) != math.prod(whole["shape"]):
+        pieces = [f["tensors"][key] for f in files.values() if key in f["tensors"]]
+        if not _covered(whole, pieces):
             raise ZooError(f"{display_path(path)}: the shards do not cover {key} "
-                           f"{whole['shape']}")
+                           f"{whole.get('shape')} (or are of another dtype)")
     return index
+
+
+def _covered(whole: dict[str, Any], pieces: list[dict[str, Any]]) -> bool:
+    """The pieces lie inside the whole tensor, of its dtype, and add up to its size."""
+    shape = whole.get("shape")
+    if whole.get("dtype") not in DTYPES or not isinstance(shape, list):
+        return False
+    for piece in pieces:
+        if piece["dtype"] != whole["dtype"] or \
+                not len(piece["offsets"]) == len(piece["shape"]) == len(shape):
+            return False
+        if any(start < 0 or start + length > size for start, length, size in
+               zip(piece["offsets"], piece["shape"], shape, strict=True)):
+            return False
+    return sum(math.prod(piece["shape"]) for piece in pieces) == math.prod(shape)
 
 
 def load_sharded(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer,

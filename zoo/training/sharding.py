@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,6 +51,13 @@ def start_process_group() -> tuple[int, int]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+def rank_zeros(path: Path) -> Path:
+    """Rank 0's `path` on every rank."""
+    chosen = [str(path)]
+    dist.broadcast_object_list(chosen, src=0)
+    return Path(chosen[0])
 
 
 def policy(mixed_precision: str) -> MixedPrecisionPolicy:

@@ -214,9 +214,11 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
     """The loop, writing into `options.out` (OUT, or its staged replacement); messages name
     `shown`, the OUT the user asked for."""
     writer = rank == 0
+    sharded = options.shard == "full"
+    if sharded:  # every rank writes its shards where rank 0 trains (--force: a staged OUT)
+        options = replace(options, out=sharding.rank_zeros(options.out))
     task = Task(card, options)
     checkpoint = _prepare_out(card, options, writer)
-    sharded = options.shard == "full"
     twin = sharding.meta_twin(model) if sharded and writer and finish else None
     if sharded:
         sharding.shard_model(model, options.mixed_precision)
@@ -277,7 +279,7 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         _consolidated_out(options.out, twin, finish)
     elif writer and finish is not None:
         finish(model, options.out)
-    if world > 1:
+    if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
     return final

@@ -163,7 +163,7 @@ def read_index(folder: Path) -> dict[str, Any]:
                            f"{expected.get('bytes')} (truncated or replaced)")
         try:
             header = _header(shard)
-        except (SafetensorError, OSError, ValueError) as exc:
+        except (SafetensorError, OSError, ValueError, AttributeError, TypeError) as exc:
             raise ZooError(f"{display_path(shard)}: not a readable shard: {exc}") from exc
         if header != expected.get("tensors"):
             raise ZooError(f"{display_path(shard)}: its tensors do not match {SHARDS} (a shard "

@@ -36,7 +36,7 @@ from zoo.training.tasks import Task, TrainOptions
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 12, 6
-ARGS = ["--task", "lm", "--batch-size", "4", "--block-size", "32", "--seed", "3"]
+ARGS = ["--batch-size", "4", "--block-size", "32", "--seed", "3"]
 # float32 sums in another order, and trainer.json's losses rounded to 6 decimals (measured:
 # at most 1.1e-6 over 12 and 50 steps of llama-tiny, 9.0e-7 over 50 of gemma-tiny)
 LOSS_TOLERANCE = 1e-5
@@ -61,8 +61,9 @@ def torchrun(ranks: int, args: list[str], cwd: Path, timeout: int = 240,
 
 
 def train_sharded(ranks: int, name: str, out: Path, steps: int = STEPS,
-                  extra: tuple[str, ...] = ()) -> dict:
-    result = torchrun(ranks, [name, *ARGS, "--steps", str(steps), "--checkpoint-every",
+                  extra: tuple[str, ...] = (), task: str = "lm") -> dict:
+    result = torchrun(ranks, [name, "--task", task, *ARGS, "--steps", str(steps),
+                              "--checkpoint-every",
                               str(EVERY), "--shard", "full", "-o", str(out), *extra], out.parent)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count(f"trained {name}") == 1  # only rank 0 reports
@@ -70,28 +71,29 @@ def train_sharded(ranks: int, name: str, out: Path, steps: int = STEPS,
 
 
 @functools.cache
-def reference(name: str, worlds: tuple[int, ...], lora: int | None = None
+def reference(name: str, worlds: tuple[int, ...], lora: int | None = None, task: str = "lm"
               ) -> tuple[list[float], torch.nn.Module]:
     """Rank 0's losses of a run whose step i averages the gradients of worlds[i] ranks (with
     `lora`, rank-`lora` adapters on query and value, made as `zoo train` makes them)."""
     tiny = card(name)
-    opts = TrainOptions(task="lm", out=Path("unused"), steps=len(worlds), batch_size=4,
+    opts = TrainOptions(task=task, out=Path("unused"), steps=len(worlds), batch_size=4,
                         block_size=32, seed=3).resolved(tiny)
     model = build_model(tiny, seed=opts.seed)
     if lora is not None:
         add_adapters(model, ["query", "value"], lora, 8.0, 0.0, False, where=name)
     model.train()
-    task = Task(tiny, opts)
+    run = Task(tiny, opts)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(trained, lr=opts.lr, betas=(0.9, 0.98), eps=1e-9)
-    scheduler = make_scheduler(optimizer, "cosine", tiny["d_model"], opts.warmup, opts.steps)
+    scheduler = make_scheduler(optimizer, opts.schedule, tiny["d_model"], opts.warmup,
+                               opts.steps)
     losses = []
     for step, world in enumerate(worlds):
         optimizer.zero_grad()
         first = None
         for rank in range(world):
             torch.manual_seed(batch_generator(opts.seed, step, rank).initial_seed())  # dropout
-            loss = task.loss(model, task.batch(step, rank))
+            loss = run.loss(model, run.batch(step, rank))
             (loss / world).backward()
             first = loss.item() if first is None else first
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -237,7 +239,8 @@ def test_a_sharded_checkpoint_resumes_only_sharded(two_rank_run: tuple, tmp_path
     out, _ = two_rank_run
     copy = shutil.copytree(out, tmp_path / "run")
     before = (copy / "checkpoints" / "latest").read_text()
-    result = CliRunner().invoke(main, ["train", "llama-tiny", *ARGS, "--steps", str(STEPS + 2),
+    result = CliRunner().invoke(main, ["train", "llama-tiny", "--task", "lm", *ARGS,
+                                       "--steps", str(STEPS + 2),
                                        "--resume", "-o", str(copy)])
     assert result.exit_code == 2, result.output
     assert "a checkpoint of a --shard full run; resume it with --shard full" in result.stderr
@@ -316,8 +319,8 @@ def test_two_torchrun_agents_as_two_nodes_train(tmp_path: Path) -> None:
     out, port = tmp_path / "nodes", free_port()
     launcher = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                 f"127.0.0.1:{port}", "--rdzv-id", "zoo-test"]
-    args = ["llama-tiny", *ARGS, "--steps", "4", "--checkpoint-every", "2", "--shard", "full",
-            "-o", str(out)]
+    args = ["llama-tiny", "--task", "lm", *ARGS, "--steps", "4", "--checkpoint-every", "2",
+            "--shard", "full", "-o", str(out)]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: torchrun(1, args, tmp_path, launcher=launcher),
                                 range(2)))
@@ -327,3 +330,26 @@ def test_two_torchrun_agents_as_two_nodes_train(tmp_path: Path) -> None:
     assert trainer["world_size"] == 2
     expected, _ = reference("llama-tiny", tuple([2] * 4))
     assert trainer["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+
+
+@pytest.mark.slow
+def test_an_encoder_decoder_shards_both_stacks(tmp_path: Path) -> None:
+    """transformer-tiny, --task copy (the paper's schedule, label smoothing): its encoder's and
+    decoder's layers are units as a decoder's are, no family named."""
+    trainer = train_sharded(2, "transformer-tiny", tmp_path / "copy", task="copy")
+    expected, model = reference("transformer-tiny", tuple([2] * STEPS), task="copy")
+    assert trainer["losses"] == pytest.approx(expected, abs=LOSS_TOLERANCE)
+    weights = load_file(str(tmp_path / "copy" / "model.safetensors"))
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(weights[key], tensor, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_force_over_an_existing_out_replaces_it(two_rank_run: tuple, tmp_path: Path) -> None:
+    out, uninterrupted = two_rank_run
+    again = shutil.copytree(out, tmp_path / "again")
+    (again / "checkpoints" / "step-00000099").mkdir()  # only the old OUT has it
+    trainer = train_sharded(2, "llama-tiny", again, extra=("--force",))
+    assert trainer["losses"] == pytest.approx(uninterrupted["losses"], abs=1e-6)
+    assert sorted(p.name for p in (again / "checkpoints").iterdir()) == \
+        ["latest", f"step-{EVERY:08d}", f"step-{STEPS:08d}"]

@@ -1,11 +1,12 @@
 """`zoo train --shard full`: PyTorch's FSDP2 (`fully_shard`) over the ranks torchrun starts.
 
 Each of the zoo's layers (`zoo.blocks.layer.Layer`, whatever stack holds it: a decoder's
-`layers`, an encoder-decoder's two) is one FSDP unit, and the root (embeddings, final norm,
-heads) is the last: between forward passes every rank holds 1/N of each parameter, its
-gradient and its Adam moments. FSDP owns the all-gathers, the reduce-scatters and mixed
-precision; the zoo owns where the units begin and end, the data, the checkpoints
-(sharded_checkpoints.py) and the folders."""
+`layers`, an encoder-decoder's two) is one FSDP unit (its cross-attention one of its own, as
+the model projects the encoder's output for it before the layer runs), and the root
+(embeddings, final norm, heads) is the last: between forward passes every rank holds 1/N of
+each parameter, its gradient and its Adam moments. FSDP owns the all-gathers, the
+reduce-scatters and mixed precision; the zoo owns where the units begin and end, the data, the
+checkpoints (sharded_checkpoints.py) and the folders."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from registry.errors import ZooError
 from zoo.blocks.layer import Layer
@@ -77,6 +82,9 @@ def shard_model(model: nn.Module, mixed_precision: str = "none") -> int:
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     layers = [module for module in model.modules() if isinstance(module, Layer)]
     for layer in layers:
+        if layer.cross_attention is not None:  # projected apart, before its layer runs
+            fully_shard(layer.cross_attention, mp_policy=chosen)  # (cross_cache), so a unit
+            register_fsdp_forward_method(layer.cross_attention, "project")  # of its own
         fully_shard(layer, mp_policy=chosen)
     fully_shard(model, mp_policy=chosen)
     return len(layers)

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from registry.errors import ZooError
-from registry.paths import display_path
+from registry.paths import display_path, inside
+from registry.stems import is_patch_card
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 MAX_PIXELS = 64 * 2**20  # width x height an image may declare (8192 x 8192)
@@ -217,3 +218,25 @@ def load_pixels(paths: list[Path], processor: Processor) -> np.ndarray:
     """(batch, 3, H, W) float32 for image files, each refused by name where unreadable."""
     return np.stack([pixel_values(open_rgb(Path(path)), processor, display_path(path))
                      for path in paths])
+
+
+def processor_file(folder: Path, card: Any) -> Path | None:
+    """A model folder's preprocessor_config.json, kept inside the folder, read and checked
+    against the card's image (size and channels); None where the folder has none or the card
+    reads no pixels."""
+    if not is_patch_card(card):
+        return None
+    path = inside(Path(folder), PREPROCESSOR_CONFIG, display_path(folder), "preprocessor config")
+    if not path.is_file():
+        return None
+    check_fits(read_processor(path), card["image_size"], card["channels"], display_path(path))
+    return path
+
+
+def export_processor(folder: Path, card: Any) -> Processor:
+    """The processor an export runs its images through (its preprocessor_config.json)."""
+    path = processor_file(folder, card)
+    if path is None:
+        raise ImageError(f"{display_path(folder)}: no {PREPROCESSOR_CONFIG} (an image "
+                         "model's export has one)")
+    return read_processor(path)

@@ -32,8 +32,8 @@ from export.targets.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.families import spec_of
 from registry.stems import is_patch_card
-from runtime.files.images import PREPROCESSOR_CONFIG, default_config
 from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype
+from runtime.files.images import PREPROCESSOR_CONFIG, default_config
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 

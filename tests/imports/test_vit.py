@@ -181,3 +181,10 @@ def test_an_image_size_not_a_multiple_of_the_patch_is_refused(tmp_path: Path) ->
 
 def test_text_for_an_image_model_is_refused(exports: dict[str, Path]) -> None:
     assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"), "reads images")
+
+
+def test_quantizing_an_image_model_is_refused_before_tracing(tmp_path: Path) -> None:
+    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--quantize", "int8",
+                                           "--out", tmp_path / "out"))
+    assert "--quantize is not supported for an image encoder" in line
+    assert not (tmp_path / "out").exists()

@@ -225,7 +225,7 @@ RUN = "commands.run:RunRequest"
 
 @main.command()
 @click.argument("folder", type=click.Path())
-@fields("request", RUN, "provider id_lists texts chats as_json")
+@fields("request", RUN, "provider id_lists texts chats images as_json")
 @fields("options", "runtime.exported:GenerateOptions")
 @fields("request", RUN, "threads")
 def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
@@ -234,7 +234,8 @@ def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
     the pooled vector and the top predictions at masked positions. A model with a sentence
     vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
-    size and norm, and the texts' cosine similarities.
+    size and norm, and the texts' cosine similarities. An image model's export (a ViT) prints
+    each --image's top labels.
     """
     from commands.run import RunRequest, run_export
     from runtime.exported import GenerateOptions

@@ -29,6 +29,9 @@ class RunRequest:
     chats: tuple[str, ...] = option((), "A user's message, put in the export's chat template "
                                     "(chat_template.jinja); prints the reply. Repeat for more.",
                                     flags=("--chat",))
+    images: tuple[Path, ...] = option((), "An image file (PNG, JPEG, ...) for an image "
+                                      "model's export (a ViT): its top labels; repeat for a "
+                                      "batch.", flags=("--image",), path="file")
     as_json: bool = option(False, "Classifiers and embedding models: print the raw numbers as "
                            "JSON.", flags=("--json",))
     options: GenerateOptions = GenerateOptions()
@@ -43,6 +46,12 @@ def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: 
         exported = load(request.folder, request.provider, request.threads)
         return [exported.chat(message, request.options).text or ""
                 for message in request.chats]
+    if request.images:
+        if request.texts or request.id_lists:
+            raise ZooError("--image cannot be combined with --text or --ids")
+        exported = load(request.folder, request.provider, request.threads)
+        shown = [str(path) for path in request.images]
+        return _sequence_lines(exported.images(request.images), shown, request.as_json)
     texts = tuple(check_text(text) for text in request.texts)
     if not texts and not request.id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")

@@ -26,6 +26,7 @@ from export.options import ExportOptions
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.files.images import processor_file
 from runtime.files.tokenizer import load_tokenizer, tokenizer_files
 from runtime.sessions import lean_session_options
 
@@ -86,6 +87,8 @@ def export_and_verify(
         return check
 
     extra = tokenizer_files(source_folder) if source_folder is not None else []
+    processor = processor_file(source_folder, card) if source_folder is not None else None
+    extra += [processor] if processor is not None else []
     written = export_onnx(model, card, out, family, options, verify_staged, progress, extra,
                           gguf)
     return written.check if options.plain else VariantReport(written.notes, written.check)

@@ -107,6 +107,7 @@ BLOCKS: dict[str, dict[str, BlockEntry]] = {
         (LEARNED, "positions:Learned", learned_params),
         (ROTARY, "positions:RotaryPositions", no_params),
         ("t5_relative", "relative_bias:T5RelativeBias", relative_bias_params)),
+    "stem": {},  # registry/stems.py: the token embeddings and a ViT's patches
 }
 
 

@@ -43,6 +43,10 @@ class FamilySpec:
     generation_extras: Mapping[str, Any] = field(default_factory=_frozen)  # generation_config
     default_generate: int = 0  # tokens `zoo attention` generates when not told
     pooled_variant: FamilySpec | None = None  # the spec of its cards that set a pooling
+    image_variant: FamilySpec | None = None  # the spec of its cards with a patch stem (ViT)
+    inputs_noun: str = "token ids"  # what its graph reads, in errors
+    # the ending of the transformers class name of its classifiers
+    hf_classifier: str = "ForSequenceClassification"
 
     def generated_length(self, prompt_length: int, new_tokens: int) -> int:
         """Positions the generated sequence occupies (checked against max_positions): the
@@ -50,7 +54,11 @@ class FamilySpec:
         return new_tokens + 1 if self.cross_attention else prompt_length + new_tokens
 
 
-ENCODER = FamilySpec("encoder", "encoder", ("encoder",), poolings=POOLINGS)
+# An encoder whose stem reads pixels (registry/stems.py): a ViT, classifying on its class token.
+IMAGE = FamilySpec("encoder", "image", ("encoder",), poolings=("cls", "pooler"),
+                   prompt_noun="an image", inputs_noun="pixel values",
+                   hf_classifier="ForImageClassification")
+ENCODER = FamilySpec("encoder", "encoder", ("encoder",), poolings=POOLINGS, image_variant=IMAGE)
 SEQUENCE = FamilySpec("decoder", "sequence", ("decoder",), poolings=("mean", "last"),
                       default_pooling="last", no_hf_class="a pooled decoder")
 DECODER = FamilySpec("decoder", "decoder", ("decoder",), generates=True,
@@ -74,7 +82,17 @@ def spec_of(card: Any) -> FamilySpec:
     spec = SPECS[card["family"]]
     if spec.pooled_variant is not None and card["pooling"] is not None:
         return spec.pooled_variant
+    if spec.image_variant is not None and _has_field(card, "image_size"):  # a patch stem's
+        return spec.image_variant
     return spec
+
+
+def _has_field(card: Any, name: str) -> bool:
+    """Whether a resolved card has a block's own field (present only where it selects it)."""
+    try:
+        return card[name] is not None
+    except KeyError:
+        return False
 
 
 def register_spec(spec: FamilySpec) -> None:

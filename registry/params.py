@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import registry.experts as experts
+import registry.stems as stems
 from registry.blocks import BLOCKS, effective_bias
 from registry.families import SPECS
 from registry.schema import shared_embeddings, target_vocab_size
@@ -64,7 +65,9 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         encoder_layer += 2 * norm
     parts: dict[str, int] = {}
 
-    embeddings = vocab * d + position_params(card) + card["type_vocab_size"] * d
+    # the patch stem holds its own positions; the token stem's are the position block's
+    embeddings = block_params("stem", card) + (
+        0 if stems.is_patch_card(card) else position_params(card))
     if card["embedding_norm"]:
         embeddings += norm
     target = target_vocab_size(card)

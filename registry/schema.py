@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import registry.experts as experts
+import registry.stems as stems
 from registry.blocks import (
     BLOCKS,
     GELU,
@@ -81,6 +82,9 @@ FIELDS: dict[str, Field] = {
     "norm_placement": Field(str, "pre", "norm before (pre) or after (post) each sublayer",
                             choices=("pre", "post")),
     "position": Field(str, LEARNED, "position kind", choices=_blocks("position")),
+    "stem": Field(str, stems.TOKEN_EMBEDDING, "input stem: token_embedding (text) or "
+                  "patch_embedding (an image cut into patches, ViT; fields image_size, "
+                  "patch_size, channels)", choices=_blocks("stem")),
     "rope_theta": Field(float, 10000.0, "rotary base", minimum=0.0, exclusive_minimum=True),
     "rope_scaling": Field(dict, None, "rotary scaling, as config.json's: {rope_type: linear, "
                           "factor}, {rope_type: llama3, factor, low_freq_factor, "
@@ -164,6 +168,7 @@ ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
 # The mixture-of-experts feed-forward, a built-in block with card fields of its own
 # (registry/experts.py): they are resolved only in cards that select it.
 experts.register(Field)
+stems.register(Field)  # the input stems, the patch stem's fields with them
 
 
 def shared_embeddings(card: dict[str, Any]) -> bool:
@@ -348,6 +353,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
                 raise CardError(f"{where}: {name}={card[name]!r} applies only to family encoder, "
                                 f"not {card['family']}")
     _check_sequence_heads(card, where)
+    stems.check_patches(card, where)
     if card["target_vocab_size"] is not None and card["family"] != "encoder-decoder":
         raise CardError(f"{where}: target_vocab_size applies only to family encoder-decoder")
     for token in ("bos_token_id", "eos_token_id"):  # tokens the decoder reads or writes

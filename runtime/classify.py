@@ -79,6 +79,14 @@ def run_sequences(engine: Engine, prompts: list[list[int]]) -> SequenceOutputs:
     return SequenceOutputs(outputs["sentence_embedding"], probabilities, label_names(card))
 
 
+def run_images(engine: Engine, pixel_values: np.ndarray) -> SequenceOutputs:
+    """One batch of (B, channels, H, W) pixel values through model.onnx (an image model)."""
+    card = engine.card
+    outputs = engine.run(MODEL_GRAPH, {"pixel_values": pixel_values})
+    probabilities = softmax(outputs["logits"]) if card["num_labels"] else None
+    return SequenceOutputs(outputs["sentence_embedding"], probabilities, label_names(card))
+
+
 def predictions(engine: Engine, prompts: list[list[int]], batch: int = 64) -> list[int]:
     """Each prompt's most likely class (first maximum on ties), in right-padded batches."""
     found: list[int] = []

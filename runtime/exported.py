@@ -15,10 +15,12 @@ from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.options import option
 from registry.paths import display_path, inside
-from runtime.classify import SequenceOutputs, run_sequences
+from registry.stems import is_patch_card
+from runtime.classify import SequenceOutputs, run_images, run_sequences
 from runtime.encode import MaskedPrediction, encode
 from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.chat_worker import render_chat
+from runtime.files.images import export_processor, load_pixels
 from runtime.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
 from runtime.files.tools import presented
 from runtime.generate import generate, left_padded
@@ -173,7 +175,21 @@ class Exported:
         if self.card["pooling"] is None:
             raise ZooError(f"{display_path(self.folder)}: this export has no sentence vector "
                            "(its card sets no pooling)")
+        if is_patch_card(self.card):
+            raise ZooError(f"{display_path(self.folder)}: an image model reads images, not "
+                           "text (zoo run --image FILE; in Python, images([...]))")
         return run_sequences(self.runtime, self.tokens(prompts, what, whole=True))
+
+    def images(self, paths: Sequence[str | Path]) -> SequenceOutputs:
+        """An image model (a ViT): each image file's class-token vector and, for a classifier,
+        its label probabilities, the files run through the export's preprocessor_config.json."""
+        if not is_patch_card(self.card):
+            raise ZooError(f"{display_path(self.folder)}: not an image model (its card's stem "
+                           "reads tokens); give it text or ids")
+        if not paths:
+            raise ZooError("no image given")
+        processor = export_processor(self.folder, self.card)
+        return run_images(self.runtime, load_pixels([Path(p) for p in paths], processor))
 
     def embed(self, prompts: Prompt | Sequence[Prompt]) -> np.ndarray:
         """(batch, d) sentence vectors, normalised where the card says so."""

@@ -10,6 +10,7 @@ from torch import nn
 
 from registry.catalog import Card
 from registry.schema import shared_embeddings, target_vocab_size
+from registry.stems import is_patch_card
 from zoo.blocks.classes import build_block
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
@@ -18,6 +19,7 @@ from zoo.blocks.windows import LocalAttention
 from zoo.models.decoder import Decoder
 from zoo.models.encoder import Encoder
 from zoo.models.encoder_decoder import EncoderDecoder
+from zoo.models.image_encoder import ImageEncoder
 
 INIT_STD = 0.02
 
@@ -72,6 +74,10 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
         return Decoder(parts.embeddings(parts.position()), parts.layers(), parts.final_norm(),
                        None if sequence else parts.lm_head(), sequence,
                        LocalAttention.from_card(card))
+    if family == "encoder" and is_patch_card(card):  # a ViT: the stem reads pixels
+        heads = {spec.name: spec.build(card, parts) for spec in encoder_heads(card)}
+        return ImageEncoder(build_block("stem", card, None), parts.layers(), parts.final_norm(),
+                            heads)
     if family == "encoder":
         embeddings, layers, final_norm = (parts.embeddings(parts.position()), parts.layers(),
                                           parts.final_norm())

@@ -16,6 +16,7 @@ import torch
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.paths import display_path
+from registry.stems import is_patch_card
 from runtime.files.atomic import refuse_existing, wrote
 from zoo.assemble import build_model
 from zoo.blocks.lora import add_adapters
@@ -33,6 +34,8 @@ from zoo.files.weights import save_built
 from zoo.training.checkpoints import trainable
 from zoo.training.classify import INIT_RECORD, prepare_classifier
 from zoo.training.sharded_checkpoints import consolidate_folder, is_sharded
+from zoo.training.images import check_options as check_image_options
+from zoo.training.images import prepare_image_classifier
 from zoo.training.train import Evaluated, Progress, TrainOptions, train
 
 Note = Callable[[str], None]
@@ -125,8 +128,16 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
     options.check()  # before the card is built
     model, card = load_source(source, tuple(registries), options.seed)
     files: dict[str, bytes] = {}
-    if options.task == "classify":
-        assert options.data is not None
+    if options.task == "classify" and is_patch_card(card):  # the digits, as images
+        check_image_options(card, options)
+        model, card, record = prepare_image_classifier(model, card, options.seed, source)
+        files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()
+        note(f"classifier: {card['num_labels']} digits, scikit-learn's 8x8 images drawn at "
+             f"{card['image_size']} x {card['image_size']}; kept {len(record['kept'])} "
+             f"tensors of {source}, initialised {len(record['initialised'])}")
+    elif options.task == "classify":
+        if options.data is None:
+            raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
         model, card, record = prepare_classifier(model, card, options.data, options.seed,
                                                  source)
         files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()

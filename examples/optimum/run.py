@@ -9,6 +9,7 @@ optimum-onnx needs an older transformers than the zoo's own environment has.
     .venv/bin/python run.py FOLDER sequence-classification --text A --text B
     .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
     .venv/bin/python run.py FOLDER translation --text A --text B [--max-new-tokens 32]
+    .venv/bin/python run.py FOLDER image-classification --image a.png --image b.jpg
 
 causal-lm-head-dim is causal-lm with Optimum's empty cache sized by config.json's `head_dim`:
 optimum-onnx 0.1.0's ORTModelForCausalLM sizes it hidden_size // num_attention_heads for every
@@ -21,7 +22,9 @@ Prints one JSON object: `tokens` (prompt and new ids) for causal-lm; `last_hidde
 masked-lm; `labels` and `scores` ({label: probability} per
 text) for sequence-classification; `vectors` for sentence-transformers; `inputs` (each text's
 source ids), `tokens` (its new ids, from ORTModelForSeq2SeqLM.generate) and `texts`
-(`pipeline("translation")`'s) for translation.
+(`pipeline("translation")`'s) for translation; `labels` and `scores` ({label: probability}
+per image, ORTModelForImageClassification on the folder's preprocessor_config.json through
+transformers' AutoImageProcessor) for image-classification.
 
     .venv/bin/python run.py --jobs JOBS.json
 
@@ -115,10 +118,29 @@ def sentence_transformers(folder: str, texts: list[str]) -> dict[str, Any]:
     return {"vectors": model.encode(texts).tolist()}
 
 
+def image_classification(folder: str, images: list[str]) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForImageClassification
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(folder)
+    model = ORTModelForImageClassification.from_pretrained(folder)
+    labels, scores = [], []
+    for path in images:
+        with Image.open(path) as image:
+            logits = model(**processor(image, return_tensors="pt")).logits[0]
+        probabilities = logits.softmax(-1).tolist()
+        names = [model.config.id2label[i] for i in range(len(probabilities))]
+        labels.append(names[max(range(len(names)), key=probabilities.__getitem__)])
+        scores.append(dict(zip(names, probabilities, strict=True)))
+    return {"labels": labels, "scores": scores}
+
+
 TASKS = {"causal-lm": causal_lm, "causal-lm-head-dim": partial(causal_lm, head_dim=True),
          "feature-extraction": feature_extraction, "masked-lm": masked_lm,
          "sequence-classification": sequence_classification,
-         "sentence-transformers": sentence_transformers, "translation": translation}
+         "sentence-transformers": sentence_transformers, "translation": translation,
+         "image-classification": image_classification}
 GENERATING = ("causal-lm", "causal-lm-head-dim", "translation")
 
 
@@ -147,9 +169,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
     parser.add_argument("task", choices=list(TASKS))
-    parser.add_argument("--text", action="append", required=True)
+    parser.add_argument("--text", action="append")
+    parser.add_argument("--image", action="append", dest="text")  # image-classification's
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args()
+    if not args.text:
+        parser.error("give at least one --text (or --image)")
     try:
         result = run(args.folder, args.task, args.text, args.max_new_tokens)
     except Exception as exc:  # the libraries raise many types: one line, exit 1

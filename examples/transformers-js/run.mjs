@@ -6,6 +6,7 @@
 //   node run.mjs FOLDER text-classification --text A --text B
 //   node run.mjs FOLDER translation --text A --text B [--max-new-tokens 32]
 //   node run.mjs FOLDER fill-mask --text "A <|mask|> B"
+//   node run.mjs FOLDER image-classification --image a.png --image b.jpg
 //
 // `--dtype q4` (or q8, int8, fp32) is handed to transformers.js, which then opens
 // onnx/model_q4.onnx (a translation model: onnx/encoder_model_q4.onnx and
@@ -16,7 +17,9 @@
 // embeddings' `vectors`; the classifier's `labels` (each text's best) and `scores` (every
 // label's probability, by label); translation's `inputs` (each text's source ids), `tokens`
 // (its new ids, from AutoModelForSeq2SeqLM.generate) and `texts` (the `translation` pipeline's);
-// fill-mask's `tokens` and `scores` (each text's five likeliest ids at the mask, best first).
+// fill-mask's `tokens` and `scores` (each text's five likeliest ids at the mask, best first);
+// image-classification's `labels` (each image's best) and `scores` (every label's probability,
+// by label), the images read and preprocessed by transformers.js from preprocessor_config.json.
 // Errors: one line on stderr, exit 1.
 
 import { basename, dirname, resolve } from 'node:path';
@@ -25,25 +28,28 @@ import {
 } from '@huggingface/transformers';
 
 const TASKS = ['text-generation', 'feature-extraction', 'text-classification', 'translation',
-               'fill-mask'];
+               'fill-mask', 'image-classification'];
 
 function parse(argv) {
   const [folder, task, ...rest] = argv;
   if (!folder || !TASKS.includes(task)) {
     throw new Error(`usage: node run.mjs FOLDER (${TASKS.join('|')}) --text TEXT ...`);
   }
-  const args = { folder: resolve(folder), task, texts: [], maxNewTokens: 32, pooling: 'mean',
-                 normalize: false, options: {} };
+  const args = { folder: resolve(folder), task, texts: [], images: [], maxNewTokens: 32,
+                 pooling: 'mean', normalize: false, options: {} };
   for (let i = 0; i < rest.length; i++) {
     const flag = rest[i];
     if (flag === '--text') args.texts.push(rest[++i]);
+    else if (flag === '--image') args.images.push(resolve(rest[++i]));
     else if (flag === '--max-new-tokens') args.maxNewTokens = Number(rest[++i]);
     else if (flag === '--pooling') args.pooling = rest[++i];
     else if (flag === '--normalize') args.normalize = true;
     else if (flag === '--dtype') args.options.dtype = rest[++i];
     else throw new Error(`unknown option ${flag}`);
   }
-  if (args.texts.length === 0) throw new Error('give at least one --text');
+  if (task === 'image-classification') {
+    if (args.images.length === 0) throw new Error('give at least one --image');
+  } else if (args.texts.length === 0) throw new Error('give at least one --text');
   return args;
 }
 
@@ -73,6 +79,18 @@ async function classify(id, { texts, options }) {
   const scores = [];
   for (const text of texts) {
     const ranked = await classifier(text, { top_k: null });
+    labels.push(ranked[0].label);
+    scores.push(Object.fromEntries(ranked.map(({ label, score }) => [label, score])));
+  }
+  return { labels, scores };
+}
+
+async function classifyImages(id, { images, options }) {
+  const classifier = await pipeline('image-classification', id, options);
+  const labels = [];
+  const scores = [];
+  for (const image of images) {
+    const ranked = await classifier(image, { top_k: null });
     labels.push(ranked[0].label);
     scores.push(Object.fromEntries(ranked.map(({ label, score }) => [label, score])));
   }
@@ -117,7 +135,7 @@ async function main() {
   const id = basename(args.folder);
   const run = { 'text-generation': generate, 'feature-extraction': embed,
                'text-classification': classify, translation: translate,
-               'fill-mask': fillMask }[args.task];
+               'fill-mask': fillMask, 'image-classification': classifyImages }[args.task];
   const result = await run(id, args);
   process.stdout.write(`${JSON.stringify(result)}\n`);
 }

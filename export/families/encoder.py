@@ -10,21 +10,26 @@ import numpy as np
 from export.checks.agreement import Agreement, masked_lm_agreement
 from export.checks.cases import encoder_cases
 from export.checks.quality import Measure, encoder_quality
+from export.families.image import ImageEncoderFamily
 from export.family import Case, Family, GraphIO, Input
 from export.onnx.wrappers import EncoderGraph
 from registry.catalog import Card
-from registry.families import ENCODER
+from registry.families import ENCODER, IMAGE, spec_of
 from runtime.contract import MODEL_GRAPH
 from runtime.files.tokenizer import load_tokenizer
 from zoo.blocks.heads import encoder_heads
 
 TOKENS = ("batch_size", "sequence_length")
+IMAGE_ENCODER = ImageEncoderFamily()  # an encoder card with a patch stem (a ViT)
 
 
 class EncoderFamily(Family):
     spec = ENCODER
     optimizer_model_type = "bert"
     dynamic_files = (MODEL_GRAPH,)
+
+    def variant(self, card: Any) -> Family:
+        return IMAGE_ENCODER if spec_of(card) is IMAGE else self
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         inputs = [Input("input_ids", TOKENS, "ids"), Input("attention_mask", TOKENS, "ones"),

@@ -22,6 +22,7 @@ from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.schema import target_vocab_size
 from registry.sizes import attention_sizes
+from registry.stems import is_patch_card
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
@@ -47,8 +48,10 @@ def check_opset(opset: int) -> None:
 
 def _sizes(card: Card) -> dict[str, int]:
     sizes = attention_sizes(card)
+    image = ({"num_channels": card["channels"], "height": card["image_size"],
+              "width": card["image_size"]} if is_patch_card(card) else {})
     return {**TRACE_SIZES, "kv_heads": sizes.kv_heads, "head_dim": sizes.head_dim,
-            "d_model": card["d_model"]}
+            "d_model": card["d_model"], **image}
 
 
 def _example(kind: str, shape: tuple[int, ...], card: Card) -> torch.Tensor:

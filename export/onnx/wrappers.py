@@ -60,6 +60,13 @@ class EncoderGraph(Wrapper):
             self.model(input_ids, attention_mask, token_type_ids).values()))
 
 
+class ImageGraph(Wrapper):
+    """An encoder over pixels (a ViT): last_hidden_state, then its heads' outputs."""
+
+    def forward(self, pixel_values):  # noqa: ANN001
+        return self.outputs(lambda: tuple(self.model(pixel_values).values()))
+
+
 class SequenceGraph(Wrapper):
     """A decoder with a pooling: last_hidden_state, then its heads' outputs."""
 

@@ -31,7 +31,9 @@ from export.onnx.files import data_file_name
 from export.targets.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.families import spec_of
+from registry.stems import is_patch_card
 from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype
+from runtime.files.images import PREPROCESSOR_CONFIG, default_config
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
@@ -78,6 +80,14 @@ def external_data_graphs(folder: Path, graphs: list[str], stored_as: dict[str, s
     return found
 
 
+def write_processor_config(folder: Path, card: Card) -> None:
+    """An image model's preprocessor_config.json (transformers.js and Optimum read it beside
+    config.json): the one copied from its source folder, else ViTImageProcessor's settings at
+    the card's image size."""
+    if is_patch_card(card) and not (folder / PREPROCESSOR_CONFIG).is_file():
+        _write_json(folder / PREPROCESSOR_CONFIG, default_config(card["image_size"]))
+
+
 def write_hf_files(folder: Path, card: Card, graphs: list[str],
                    stored_as: dict[str, str]) -> list[str]:
     """Write the files into the staged export `folder` (its graphs already there, a quantized
@@ -85,6 +95,7 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
     what it or the tokenizer files leave out)."""
     folder = Path(folder)
     _, notes = write_tokenizer_files(folder, card)
+    write_processor_config(folder, card)
     found = hf_config(card)
     if found.note:
         notes.append(found.note)

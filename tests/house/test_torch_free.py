@@ -165,3 +165,35 @@ def test_a_venv_without_torch_runs_an_export(shared_export, tmp_path: Path) -> N
     assert build.stderr.splitlines() == [build.stderr.strip()]
     assert "needs torch" in build.stderr and "'.[export]'" in build.stderr
     assert "Traceback" not in build.stderr and not (tmp_path / "built").exists()
+
+
+def test_an_image_model_runs_without_torch(tmp_path: Path) -> None:
+    """`zoo run --image` decodes, preprocesses (Pillow, numpy) and classifies with no torch;
+    its probabilities are PyTorch's on the same pixels (the export's model.safetensors, run
+    here in the test's own process)."""
+    from PIL import Image
+
+    from tests.support.helpers import zoo_ok
+
+    folder = tmp_path / "vit"
+    zoo_ok("export", "vit-tiny", "--onnx", "--out", folder)
+    image = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8),
+                    "RGB").save(image)
+    calls = {"run": ["run", str(folder), "--image", str(image), "--json"]}
+    heavy, results = loaded_after(cli_calls(calls), tmp_path)
+    assert heavy == [] and results["run"][0] == 0
+    got = json.loads(results["run"][1])["probabilities"][0]
+
+    import torch
+
+    from runtime.files.images import export_processor, load_pixels
+    from runtime.manifest import manifest_card, read_manifest
+    from zoo.files.weights import load_built
+
+    model, card = load_built(folder)
+    pixels = load_pixels([image], export_processor(folder, manifest_card(
+        folder, read_manifest(folder))))
+    with torch.no_grad():
+        expected = torch.softmax(model(torch.from_numpy(pixels))["logits"].double(), -1)[0]
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-5)

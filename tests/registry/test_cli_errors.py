@@ -23,9 +23,10 @@ SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "
            "moe-tiny", "olmoe-1b-7b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen3-30b-a3b",
            "smollm2-135m", "transformer-base", "transformer-big", "transformer-tiny"]
 SHIPPED = sorted([*SHIPPED, "gemma-3-1b", "gemma-3-270m", "gemma-tiny",
-                  "flan-t5-small", "t5-small", "t5-tiny"])
+                  "flan-t5-small", "t5-small", "t5-tiny", "vit-base-patch16-224", "vit-tiny"])
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
+    "vit-base-patch16-224": "encoder", "vit-tiny": "encoder",
     "modernbert-base": "encoder", "modernbert-large": "encoder", "modernbert-tiny": "encoder",
     "gpt-tiny": "decoder", "gpt2-small": "decoder", "llama-tiny": "decoder",
     "llama-3.2-1b": "decoder", "qwen2.5-0.5b": "decoder", "qwen3-0.6b": "decoder",
@@ -356,6 +357,7 @@ def test_list_shows_every_shipped_card() -> None:
     assert rows["gpt2-small"][1] == "124.4M"  # GPT-2 small: 124,439,808
     assert rows["bert-base"][1] == "110.1M"
     assert rows["modernbert-base"][1] == "149.7M"  # ModernBertForMaskedLM: 149,655,232
+    assert rows["vit-base-patch16-224"][1] == "86.6M"  # ViTForImageClassification: 86,567,656
 
 
 def test_list_pattern() -> None:

@@ -43,7 +43,11 @@ class Recording(Mapping[str, Any]):
         return len(self.fields)
 
 
-BUILT_IN = [cls for table in BUILTIN.values() for cls in table.values()] + [Attention]
+# Every block but the stems, whose classes apply to their own cards only (the token stem is
+# built by zoo/assemble.py's Parts, the patch stem from the card: STEMS)
+BUILT_IN = [cls for kind, table in BUILTIN.items() if kind != "stem"
+            for cls in table.values()] + [Attention]
+STEMS = [cls for cls in BUILTIN["stem"].values() if hasattr(cls, "from_card")]
 
 
 @pytest.mark.parametrize("name", ALL_CARDS)
@@ -54,6 +58,11 @@ def test_blocks_read_only_the_fields_they_declare(name: str) -> None:
             card = Recording(fields)
             cls.from_card(card, 0)
             assert card.read <= set(cls.reads), (cls.__name__, card.read - set(cls.reads))
+        stem = BUILTIN["stem"][fields["stem"]]
+        if stem in STEMS:
+            card = Recording(fields)
+            stem.from_card(card, None)
+            assert card.read <= set(stem.reads), card.read - set(stem.reads)
         card = Recording(fields)
         Layer.from_card(card, 0, cross=fields["family"] == "encoder-decoder")
         parts = [Layer, Attention, BUILTIN["activation"][fields["activation"]],
@@ -64,7 +73,8 @@ def test_blocks_read_only_the_fields_they_declare(name: str) -> None:
 
 def test_declared_fields_are_the_schemas() -> None:
     """The schema's, or the block's own (registry/blocks.py: the mixture of experts')."""
-    for cls in [*BUILT_IN, Layer]:
+    assert STEMS, "the patch stem builds itself from the card"
+    for cls in [*BUILT_IN, *STEMS, Layer]:
         own = {field for kind, table in BUILTIN.items() for name, entry in table.items()
                if entry is cls for field in BLOCKS[kind][name].fields}
         assert set(cls.reads) <= set(FIELDS) | own, (cls.__name__,

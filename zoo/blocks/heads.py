@@ -26,7 +26,7 @@ class HeadInputs:
     """What an encoder head may read besides the final hidden states."""
 
     attention_mask: torch.Tensor | None  # (B, T), 1 for real tokens
-    token_embedding: torch.Tensor  # (vocab, d), for heads tied to it
+    token_embedding: torch.Tensor | None  # (vocab, d), for heads tied to it (None: pixels in)
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # earlier heads' outputs
 
 

@@ -164,7 +164,7 @@ def _class_name(layout: LayoutMap, card: Card) -> tuple[str | None, str | None]:
         if not _classifier_claimed(layout, card):
             return None, (f"architectures left out: a {card['pooling']}-pooled classifier is no "
                           "transformers class (the graph computes it whole)")
-        wanted = [n for n in names if n.endswith("ForSequenceClassification")]
+        wanted = [n for n in names if n.endswith(spec_of(card).hf_classifier)]
     elif card["mlm_head"]:
         wanted = [n for n in names if n.endswith("ForMaskedLM")]
     else:

@@ -26,6 +26,7 @@ from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
+from runtime.files.images import processor_file
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from zoo.assemble import build_model
 from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
@@ -519,7 +520,9 @@ def import_checkpoint(source: Path, out: Path, force: bool = False,
         "ignored": mapped.ignored,
         "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),
     }
-    copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files
+    processor = processor_file(source, card)  # an image model's, checked against its card
+    copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files + (
+        [processor.name] if processor is not None else [])
     _land(out, force, model, card, [source / name for name in copied], record, extra)
     return record
 

@@ -15,7 +15,7 @@ from zoo.models.sequence import run_sequence
 class Encoder(nn.Module):
     def __init__(
         self,
-        embeddings: Embeddings,
+        embeddings: Embeddings | nn.Module,  # an image encoder's: the patch stem
         layers: list[Layer],
         final_norm: nn.Module | None,
         heads: dict[str, nn.Module],

@@ -16,9 +16,11 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
+from registry.stems import is_patch_card
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.blocks import lora as lora_blocks
 from zoo.training import classify, data, reverse
+from zoo.training.images import ImageClassify
 from zoo.training.schedules import SCHEDULES
 from zoo.training.sharding import MIXED_PRECISION, SHARD_MODES
 
@@ -75,8 +77,6 @@ class TrainOptions:
 
     def check(self) -> None:
         """Refuse, in one line, options that do not go together (before any card is read)."""
-        if self.task == "classify" and self.data is None:
-            raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
         if self.task != "classify" and (self.eval or self.eval_fraction is not None):
             raise ZooError("--eval and --eval-fraction are for --task classify")
         if self.steps < 1 or self.batch_size < 1:
@@ -269,7 +269,11 @@ class Classify(TrainingTask):
 
     @classmethod
     def check(cls, card: Card, options: TrainOptions) -> None:
-        if options.data is None or not card["num_labels"]:
+        if is_patch_card(card):  # an image model: the digits (zoo/training/images.py)
+            return
+        if options.data is None:
+            raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
+        if not card["num_labels"]:
             raise ZooError("--task classify needs --data FILE (labelled rows) and a classifier "
                            "card (zoo.training.classify.prepare_classifier makes one)")
 
@@ -305,7 +309,10 @@ TASKS: dict[str, type[TrainingTask]] = {
 
 
 def Task(card: Card, options: TrainOptions) -> TrainingTask:  # noqa: N802 (reads as a class)
-    """The run of `options.task` on `card` (options checked and resolved)."""
+    """The run of `options.task` on `card` (options checked and resolved); an image model's
+    classify task reads images (zoo/training/images.py)."""
+    if options.task == "classify" and is_patch_card(card):
+        return ImageClassify(card, options)  # type: ignore[return-value]
     return TASKS[options.task](card, options)
 
 

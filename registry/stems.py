@@ -1,0 +1,93 @@
+"""The input stem as a block kind (`stem`): what turns the graph's input into the first hidden
+states. `token_embedding` (the default) is the text families' token, position and token-type
+embeddings; `patch_embedding` is a ViT's (Dosovitskiy et al. 2020): the image cut into
+patch_size x patch_size patches, each projected to d_model (a Conv2d whose stride is its
+kernel: a linear map of each flattened patch), a learned class token before them and a learned
+position per patch and for the class token. No torch: zoo/blocks/patches.py builds it.
+
+The patch stem's fields (image_size, patch_size, channels) are present in a resolved card only
+where the card selects it; its checks across fields are `check_patches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from registry.blocks import LEARNED, BlockEntry, register_block
+from registry.errors import CardError
+
+TOKEN_EMBEDDING, PATCH_EMBEDDING = "token_embedding", "patch_embedding"
+MAX_IMAGE_SIZE = 2**14  # pixels a side; the largest published ViTs read 518 or 896
+
+FIELDS: dict[str, dict[str, Any]] = {
+    "image_size": dict(type=int, help="height and width of the (square) input image, in "
+                       "pixels", minimum=1, maximum=MAX_IMAGE_SIZE),
+    "patch_size": dict(type=int, help="height and width of one patch, in pixels; divides "
+                       "image_size", minimum=1, maximum=MAX_IMAGE_SIZE),
+    "channels": dict(type=int, default=3, help="colour channels of the input (3: RGB)",
+                     minimum=1, maximum=64),
+}
+
+
+def num_patches(card: Mapping[str, Any]) -> int:
+    return (card["image_size"] // card["patch_size"]) ** 2
+
+
+def token_stem_params(card: Mapping[str, Any]) -> int:
+    """Token embeddings and token types (the positions are the position block's)."""
+    return (card["vocab_size"] + card["type_vocab_size"]) * card["d_model"]
+
+
+def patch_stem_params(card: Mapping[str, Any]) -> int:
+    """The projection (weight and bias), the class token and a position per patch and for the
+    class token."""
+    d, patch = card["d_model"], card["patch_size"]
+    projection = card["channels"] * patch * patch * d + d
+    return projection + d + (num_patches(card) + 1) * d
+
+
+def is_patch_card(card: Any) -> bool:
+    """Whether a card (resolved, or anything with its fields) reads pixels."""
+    try:
+        return card["stem"] == PATCH_EMBEDDING
+    except KeyError:  # a card from before stems
+        return False
+
+
+def register(field: Callable[..., Any]) -> None:
+    """Add the stems to registry/blocks.py's table, the patch stem's fields made by `field`
+    (registry.schema.Field, which registry/schema.py passes: it imports this module)."""
+    register_block("stem", BlockEntry(TOKEN_EMBEDDING, "zoo.blocks.embeddings:Embeddings",
+                                      token_stem_params))
+    register_block("stem", BlockEntry(
+        PATCH_EMBEDDING, "zoo.blocks.patches:PatchEmbedding", patch_stem_params,
+        fields={name: field(**spec) for name, spec in FIELDS.items()}))
+
+
+# What a patch card cannot have: the text stem's parts and the heads that read tokens.
+TEXT_ONLY = ("type_vocab_size", "embedding_norm", "mlm_head", "scale_embeddings")
+
+
+def check_patches(card: dict[str, Any], where: str) -> None:
+    """A patch stem's card: an encoder, the image a whole number of patches, the positions
+    the stem's own (learned), none of the text stem's parts."""
+    if card["stem"] != PATCH_EMBEDDING:
+        return
+    if card["family"] != "encoder":
+        raise CardError(f"{where}: stem={PATCH_EMBEDDING} applies only to family encoder, not "
+                        f"{card['family']}")
+    if card["image_size"] % card["patch_size"]:
+        raise CardError(f"{where}: image_size={card['image_size']} is not a multiple of "
+                        f"patch_size={card['patch_size']} (the image is cut into whole patches)")
+    if card["position"] != LEARNED:
+        raise CardError(f"{where}: stem={PATCH_EMBEDDING} has learned positions of its own: "
+                        f"position should be {LEARNED}, not {card['position']}")
+    for name in TEXT_ONLY:
+        if card[name]:
+            raise CardError(f"{where}: {name}={card[name]!r} applies only to stem "
+                            f"{TOKEN_EMBEDDING} (a patch stem reads pixels, not tokens)")
+    if card["attention_pattern"][:card["n_layers"]].count("L"):
+        raise CardError(f"{where}: stem={PATCH_EMBEDDING} attends globally: attention_pattern "
+                        "should be G")
+

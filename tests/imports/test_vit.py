@@ -1,0 +1,190 @@
+"""ViT (registry/maps/vit.yaml, registry/stems.py's patch stem, cards vit-*): the counts against
+transformers' ViTForImageClassification on the meta device, and a tiny random
+ViTForImageClassification folder (with its ViTImageProcessor) imported, exported plain and with
+--optimize, computing transformers' logits in PyTorch, through ONNX Runtime and from image
+files with `zoo run --image`. transformers is the reference: no download."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from registry.params import total_parameters
+from runtime.classify import softmax
+from runtime.exported import load
+from tests.conftest import card
+from tests.support.helpers import (
+    assert_error_after_progress,
+    assert_one_line_error,
+    zoo,
+    zoo_ok,
+)
+from tests.support.hf_decoders import randomise
+from zoo.assemble import build_model
+from zoo.files.weights import load_built
+
+transformers = pytest.importorskip("transformers")
+Image = pytest.importorskip("PIL.Image")
+
+ATOL = 1e-4
+LABELS = ["cat", "dog", "fish"]
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            image_size=32, patch_size=8, num_labels=3, id2label=dict(enumerate(LABELS)),
+            label2id={label: i for i, label in enumerate(LABELS)})
+PROCESSOR = dict(size={"height": 32, "width": 32}, do_convert_rgb=True, resample=3,
+                 image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+
+
+def test_counts_are_transformers() -> None:
+    with torch.device("meta"):
+        reference = transformers.ViTForImageClassification(
+            transformers.ViTConfig(num_labels=1000))
+        model = build_model(card("vit-base-patch16-224"), meta=True)
+    published = 86_567_656  # google/vit-base-patch16-224
+    assert sum(p.numel() for p in reference.parameters()) == published
+    assert sum(p.numel() for p in model.parameters()) == published
+    assert total_parameters(card("vit-base-patch16-224").fields) == published
+
+
+def test_tiny_count_is_transformers() -> None:
+    tiny = card("vit-tiny")
+    config = transformers.ViTConfig(
+        hidden_size=tiny["d_model"], num_hidden_layers=tiny["n_layers"],
+        num_attention_heads=tiny["n_heads"], intermediate_size=tiny["d_ff"],
+        image_size=tiny["image_size"], patch_size=tiny["patch_size"],
+        num_labels=tiny["num_labels"])
+    with torch.device("meta"):
+        reference = transformers.ViTForImageClassification(config)
+    assert total_parameters(tiny.fields) == sum(p.numel() for p in reference.parameters())
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A tiny random ViTForImageClassification saved with its processor."""
+    torch.manual_seed(0)
+    model = randomise(transformers.ViTForImageClassification(transformers.ViTConfig(**TINY)))
+    model.eval()  # every tensor far from its init: a norm or bias mapped wrong shows
+    folder = tmp_path_factory.mktemp("vit") / "hf"
+    model.save_pretrained(folder)
+    transformers.ViTImageProcessorPil(**PROCESSOR).save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def exports(source: tuple[Path, torch.nn.Module]) -> dict[str, Path]:
+    folder, _ = source
+    built = folder.parent / "built"
+    zoo_ok("import", folder, "-o", built)
+    made = {"built": built}
+    for name, flags in (("plain", ()), ("optimize", ("--optimize",))):
+        made[name] = folder.parent / name
+        zoo_ok("export", built, "--onnx", "--out", made[name], *flags)
+    return made
+
+
+def pixels(batch: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 3, 32, 32)).astype(np.float32)
+
+
+def test_imported_logits_are_transformers(source: tuple[Path, torch.nn.Module],
+                                          exports: dict[str, Path]) -> None:
+    _, reference = source
+    model, built = load_built(exports["built"])
+    assert built["labels"] == LABELS and built["image_size"] == 32
+    values = torch.from_numpy(pixels(3))
+    with torch.no_grad():
+        expected = reference(pixel_values=values).logits
+        got = model(values)["logits"]
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["plain", "optimize"])
+def test_onnx_logits_are_transformers(source: tuple[Path, torch.nn.Module],
+                                      exports: dict[str, Path], variant: str) -> None:
+    _, reference = source
+    values = pixels(3, seed=1)
+    with torch.no_grad():
+        expected = reference(pixel_values=torch.from_numpy(values), output_hidden_states=True)
+        # the pooled output: the class token's final state (after the final norm)
+        final = reference.vit.layernorm(expected.hidden_states[-1])[:, 0].numpy()
+    got = load(exports[variant]).runtime.run("onnx/model.onnx", {"pixel_values": values})
+    np.testing.assert_allclose(got["logits"], expected.logits.numpy(), atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got["sentence_embedding"], final, atol=ATOL, rtol=0)
+
+
+def test_export_is_in_the_clients_layout(exports: dict[str, Path]) -> None:
+    folder = exports["plain"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["ViTForImageClassification"]
+    assert config["model_type"] == "vit" and config["id2label"] == {
+        str(i): label for i, label in enumerate(LABELS)}
+    reread = transformers.ViTConfig.from_pretrained(folder)  # transformers reads it as a ViT
+    assert (reread.image_size, reread.patch_size, reread.hidden_size) == (32, 8, 32)
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert processor["image_mean"] == PROCESSOR["image_mean"] and processor["resample"] == 3
+    graph = onnx.load(str(folder / "onnx" / "model.onnx"), load_external_data=False).graph
+    assert [i.name for i in graph.input] == ["pixel_values"]
+    assert [o.name for o in graph.output] == ["last_hidden_state", "sentence_embedding",
+                                              "logits"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "preprocessor_config.json" in manifest["files"]
+
+
+def test_zoo_run_image_prints_transformers_labels(source: tuple[Path, torch.nn.Module],
+                                                  exports: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    """From a file to the printed top labels: transformers' processor and model give the same
+    labels and scores (to the 3 decimals printed)."""
+    folder, reference = source
+    rng = np.random.default_rng(3)
+    paths = []
+    for index, (mode, size) in enumerate([("RGB", (48, 40)), ("RGBA", (20, 33))]):
+        channels = len(mode)
+        array = rng.integers(0, 256, (size[1], size[0], channels), dtype=np.uint8)
+        paths.append(tmp_path / f"{index}.png")
+        Image.fromarray(array, mode).save(paths[-1])
+    output = zoo_ok("run", exports["plain"], *[arg for p in paths for arg in ("--image", p)])
+    processor = transformers.ViTImageProcessorPil.from_pretrained(folder)
+    values = processor([Image.open(p) for p in paths], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        probabilities = softmax(reference(pixel_values=values).logits.numpy())
+    printed = [line.strip() for line in output.splitlines() if line.startswith("    ")]
+    for row, line in enumerate(printed):
+        order = np.argsort(-probabilities[row], kind="stable")
+        assert line == ", ".join(f"{LABELS[i]} {probabilities[row, i]:.3f}" for i in order)
+
+
+def test_a_setting_the_blocks_do_not_compute_is_refused(source: tuple[Path, torch.nn.Module],
+                                                        tmp_path: Path) -> None:
+    folder, _ = source
+    config = json.loads((folder / "config.json").read_text())
+    changed = tmp_path / "hf"
+    changed.mkdir()
+    (changed / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    (changed / "config.json").write_text(json.dumps({**config, "qkv_bias": False}))
+    assert_one_line_error(zoo("import", changed, "-o", tmp_path / "out"), "qkv_bias=False")
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_image_size_not_a_multiple_of_the_patch_is_refused(tmp_path: Path) -> None:
+    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--set",
+                                           "image_size=30", "--out", tmp_path / "out"))
+    assert re.search(r"image_size=30 is not a multiple of patch_size=8", line)
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_for_an_image_model_is_refused(exports: dict[str, Path]) -> None:
+    assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"), "reads images")
+
+
+def test_quantizing_an_image_model_is_refused_before_tracing(tmp_path: Path) -> None:
+    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--quantize", "int8",
+                                           "--out", tmp_path / "out"))
+    assert "--quantize is not supported for an image encoder" in line
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,142 @@
+"""`--task classify` on an image model (a card with a patch stem, a ViT): the 8x8 handwritten
+digits scikit-learn ships (1,797 images, 10 classes; no download), each drawn as a greyscale
+image and run through the same preprocessing as `zoo run --image` (runtime/files/images.py at
+ViTImageProcessor's settings for the card's size), so a trained folder's export classifies
+image files as it was trained. A share is held out (`--eval-fraction`, 0.2 unless told) and
+scored at each checkpoint, as the text classifier's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from registry.catalog import Card
+from registry.errors import ZooError
+from registry.schema import validate
+from runtime.files.images import PREPROCESSOR_CONFIG, default_config, pixel_values, processor_from
+from runtime.scores import majority_baseline, scores
+from zoo.assemble import build_model
+from zoo.training import data
+from zoo.training.classify import EVAL_BATCH, carry_weights
+
+DIGITS = [str(digit) for digit in range(10)]
+DEFAULT_EVAL_FRACTION = 0.2
+DIGIT_MAX = 16  # load_digits' pixels are 0..16
+
+
+def digit_images() -> tuple[np.ndarray, np.ndarray]:
+    """(images (N, 8, 8) uint8 0..255, labels (N,)): scikit-learn's digits, white on black."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ZooError("--task classify on an image model trains on scikit-learn's digits: "
+                       "pip install '.[export]'") from None
+    digits = load_digits()
+    images = np.rint(digits.images * (255 / DIGIT_MAX)).astype(np.uint8)
+    return images, digits.target.astype(np.int64)
+
+
+def pixels_of(images: np.ndarray, card: Card) -> torch.Tensor:
+    """(N, channels, image_size, image_size): each image as `zoo run --image` would see it."""
+    from PIL import Image
+
+    processor = processor_from(default_config(card["image_size"]), PREPROCESSOR_CONFIG)
+    return torch.from_numpy(np.stack([
+        pixel_values(Image.fromarray(image, "L").convert("RGB"), processor, "digits")
+        for image in images]))
+
+
+def image_classifier_card(card: Card) -> Card:
+    """`card` as a classifier of the ten digits (its class token's vector)."""
+    changes = {"num_labels": len(DIGITS), "labels": DIGITS, "pooling": card["pooling"] or "cls"}
+    fields = validate({**card.fields, **changes}, f"{card.name} (--task classify)")
+    return Card(card.name, card.path, fields, {**card.origins,
+                                               **{key: "--task classify" for key in changes}})
+
+
+def prepare_image_classifier(model: nn.Module, card: Card, seed: int, source: str
+                             ) -> tuple[nn.Module, Card, dict[str, Any]]:
+    """(the classifier, its card, the init record): every tensor of `model` it shares kept."""
+    new_card = image_classifier_card(card)
+    classifier = build_model(new_card, seed=seed)
+    return classifier, new_card, {"source": source, "from_card": card.name, "data": "digits",
+                                  **carry_weights(model, classifier)}
+
+
+@dataclass
+class ImageSplit:
+    pixels: torch.Tensor  # (N, C, H, W)
+    labels: torch.Tensor  # (N,)
+
+
+def split_digits(card: Card, fraction: float | None, seed: int
+                 ) -> tuple[ImageSplit, ImageSplit]:
+    """(train, held out): a seeded permutation, `fraction` of it held out."""
+    fraction = DEFAULT_EVAL_FRACTION if fraction is None else fraction
+    if not 0 < fraction < 1:
+        raise ZooError(f"--eval-fraction {fraction}: should be between 0 and 1")
+    images, labels = digit_images()
+    order = np.random.default_rng(seed).permutation(len(images))
+    held = int(round(len(images) * fraction))
+    pixels = pixels_of(images[order], card)
+    labels = torch.from_numpy(labels[order])
+    return (ImageSplit(pixels[held:], labels[held:]), ImageSplit(pixels[:held], labels[:held]))
+
+
+@torch.no_grad()
+def predict(model: nn.Module, pixels: torch.Tensor) -> list[int]:
+    was_training = model.training
+    model.eval()
+    found: list[int] = []
+    for start in range(0, len(pixels), EVAL_BATCH):
+        found += model(pixels[start:start + EVAL_BATCH])["logits"].argmax(dim=-1).tolist()
+    model.train(was_training)
+    return found
+
+
+def check_options(card: Card, options: Any) -> None:
+    """Refuse what an image model's run cannot read (before the classifier is made)."""
+    if options.data is not None or options.eval is not None:
+        raise ZooError(f"{card.name}: an image model trains on scikit-learn's digits; "
+                       "--data and --eval (labelled text) are for text models")
+
+
+class ImageClassify:
+    """The training task (zoo/training/tasks.py's TrainingTask) for an image classifier."""
+
+    def __init__(self, card: Card, options: Any) -> None:
+        check_options(card, options)
+        self.card, self.options = card, options
+        self.train_split, self.held = split_digits(card, options.eval_fraction, options.seed)
+        self.tokens_per_image = (card["image_size"] // card["patch_size"]) ** 2 + 1
+
+    def batch(self, step: int, rank: int) -> data.Batch:
+        generator = data.batch_generator(self.options.seed, step, rank)
+        chosen = torch.randint(0, len(self.train_split.labels), (self.options.batch_size,),
+                               generator=generator)
+        return data.Batch({"pixel_values": self.train_split.pixels[chosen]},
+                          self.train_split.labels[chosen],
+                          len(chosen) * self.tokens_per_image)
+
+    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        logits = model(batch.inputs["pixel_values"])["logits"]
+        return F.cross_entropy(logits, batch.labels, label_smoothing=self.options.label_smoothing)
+
+    def files(self) -> dict[str, bytes]:
+        """The preprocessing it was trained with, so its export runs image files the same way."""
+        import json
+
+        config = default_config(self.card["image_size"])
+        return {PREPROCESSOR_CONFIG: (json.dumps(config, indent=2) + "\n").encode()}
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        truth = self.held.labels.tolist()
+        return {**scores(truth, predict(model, self.held.pixels), DIGITS),
+                "majority_baseline": majority_baseline(self.train_split.labels.tolist(), truth,
+                                                       DIGITS)}

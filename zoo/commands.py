@@ -33,9 +33,9 @@ from zoo.files.sources import load_source
 from zoo.files.weights import save_built
 from zoo.training.checkpoints import trainable
 from zoo.training.classify import INIT_RECORD, prepare_classifier
-from zoo.training.sharded_checkpoints import consolidate_folder, is_sharded
 from zoo.training.images import check_options as check_image_options
 from zoo.training.images import prepare_image_classifier
+from zoo.training.sharded_checkpoints import consolidate_folder, is_sharded
 from zoo.training.train import Evaluated, Progress, TrainOptions, train
 
 Note = Callable[[str], None]

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -27,13 +29,18 @@ from ray import serve
 
 from registry.errors import ZooError, first_line
 from runtime.manifest import read_manifest
+from runtime.serve.errors import log_fault
 from runtime.serve.models import open_served
 from runtime.serve.options import API_KEY_ENV, GRACE, ServeOptions
 from runtime.serve.replicas import APP, ReplicaPlan, ray_plan
 
 ARGS_ENV = "ZOO_SERVE_ARGS"  # `serve run runtime.serve.ray_app:app`: "exports=OUT max_batch=8"
 REPLICA_HEADER = b"x-zoo-replica"
-READY_S = 600  # the most `zoo serve --ray` waits for its replicas to open their exports
+COPY_S = 5.0  # seconds between two copies of a replica's /metrics into Ray's metrics
+SAMPLE = re.compile(r"^(zoo_\w+)(?:\{(.*)\})? (\S+)$")  # one series of the exposition
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+ESCAPED = re.compile(r"\\(.)")
+LOG = logging.getLogger("zoo.serve")
 
 
 @serve.ingress()  # the app is made in each replica, after its exports are open
@@ -48,11 +55,13 @@ class ZooReplica:
         self.models = open_served([Path(folder) for folder in folders], names, options)
 
     def __serve_build_asgi_app__(self) -> Any:
-        from runtime.serve.app import make_app
+        from runtime.serve.app import exposition, make_app
 
         api_key = self.options.api_key or os.environ.get(API_KEY_ENV) or None
         app = make_app(self.models, api_key, self.options.public_metrics)
         app.add_middleware(ReplicaHeader, replica=replica_name())
+        copier = RayMetrics(lambda: exposition(app.state.metrics, self.models))
+        threading.Thread(target=copier.run, name="zoo-ray-metrics", daemon=True).start()
         return app
 
 
@@ -76,6 +85,44 @@ class ReplicaHeader:
             await send(message)
 
         await self.app(scope, receive, tagged)
+
+
+class RayMetrics:
+    """This replica's /metrics copied into Ray's metrics every COPY_S seconds, each series a
+    gauge of the same name and labels (`ray_` before the name, as Ray exports its users'
+    metrics) tagged with the deployment, the replica and the application: each node's Ray
+    metrics port then serves every replica's zoo figures beside Ray Serve's own."""
+
+    def __init__(self, exposition: Callable[[], str]) -> None:
+        self.exposition = exposition
+        self.gauges: dict[str, Any] = {}
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.copy()
+            except Exception as exc:  # a fault here must not end the copying, nor the replica
+                log_fault(LOG, "copying /metrics to Ray", exc)
+            time.sleep(COPY_S)
+
+    def copy(self) -> None:
+        from ray.serve.metrics import Gauge
+
+        for line in self.exposition().splitlines():
+            sample = SAMPLE.match(line)
+            if sample is None:  # a comment
+                continue
+            name, labels, value = sample.groups()
+            tags = {key: unescaped(text) for key, text in LABEL.findall(labels or "")}
+            if name not in self.gauges:
+                self.gauges[name] = Gauge(name, description=f"zoo serve's {name}",
+                                          tag_keys=tuple(sorted(tags)))
+            self.gauges[name].set(float(value), tags=tags)
+
+
+def unescaped(text: str) -> str:
+    """A label's value as it was before the exposition format escaped it."""
+    return ESCAPED.sub(lambda found: "\n" if found[1] == "n" else found[1], text)
 
 
 def deployment(folders: Sequence[Path], names: Sequence[str], options: ServeOptions,

@@ -57,21 +57,26 @@ def client(base: str) -> Any:
     return openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=WAIT_S)
 
 
-def ask(base: str, index: int, max_tokens: int) -> tuple[str, str | None]:
-    """Request `index` (a chat or a completion, whole or streamed, by its index): its text
-    and the replica that answered (None from plain zoo serve)."""
+def ask(base: str, index: int, max_tokens: int, streamed: bool = False,
+        started: threading.Semaphore | None = None) -> tuple[str, str | None]:
+    """Request `index` (a chat or a completion, whole or streamed, by its index; all streamed
+    with `streamed`): its text and the replica that answered (None from plain zoo serve)."""
     words = " ".join(f"w{3 + (index * 7 + k) % 240}" for k in range(1 + index % 9))
     settings = {"model": "chat", "max_tokens": max_tokens, "temperature": 0,
-                "stream": index % 2 == 1}
+                "stream": streamed or index % 2 == 1}
     if index % 4 < 2:
         raw = client(base).chat.completions.with_raw_response.create(
             messages=[{"role": "user", "content": words}], **settings)
+        if started is not None:
+            started.release()
         parsed = raw.parse()
         text = "".join(chunk.choices[0].delta.content or "" for chunk in parsed
                        if chunk.choices) if settings["stream"] else \
             parsed.choices[0].message.content
     else:
         raw = client(base).completions.with_raw_response.create(prompt=words, **settings)
+        if started is not None:
+            started.release()
         parsed = raw.parse()
         text = "".join(chunk.choices[0].text for chunk in parsed if chunk.choices) \
             if settings["stream"] else parsed.choices[0].text
@@ -79,12 +84,13 @@ def ask(base: str, index: int, max_tokens: int) -> tuple[str, str | None]:
 
 
 def at_once(base: str, count: int, max_tokens: int,
-            answered: threading.Semaphore | None = None) -> list[Any]:
+            answered: threading.Semaphore | None = None, streamed: bool = False,
+            started: threading.Semaphore | None = None) -> list[Any]:
     """`count` requests sent together: each one's (text, replica) or the exception raised;
-    `answered` is released as each one ends."""
+    `started` is released as each one's response begins, `answered` as each one ends."""
     def one(index: int) -> Any:
         try:
-            return ask(base, index, max_tokens)
+            return ask(base, index, max_tokens, streamed, started)
         except Exception as exc:  # noqa: BLE001 (what the client saw is the result)
             return exc
         finally:
@@ -159,15 +165,19 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(
 
 def test_sigterm_drains_the_requests_in_flight(ray_server: RayServer,
                                                plain_answers: dict[int, str]) -> None:
-    answered = threading.Semaphore(0)
+    """Streams only: each one's headers come as its replica takes it (decoding or queued), so
+    the stop comes once all 24 are at a replica, none of them finished."""
+    started, count = threading.Semaphore(0), 24
+    before = set(ray_server.processes())
     with ThreadPoolExecutor(1) as stopper:
-        def stop_soon() -> int:
-            assert answered.acquire(timeout=WAIT_S)  # one answered, the others in flight
+        def stop_when_all_started() -> int:
+            for _ in range(count):
+                assert started.acquire(timeout=WAIT_S)
             return ray_server.stop()
 
-        status = stopper.submit(stop_soon)
-        answers = at_once(ray_server.base, 24, LONG, answered)
+        status = stopper.submit(stop_when_all_started)
+        answers = at_once(ray_server.base, count, LONG, streamed=True, started=started)
         assert status.result(timeout=150) == 0
     for index, answer in enumerate(answers):  # each finished, whole, though the server stopped
         assert isinstance(answer, tuple) and answer[0] == plain_answers[index], (index, answer)
-    assert ray_server.processes() == []  # the Ray it started stopped with it
+    assert before and ray_server.processes() == []  # the Ray it started stopped with it

@@ -104,3 +104,42 @@ def test_the_kuberay_example_names_the_app_and_its_options() -> None:
 
         _, names, read = options_from(application["args"])
         assert names == ["smollm2"] and read.autoscale == (1, 4) and read.threads == 2
+
+
+def test_a_replicas_metrics_are_copied_into_rays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every series of the replica's /metrics becomes a Ray gauge of its name, labels and
+    value, read back against this file's own parse of the text (and a model name with a quote,
+    a backslash and a newline against the name itself)."""
+    metrics = pytest.importorskip("ray.serve.metrics")
+    from runtime.serve.metrics import Metrics
+    from runtime.serve.ray_app import RayMetrics
+    from tests.support.serve import LABEL, SAMPLE
+
+    set_to: dict[tuple[str, tuple], float] = {}
+
+    class Gauge:
+        def __init__(self, name: str, description: str, tag_keys: tuple[str, ...]) -> None:
+            self.name, self.keys = name, tag_keys
+
+        def set(self, value: float, tags: dict[str, str]) -> None:
+            assert set(tags) == set(self.keys)
+            set_to[self.name, tuple(sorted(tags.items()))] = value
+
+    monkeypatch.setattr(metrics, "Gauge", Gauge)
+    odd = 'a "b"\\c\nd'
+    source = Metrics()
+    source.request(odd, "/v1/completions", 200)
+    source.counted("m", 7, 3)
+    source.first_token("m", 0.02)
+    text = source.text([("m", 1, 2, 3, 4, 5)])
+    RayMetrics(lambda: text).copy()
+    expected = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            name, labels, value = SAMPLE.match(line).groups()
+            expected[name, tuple(sorted(LABEL.findall(labels or "")))] = float(value)
+    assert len(set_to) == len(expected) > 20
+    assert sorted(set_to.values()) == sorted(expected.values())
+    assert set_to["zoo_requests_total", (("model", odd), ("route", "/v1/completions"),
+                                         ("status", "200"))] == 1
+    assert set_to["zoo_batch_size", (("model", "m"),)] == 2

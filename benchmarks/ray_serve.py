@@ -18,6 +18,7 @@ the machine's load falls on all three; --rounds rounds, the best round of each k
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -32,7 +33,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from serve_bench import QUESTIONS, chat_body, machine, run_users, summary  # noqa: E402
+from serve_bench import (  # noqa: E402
+    QUESTIONS,
+    Stream,
+    chat_body,
+    machine,
+    run_users,
+    summary,
+)
 
 ROOT = HERE.parent
 ZOO = [sys.executable, "-c", "import cli; cli.main()"]  # this checkout's code
@@ -46,7 +54,7 @@ def say(message: str) -> None:
 
 class Started:
     """`zoo serve EXPORT --name m` with `flags` on a free port, in its own session (with the
-    Ray it starts), ready when a chat request answers."""
+    Ray it starts), ready when /health and then a chat request answer."""
 
     def __init__(self, folder: Path, flags: list[str], threads: int, log: Path) -> None:
         with socket.socket() as probe:
@@ -63,11 +71,14 @@ class Started:
             if self.process.poll() is not None:
                 raise SystemExit(f"zoo serve exited: {log.read_text()[-2000:]}")
             try:
-                run_users(self.port, "/v1/chat/completions", [chat_body(QUESTIONS[0], False, 4)],
-                          1)
-                return
-            except (OSError, SystemExit):
-                time.sleep(1)
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+                connection.request("GET", "/health")
+                if connection.getresponse().status == 200:
+                    Stream(self.port, "/v1/chat/completions", chat_body(QUESTIONS[0], False, 4))
+                    return  # a warm-up answered (every replica warms up in the first round)
+            except OSError:
+                pass
+            time.sleep(1)
         raise SystemExit(f"zoo serve did not start: {log.read_text()[-2000:]}")
 
     def stop(self) -> None:

@@ -144,8 +144,12 @@ def serve_on_ray(folders: Sequence[Path], names: Sequence[str], options: ServeOp
     local = options.ray_address is None
     if local:  # this machine alone, every replica fitting on it, reachable from it only
         cpus = max(os.cpu_count() or 1, int(plan.most * plan.cpus))
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                 _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+        started = ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                           _node_ip_address="127.0.0.1", logging_level=logging.WARNING)
+        port = started.address_info.get("metrics_export_port")
+        if port:  # on a cluster its operator knows the port (ray start --metrics-export-port)
+            progress(f"Ray's metrics (each replica's zoo_ figures beside Ray Serve's): "
+                     f"http://127.0.0.1:{port}/metrics")
     else:
         try:
             ray.init(address=options.ray_address, logging_level=logging.WARNING)

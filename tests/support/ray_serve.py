@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,8 +14,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.serve import KEY, ROOT
+from tests.support.serve import KEY, LABEL, ROOT
 
+SERIES = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
+REPLICA_LINE = re.compile(r"\(ServeReplica:zoo:zoo pid=(\d+)\).* zoo_zoo (\w+) \S+ -- ")
 STARTUP_S = 300  # Ray's start (about 25 s here when idle) and two replicas opening the export
 
 
@@ -29,7 +32,9 @@ class RayServer:
         self.port, self.log = free_port(), log
         command = [sys.executable, "-c", "import cli; cli.main()", "serve", *map(str, folders),
                    "--ray", "--port", str(self.port), "--threads", "1", "--api-key", KEY, *args]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+        # every replica's log lines whole (Ray folds alike lines of several processes into one)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
+               "RAY_DEDUP_LOGS": "0"}
         with log.open("wb") as out:
             self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out,
                                             start_new_session=True)
@@ -56,6 +61,29 @@ class RayServer:
                                          headers={"Authorization": f"Bearer {KEY}"})
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.headers["x-zoo-replica"]
+
+    def ray_metrics(self, name: str, **labels: str) -> dict[str, float]:
+        """A series of the Ray node's metrics (the URL `zoo serve --ray` printed), by the
+        replica that set it, among those with `labels`."""
+        url = re.search(r"Ray's metrics .*: (http://\S+/metrics)", self.log.read_text())
+        assert url is not None, self.tail()
+        with urllib.request.urlopen(url[1], timeout=30) as response:
+            text = response.read().decode()
+        found = {}
+        for line in text.splitlines():
+            series = SERIES.match(line)
+            if series is None or series[1] != name:
+                continue
+            tags = dict(LABEL.findall(series[2]))
+            if all(tags.get(key) == value for key, value in labels.items()):
+                found[tags["replica"]] = float(series[3])
+        return found
+
+    def replica_pids(self) -> dict[str, int]:
+        """Each replica's process, by its id: Ray's log lines name both (`(ServeReplica:zoo:zoo
+        pid=PID) ... zoo_zoo ID REQUEST -- GET /health 200`)."""
+        return {replica: int(pid) for pid, replica in
+                REPLICA_LINE.findall(self.log.read_text(errors="replace"))}
 
     def processes(self, named: str = "") -> list[int]:
         """The processes of this server's session (the command and the Ray it started) whose

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -139,9 +140,11 @@ def serve_on_ray(folders: Sequence[Path], names: Sequence[str], options: ServeOp
     """Run the deployment until SIGTERM or Ctrl-C, then drain it: Ray stops routing to the
     replicas and gives their requests in flight GRACE seconds. A Ray started here (no
     --ray-address) is stopped with it; on an existing cluster only the application goes."""
+    local = options.ray_address is None
+    if local:
+        port_free(options.host, options.port)
     for folder in folders:  # a wrong folder is one line here, not a replica failing to start
         read_manifest(Path(folder), verify_files=False)
-    local = options.ray_address is None
     if local:  # this machine alone, every replica fitting on it, reachable from it only
         cpus = max(os.cpu_count() or 1, int(plan.most * plan.cpus))
         started = ray.init(address="local", num_cpus=cpus, include_dashboard=False,
@@ -167,8 +170,8 @@ def serve_on_ray(folders: Sequence[Path], names: Sequence[str], options: ServeOp
         except RuntimeError as exc:  # a replica that could not start, after Ray's retries
             raise ZooError(f"zoo serve --ray: the replicas did not start: "
                            f"{first_line(exc)[:300]}") from None
-        count = f"{plan.replicas} replicas" if plan.autoscale is None else \
-            f"{plan.autoscale[0]} to {plan.autoscale[1]} replicas"
+        count = f"{plan.replicas} replica{'s' if plan.replicas != 1 else ''}" \
+            if plan.autoscale is None else f"{plan.autoscale[0]} to {plan.autoscale[1]} replicas"
         progress(f"serving {', '.join(names)} on http://{options.host}:{options.port}/v1 "
                  f"with {count} (Ray Serve)" + (" (API key required)" if options.api_key
                                                  else ""))
@@ -182,6 +185,17 @@ def serve_on_ray(folders: Sequence[Path], names: Sequence[str], options: ServeOp
             ray.shutdown()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def port_free(host: str, port: int) -> None:
+    """Refuse a port already taken, before Ray starts: its proxy would retry the bind in the
+    background and the command would say it serves while another program answers."""
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ZooError(f"--port {port}: cannot listen on {host}:{port} "
+                           f"({exc.strerror or exc})") from None
 
 
 def options_from(args: dict[str, Any]) -> tuple[list[Path], list[str], ServeOptions]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import socket
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -143,3 +144,15 @@ def test_a_replicas_metrics_are_copied_into_rays(monkeypatch: pytest.MonkeyPatch
     assert set_to["zoo_requests_total", (("model", odd), ("route", "/v1/completions"),
                                          ("status", "200"))] == 1
     assert set_to["zoo_batch_size", (("model", "m"),)] == 2
+
+
+def test_a_taken_port_or_a_folder_not_an_export_is_one_line_before_ray_starts(
+        tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        assert_one_line_error(zoo("serve", tmp_path, "--ray", "--port", port),
+                              f"--port {port}", "cannot listen")
+    assert_one_line_error(zoo("serve", tmp_path / "nothing", "--ray", "--port", port),
+                          "nothing", "no such folder")

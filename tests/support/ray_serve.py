@@ -52,8 +52,8 @@ class RayServer:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
+    def tail(self, size: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-size:]
 
     def replica(self, path: str = "/health") -> str:
         """The replica that answers a GET (its x-zoo-replica header)."""

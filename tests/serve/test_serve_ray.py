@@ -1,7 +1,8 @@
 """`zoo serve --ray` (issue 48) with Ray started by the test on 127.0.0.1: two replicas of a
 tiny export answer the `openai` client as plain `zoo serve` does, 64 requests at once spread
-over both; a replica killed mid-load is replaced, and every request in flight completes or
-ends in an error the client sees, none lost or hung; SIGTERM drains. Slow: Ray alone takes
+over both, and each replica's figures reach Ray's metrics; a replica killed mid-load is
+replaced, and every request in flight completes or ends in an error the client sees, none
+lost or hung; SIGTERM drains. Slow: Ray alone takes
 about 25 s to start on this machine. The arguments and the refusal without Ray are checked in
 the default run (test_serve_ray_options.py)."""
 
@@ -13,7 +14,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +31,7 @@ pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, on_shared("gpt-tiny")]
 
 REQUESTS, LONG = 64, 100  # LONG: max_tokens of the requests a kill or a stop meets in flight
+CHATS = [index for index in range(REQUESTS) if index % 4 < 2]  # ask's chat requests
 WAIT_S = 90  # the most any request may take, in flight through a kill or a stop
 
 
@@ -40,9 +42,11 @@ def chat(tmp_path_factory: pytest.TempPathFactory, shared_export) -> Path:
 
 @pytest.fixture(scope="module")
 def ray_server(chat: Path, tmp_path_factory: pytest.TempPathFactory):
-    # a small batch and a long queue: both replicas stay busy for seconds under 64 requests
+    # one row a step and a long queue: under 64 requests both replicas stay busy for seconds,
+    # and a chat stream waiting in a replica's queue has begun (its first chunk, the role, is
+    # sent as it is queued), so the client sees which requests a replica holds
     server = RayServer([chat], tmp_path_factory.mktemp("ray-log") / "serve.log",
-                       "--replicas", "2", "--max-batch", "4")
+                       "--replicas", "2", "--max-batch", "1")
     try:
         yield server
     finally:
@@ -86,10 +90,10 @@ def ask(base: str, index: int, max_tokens: int, streamed: bool = False,
     return text, raw.headers.get("x-zoo-replica")
 
 
-def at_once(base: str, count: int, max_tokens: int, streamed: bool = False,
+def at_once(base: str, indices: Iterable[int], max_tokens: int, streamed: bool = False,
             started: Callable[[str | None], None] | None = None,
             ended: Callable[[Any], None] | None = None) -> list[Any]:
-    """`count` requests sent together: each one's (text, replica) or the exception raised;
+    """Requests `indices` sent together: each one's (text, replica) or the exception raised;
     `started` is told the replica as each one's response begins, `ended` each one's result
     as it ends."""
     def one(index: int) -> Any:
@@ -102,8 +106,9 @@ def at_once(base: str, count: int, max_tokens: int, streamed: bool = False,
             ended(result)
         return result
 
-    with ThreadPoolExecutor(count) as pool:
-        futures = [pool.submit(one, index) for index in range(count)]
+    indices = list(indices)
+    with ThreadPoolExecutor(len(indices)) as pool:
+        futures = [pool.submit(one, index) for index in indices]
         return [future.result(timeout=WAIT_S + 30) for future in futures]
 
 
@@ -113,7 +118,7 @@ def plain_answers(chat: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     greedy answer is a prefix)."""
     server = Server([chat], tmp_path_factory.mktemp("plain") / "serve.log", "--api-key", KEY)
     try:
-        answers = at_once(server.base, REQUESTS, LONG)
+        answers = at_once(server.base, range(REQUESTS), LONG)
     finally:
         assert server.stop() == 0
     assert all(isinstance(answer, tuple) for answer in answers), answers
@@ -122,7 +127,7 @@ def plain_answers(chat: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 def test_two_replicas_answer_as_zoo_serve(ray_server: RayServer,
                                           plain_answers: dict[int, str]) -> None:
-    answers = at_once(ray_server.base, REQUESTS, LONG)
+    answers = at_once(ray_server.base, range(REQUESTS), LONG)
     failed = [answer for answer in answers if not isinstance(answer, tuple)]
     assert failed == [], failed
     assert {index: text for index, (text, _) in enumerate(answers)} == plain_answers
@@ -144,10 +149,11 @@ def test_two_replicas_answer_as_zoo_serve(ray_server: RayServer,
 
 def test_a_killed_replica_is_replaced_and_no_request_is_lost(
         ray_server: RayServer, plain_answers: dict[int, str]) -> None:
-    """Streams only, so each one's replica is known as it begins: the first replica to hold 4
-    begun and unfinished is killed (SIGKILL) at once, by the client thread that saw it. Each
-    of the 64 then completes whole or raises an error the client sees, within the bound; some
-    of the killed replica's raise; a new replica answers afterwards."""
+    """Chat streams only, so each one's replica is known as it is queued there: the first
+    replica to hold 6 begun and unfinished (one decoding, the others waiting) is killed
+    (SIGKILL) at once, by the client thread that saw it. Each request then completes whole or
+    raises an error the client sees, within the bound; some of the killed replica's raise; a
+    new replica answers afterwards."""
     before = {ray_server.replica() for _ in range(20)}
     deadline, pids = time.monotonic() + 30, {}
     while time.monotonic() < deadline and set(pids) != before:  # Ray's log comes in batches
@@ -160,7 +166,7 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(
     def started(replica: str | None) -> None:
         with lock:
             held[replica] += 1
-            if held[replica] >= 4 and not victim and replica in pids:
+            if held[replica] >= 6 and not victim and replica in pids:
                 os.kill(pids[replica], signal.SIGKILL)
                 victim[replica] = held[replica]
 
@@ -170,21 +176,21 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(
                 held[result[1]] -= 1
 
     start = time.monotonic()
-    answers = at_once(ray_server.base, REQUESTS, LONG, streamed=True, started=started,
-                      ended=ended)
-    assert victim, f"no replica held 4 streams at once: {held}"
+    answers = dict(zip(CHATS, at_once(ray_server.base, CHATS, LONG, streamed=True,
+                                      started=started, ended=ended), strict=True))
+    assert victim, f"no replica held 6 streams at once: {held}"
     on_victim = next(iter(victim.values()))
     assert time.monotonic() - start < WAIT_S + 30  # none hung
-    done = [index for index, answer in enumerate(answers) if isinstance(answer, tuple)]
-    errors = [answer for answer in answers if not isinstance(answer, tuple)]
-    for index in done:  # a completed answer is whole, and none came from the dead replica
+    done = [index for index, answer in answers.items() if isinstance(answer, tuple)]
+    errors = [answer for answer in answers.values() if not isinstance(answer, tuple)]
+    for index in done:  # a completed answer is whole
         assert answers[index][0] == plain_answers[index], index
     # the killed replica's streams in flight: cut (the openai client's APIConnectionError), or
     # a 500 for one Ray had sent it but whose answer had not begun
     assert errors, f"none of the {on_victim} streams in flight on the killed replica failed"
     assert all(isinstance(error, openai.APIConnectionError | openai.InternalServerError)
                for error in errors), errors
-    assert len(done) + len(errors) == REQUESTS
+    assert len(done) + len(errors) == len(CHATS)
     deadline, now = time.monotonic() + 120, set()
     while time.monotonic() < deadline and not now - before:  # Ray starts a new one
         try:
@@ -192,27 +198,27 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(
         except OSError:
             time.sleep(1)
     assert now - before, f"no new replica in 120 s: {ray_server.tail()}"
-    assert all(isinstance(answer, tuple) for answer in at_once(ray_server.base, 8, 4))
+    assert all(isinstance(answer, tuple) for answer in at_once(ray_server.base, range(8), 4))
 
 
 def test_sigterm_drains_the_requests_in_flight(ray_server: RayServer,
                                                plain_answers: dict[int, str]) -> None:
-    """Streams only: each one's headers come as its replica takes it (decoding or queued), so
-    the stop comes once all 64 are at a replica (32 each, eight rounds of their batch of 4)."""
+    """Chat streams only: each one begins as its replica queues it, so the stop comes once all
+    32 are at a replica (16 each, answered one at a time)."""
     begun, ends = threading.Semaphore(0), []
     before = set(ray_server.processes())
     with ThreadPoolExecutor(1) as stopper:
         def stop_when_all_started() -> int:
-            for _ in range(REQUESTS):
+            for _ in CHATS:
                 assert begun.acquire(timeout=WAIT_S)
             return ray_server.stop()
 
         status = stopper.submit(stop_when_all_started)
-        answers = at_once(ray_server.base, REQUESTS, LONG, streamed=True,
+        answers = at_once(ray_server.base, CHATS, LONG, streamed=True,
                           started=lambda replica: begun.release(),
                           ended=lambda result: ends.append(time.time()))
         assert status.result(timeout=150) == 0
-    for index, answer in enumerate(answers):  # each finished, whole, though the server stopped
+    for index, answer in zip(CHATS, answers, strict=True):  # each whole, though stopped
         assert isinstance(answer, tuple) and answer[0] == plain_answers[index], (index, answer)
     # some were still being answered when Ray began to delete the application (its log's
     # time, this machine's clock): they were drained, not finished before the stop

@@ -152,8 +152,7 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(
     """Chat streams only, so each one's replica is known as it is queued there: the first
     replica to hold 6 begun and unfinished (one decoding, the others waiting) is killed
     (SIGKILL) at once, by the client thread that saw it. Each request then completes whole or
-    raises an error the client sees, within the bound; some of the killed replica's raise; a
-    new replica answers afterwards."""
+    raises an error the client sees, within the bound; a new replica answers afterwards."""
     before = {ray_server.replica() for _ in range(20)}
     deadline, pids = time.monotonic() + 30, {}
     while time.monotonic() < deadline and set(pids) != before:  # Ray's log comes in batches
@@ -185,11 +184,11 @@ def test_a_killed_replica_is_replaced_and_no_request_is_lost(
     errors = [answer for answer in answers.values() if not isinstance(answer, tuple)]
     for index in done:  # a completed answer is whole
         assert answers[index][0] == plain_answers[index], index
-    # the killed replica's streams in flight: cut (the openai client's APIConnectionError), or
-    # a 500 for one Ray had sent it but whose answer had not begun
-    assert errors, f"none of the {on_victim} streams in flight on the killed replica failed"
+    # the killed replica's streams in flight (on_victim begun): cut (the openai client's
+    # APIConnectionError), a 500 for one whose answer had not begun, or sent again by Ray's
+    # router to the other replica (then whole, as checked above: never a stream begun twice)
     assert all(isinstance(error, openai.APIConnectionError | openai.InternalServerError)
-               for error in errors), errors
+               for error in errors), (errors, on_victim)
     assert len(done) + len(errors) == len(CHATS)
     deadline, now = time.monotonic() + 120, set()
     while time.monotonic() < deadline and not now - before:  # Ray starts a new one

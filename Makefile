@@ -167,7 +167,15 @@ $(LM_EVAL): $(STAMP) constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt 'lm-eval[api,hf]'
 	touch $(LM_EVAL)
 
-test-slow: $(STAMP) $(LM_EVAL)
+# Ray Serve (the `ray` extra), which the slow tests of `zoo serve --ray`
+# (tests/serve/test_serve_ray.py) start: not in `make test`'s install either (Ray and some forty
+# packages; the default run checks only the refusal without it).
+RAY := $(VENV)/.ray
+$(RAY): $(STAMP) constraints.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[ray]'
+	touch $(RAY)
+
+test-slow: $(STAMP) $(LM_EVAL) $(RAY)
 	$(BIN)/python -m pytest -q -m slow
 
 # Plants small realistic bugs one at a time (tests/support/mutants.py lists them) and fails if the

@@ -399,8 +399,12 @@ async def health(request: Request, models: dict[str, Served]) -> tuple[Response,
 
 
 async def scrape(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
-    text = request.app.state.metrics.text(
-        ((name, *served.gauges()) for name, served in models.items()),
-        [(name, *served.prefix_cache.stats()) for name, served in models.items()
-         if served.prefix_cache is not None])
-    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8"), 0
+    return Response(exposition(request.app.state.metrics, models),
+                    media_type="text/plain; version=0.0.4; charset=utf-8"), 0
+
+
+def exposition(metrics: Metrics, models: dict[str, Served]) -> str:
+    """GET /metrics's text (also copied into Ray's metrics by each Ray replica)."""
+    return metrics.text(((name, *served.gauges()) for name, served in models.items()),
+                        [(name, *served.prefix_cache.stats()) for name, served in models.items()
+                         if served.prefix_cache is not None])

@@ -14,14 +14,15 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
 from runtime.classify import SequenceOutputs, label_names
-from runtime.exported import Exported, GenerateOptions
+from runtime.exported import Exported, GenerateOptions, load
 from runtime.files.tokenizer import sequence_ids
 from runtime.grammar.engine import Constraint, Grammar
 from runtime.prompts import check_text
@@ -29,7 +30,7 @@ from runtime.serve.bodies import Sampled
 from runtime.serve.embedder import Embedder
 from runtime.serve.errors import ApiError, internal_error, log_fault
 from runtime.serve.logprobs import Recorder, Scored, TokenTexts, prompt_scores
-from runtime.serve.options import PREFILL_TOKENS, PREFIX_CACHE_MB
+from runtime.serve.options import PREFILL_TOKENS, PREFIX_CACHE_MB, ServeOptions
 from runtime.serve.prefix_cache import PrefixCache
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
@@ -294,3 +295,10 @@ class Served:
             raise ApiError(400, str(exc), "input", "invalid_value") from None
 
 
+def open_served(folders: Sequence[Path], names: Sequence[str], options: ServeOptions
+                ) -> dict[str, Served]:
+    """Each export opened under its name: what `zoo serve` serves, and each Ray replica."""
+    return {name: Served(name, load(folder, options.provider, options.threads),
+                         options.max_queue, options.max_batch, options.prefill_chunk,
+                         options.prefix_cache_mb)
+            for name, folder in zip(names, folders, strict=True)}

@@ -13,6 +13,17 @@ PREFILL_TOKENS = 512  # prompt tokens (padded) prefilled a step; longer prompts 
 # MiB of prompt keys/values kept per decoder export: about 11,000 tokens of SmolLM2-135M
 # (46 KiB a token in float32), 2,000 of an 8B model's; a laptop spares it
 PREFIX_CACHE_MB = 512
+GRACE = 30  # seconds a stopping server (or Ray replica) gives the requests in flight
+
+
+def replica_range(text: str) -> tuple[int, int]:
+    """--autoscale MIN:MAX: the bounds of a Ray deployment's replica count."""
+    low, sep, high = text.partition(":")
+    if not (sep and low.isdigit() and high.isdigit()):
+        raise ValueError("expected MIN:MAX replicas, like 1:4")
+    if not 0 <= int(low) <= int(high) or int(high) < 1:
+        raise ValueError("expected 0 <= MIN <= MAX and MAX >= 1")
+    return int(low), int(high)
 
 
 @dataclass(frozen=True)
@@ -40,3 +51,13 @@ class ServeOptions:
                                   "Prometheus that sends none).")
     tracebacks: bool = option(False, "Log each internal error's traceback (one line "
                               "without).")
+    # Ray Serve (runtime/serve/ray_app.py, the `ray` extra; docs/scaling-serve.md)
+    ray: bool = option(False, "Serve as Ray Serve deployment replicas, each running this "
+                       "server (a local Ray started here, or --ray-address's).")
+    replicas: int | None = option(None, "With --ray: this many replicas [1].")
+    autoscale: tuple[int, int] | None = option(
+        None, "With --ray: between MIN and MAX replicas, Ray adding one while each has more "
+        "than --max-batch requests running or waiting.", parse=replica_range, metavar="MIN:MAX")
+    ray_address: str | None = option(None, "With --ray: an existing Ray cluster's address "
+                                     "(ray://HOST:10001, HOST:6379 or auto) [a local Ray, "
+                                     "stopped with the server].")

@@ -7,13 +7,12 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from registry.errors import ZooError
-from runtime.exported import load
-from runtime.serve.options import API_KEY_ENV, ServeOptions
-
-GRACE = 30  # seconds
+from runtime.serve.options import API_KEY_ENV, GRACE, ServeOptions
+from runtime.serve.replicas import ray_plan
 
 
 def serve_exports(folders: Sequence[Path], options: ServeOptions,
@@ -23,7 +22,6 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
 
         from runtime.serve.app import make_app
         from runtime.serve.http import MAX_HEADER_BYTES, JsonErrorsH11
-        from runtime.serve.models import Served
     except ImportError as exc:
         raise ZooError(f"zoo serve needs the serve extra ({exc.name} is missing): pip install "
                        "'.[serve]' in a checkout (or 'zoo[serve]' beside the wheel)") from None
@@ -43,11 +41,19 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
     if options.prefix_cache_mb < 0:
         raise ZooError(f"--prefix-cache-mb {options.prefix_cache_mb}: should be >= 0 (0 turns "
                        "the cache off)")
-    models = {name: Served(name, load(folder, options.provider, options.threads),
-                           options.max_queue, options.max_batch, options.prefill_chunk,
-                           options.prefix_cache_mb)
-              for name, folder in zip(names, folders, strict=True)}
+    plan = ray_plan(options, len(folders))
     api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
+    if options.ray:
+        try:
+            from runtime.serve.ray_app import serve_on_ray
+        except ImportError as exc:
+            raise ZooError(f"zoo serve --ray needs the ray extra ({exc.name} is missing): pip "
+                           "install '.[ray]' in a checkout (or 'zoo[ray]' beside the wheel)"
+                           ) from None
+        return serve_on_ray(folders, names, replace(options, api_key=api_key), plan, progress)
+    from runtime.serve.models import open_served
+
+    models = open_served(folders, names, options)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if options.tracebacks:
         logging.getLogger("zoo.serve").setLevel(logging.DEBUG)

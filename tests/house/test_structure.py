@@ -207,11 +207,13 @@ def test_only_four_files_switch_on_a_family_name(tmp_path: Path) -> None:
 # the libraries that run a graph and read its files, and registry/ (jinja2, sentencepiece and
 # Pillow only inside the functions that read a chat template, MarianMT's files or an image;
 # starlette and uvicorn (and h11, uvicorn's HTTP parser, whose refusals the server words) only
-# in runtime/serve/, `zoo serve`'s server).
+# in runtime/serve/, `zoo serve`'s server; ray (the `ray` extra) only in
+# runtime/serve/ray_app.py, which no module imports at load).
 RUNTIME_LIBRARIES = {"numpy", "onnxruntime", "tokenizers", "yaml", "jinja2", "sentencepiece",
                      "llguidance", "PIL",
                      "registry", "runtime"}
 SERVER_LIBRARIES = {"starlette", "uvicorn", "h11"}
+RAY_MODULE = "runtime.serve.ray_app"
 
 
 def foreign_imports(modules: dict[str, Path]) -> list[str]:
@@ -220,7 +222,8 @@ def foreign_imports(modules: dict[str, Path]) -> list[str]:
                   if name.split(".")[0] == "runtime"
                   for imported in imported_names(ast.parse(path.read_text(encoding="utf-8")))
                   if imported.split(".")[0] not in allowed
-                  | (SERVER_LIBRARIES if name.startswith("runtime.serve") else set()))
+                  | (SERVER_LIBRARIES if name.startswith("runtime.serve") else set())
+                  | ({"ray"} if name == RAY_MODULE else set()))
 
 
 def test_the_runtime_imports_only_what_runs_an_export(tmp_path: Path) -> None:
@@ -234,6 +237,32 @@ def test_the_runtime_imports_only_what_runs_an_export(tmp_path: Path) -> None:
     assert foreign_imports({"runtime.serve.app": server, "runtime.exported": server}) == [
         "runtime.exported -> starlette.routing", "runtime.exported -> starlette.routing.Route",
         "runtime.exported -> uvicorn"]
+    ray = tmp_path / "ray_app.py"  # Ray in the Ray module alone
+    ray.write_text("import ray\nfrom ray import serve\n")
+    assert foreign_imports({RAY_MODULE: ray, "runtime.serve.app": ray}) == [
+        "runtime.serve.app -> ray", "runtime.serve.app -> ray.serve"]
+
+
+def ray_imports(modules: dict[str, Path]) -> list[str]:
+    """Ray imported anywhere but the Ray module, and the Ray module imported at load."""
+    found = []
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if name != RAY_MODULE:
+            found += [f"{name} -> {imported}" for imported in imported_names(tree)
+                      if imported.split(".")[0] == "ray"]
+        found += [f"{name} -> {RAY_MODULE} at load" for imported in top_level_imports(tree)
+                  if imported.startswith(RAY_MODULE)]
+    return sorted(set(found))
+
+
+def test_ray_stays_in_its_module_imported_only_when_asked_for(tmp_path: Path) -> None:
+    assert ray_imports(project_modules()) == []
+    planted = tmp_path / "server.py"
+    planted.write_text("from runtime.serve.ray_app import serve_on_ray\n\n"
+                       "def f():\n    import ray\n")
+    assert ray_imports({"runtime.serve.server": planted}) == [
+        "runtime.serve.server -> ray", f"runtime.serve.server -> {RAY_MODULE} at load"]
 
 
 # The house (issue #44): torch stays in zoo/ and export/; the command bodies that run an export

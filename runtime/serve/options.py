@@ -51,7 +51,7 @@ class ServeOptions:
                                   "Prometheus that sends none).")
     tracebacks: bool = option(False, "Log each internal error's traceback (one line "
                               "without).")
-    # Ray Serve (runtime/serve/ray_app.py, the `ray` extra; docs/scaling-serve.md)
+    # Ray Serve (runtime/serve/ray_app.py, the `ray` extra; docs/scaling.md)
     ray: bool = option(False, "Serve as Ray Serve deployment replicas, each running this "
                        "server (a local Ray started here, or --ray-address's).")
     replicas: int | None = option(None, "With --ray: this many replicas [1].")

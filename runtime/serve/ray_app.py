@@ -9,7 +9,7 @@ itself and answers with an `x-zoo-replica` header naming it.
 The only module that imports Ray (the `ray` extra); runtime/serve/server.py imports it inside
 `zoo serve --ray`. `serve run runtime.serve.ray_app:build_app exports=OUT ...` (or `:app`
 with ZOO_SERVE_ARGS) runs the same deployment from Ray's own command or a KubeRay
-RayService (examples/ray/rayservice.yaml); docs/scaling-serve.md says what each side owns."""
+RayService (examples/ray/rayservice.yaml); docs/scaling.md says what each side owns."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,44 @@ def hf_client_exports(tmp_path_factory: pytest.TempPathFactory,
             return fresh_export(root, key)
 
     return Lazy(KEYS, made)
+
+
+@dataclass(frozen=True)
+class SentencePieceGguf:
+    """A Llama 2 style GGUF file (SentencePiece BPE pieces and scores, no merges) in `root`
+    (tiny.gguf), the transformers model whose weights it holds, its `zoo import` (`imported`,
+    what the command printed in `import_output`) and `zoo export --onnx` (`exported`)."""
+
+    pieces: Any
+    model: torch.nn.Module
+    root: Path
+    imported: Path
+    import_output: str
+    exported: Path
+
+
+# tests/gguf/test_import_gguf.py (against sentencepiece and transformers) and
+# tests/clients/test_transformers_js.py (in transformers.js) read one such import and export,
+# in the hf-clients group's worker.
+@pytest.fixture(scope="session")
+def sentencepiece_gguf(tmp_path_factory: pytest.TempPathFactory) -> SentencePieceGguf:
+    """Made once per session; only read (a test writes its own files in its tmp_path)."""
+    from click.testing import CliRunner
+
+    from cli import main
+    from tests.support.gguf_files import hf_model, sentencepiece_bpe, write_gguf
+
+    root = tmp_path_factory.mktemp("sentencepiece-gguf")
+    pieces = sentencepiece_bpe(600)
+    model = hf_model(True, pieces.get_piece_size())
+    write_gguf(model, root / "tiny.gguf", pieces=pieces)
+    outputs = []
+    for args in (["import", str(root / "tiny.gguf"), "-o", str(root / "out")],
+                 ["export", str(root / "out"), "--onnx", "-o", str(root / "onnx")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        outputs.append(result.output)
+    return SentencePieceGguf(pieces, model, root, root / "out", outputs[0], root / "onnx")
 
 
 @pytest.fixture(scope="session")

@@ -96,7 +96,9 @@ def _files(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("name, variant", [
     pytest.param("gpt-tiny", "plain", marks=on_shared("gpt-tiny")),
     pytest.param("transformer-tiny", "plain", marks=on_shared("transformer-tiny")),
-    pytest.param("transformer-tiny", "int8-dynamic", marks=on_shared("transformer-tiny"))])
+    # the same on-disk trace, then quantized: make test-slow
+    pytest.param("transformer-tiny", "int8-dynamic",
+                 marks=[on_shared("transformer-tiny"), pytest.mark.slow])])
 def test_weights_kept_on_disk_give_the_same_export(name: str, variant: str, tmp_path: Path,
                                                    shared_export: object,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

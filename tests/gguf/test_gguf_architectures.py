@@ -199,7 +199,9 @@ def test_a_malformed_gguf_section_is_one_line(tmp_path: Path, section: dict, mes
         registry.layouts.LayoutMap(maps / "llama.yaml")
 
 
-@pytest.mark.parametrize("kind, genai_type", [("qwen2", "qwen2"), ("qwen3", "qwen3")])
+# qwen2's type is checked without GenAI's loop in test_genai_configs_type_is_the_maps
+@pytest.mark.parametrize("kind, genai_type", [
+    pytest.param("qwen2", "qwen2", marks=pytest.mark.slow), ("qwen3", "qwen3")])
 def test_an_imported_files_export_runs_in_genai_under_its_maps_type(
         tmp_path: Path, kind: str, genai_type: str) -> None:
     """The export of an imported file names the type of the map that reproduces its card,

@@ -15,13 +15,12 @@ import torch
 from click.testing import CliRunner
 
 import cli
-from tests.conftest import packaged_smollm2
+from tests.conftest import ON_HF_CLIENTS, SentencePieceGguf, packaged_smollm2
 from tests.support.gguf_files import (
     SPM_TEXTS,
     Field,
     byte_level_bpe,
     hf_model,
-    sentencepiece_bpe,
     small_vocabulary,
     spm_fields,
     write_gguf,
@@ -88,23 +87,20 @@ def test_the_files_byte_level_bpe_becomes_transformers_tokenizer(tmp_path: Path)
                                        else ours.id_to_token(token))
 
 
+@ON_HF_CLIENTS  # the import and export are tests/clients/test_transformers_js.py's too
 def test_the_files_sentencepiece_bpe_becomes_what_sentencepiece_and_transformers_give(
-        tmp_path: Path) -> None:
+        tmp_path: Path, sentencepiece_gguf: SentencePieceGguf) -> None:
     """A Llama 2 style GGUF (pieces and scores, no merges): every text gets SentencePiece's own
     ids after BOS (transformers' tokenizer from the same file gives the same, but for a text
     that starts with a space, where it puts no "▁" before the text's own) and decodes back;
     `zoo run --text` on its export feeds those ids, BOS first, as transformers' generate does."""
     from tokenizers import Tokenizer
 
-    pieces = sentencepiece_bpe(600)
-    model = hf_model(True, pieces.get_piece_size())
-    write_gguf(model, tmp_path / "tiny.gguf", pieces=pieces)
-    result = CliRunner().invoke(cli.main, ["import", str(tmp_path / "tiny.gguf"), "-o",
-                                           str(tmp_path / "out")])
-    assert result.exit_code == 0, result.output
-    assert "SentencePiece BPE" in result.output
-    ours = Tokenizer.from_file(str(tmp_path / "out" / "tokenizer.json"))
-    reference = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    pieces, model = sentencepiece_gguf.pieces, sentencepiece_gguf.model
+    assert "SentencePiece BPE" in sentencepiece_gguf.import_output
+    ours = Tokenizer.from_file(str(sentencepiece_gguf.imported / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(sentencepiece_gguf.root,
+                                                           gguf_file="tiny.gguf")
     assert any(pieces.is_byte(i) for i in pieces.encode("東京"))  # byte fallback is used
     for text in SPM_TEXTS:
         expected = [pieces.bos_id(), *pieces.encode(text)]
@@ -114,21 +110,19 @@ def test_the_files_sentencepiece_bpe_becomes_what_sentencepiece_and_transformers
         assert ours.decode(expected) == pieces.decode(expected[1:]) == text
 
     prompt = SPM_TEXTS[0]
-    result = CliRunner().invoke(cli.main, ["export", str(tmp_path / "out"), "--onnx", "-o",
-                                           str(tmp_path / "onnx")])
-    assert result.exit_code == 0, result.output
     ids = torch.tensor([[pieces.bos_id(), *pieces.encode(prompt)]])
     with torch.no_grad():
         greedy = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
-    result = CliRunner().invoke(cli.main, ["run", str(tmp_path / "onnx"), "--text", prompt,
-                                           "--max-new-tokens", "6"])
+    result = CliRunner().invoke(cli.main, ["run", str(sentencepiece_gguf.exported), "--text",
+                                           prompt, "--max-new-tokens", "6"])
     assert result.exit_code == 0, result.output
     assert pieces.decode(greedy[0, 1:].tolist()) in result.output
 
     # the attention map is of what `zoo run` feeds: BOS first
-    result = CliRunner().invoke(cli.main, ["attention", str(tmp_path / "out"), "--text", prompt,
-                                           "--layer", "0", "-o", str(tmp_path / "map.png"),
-                                           "--json", str(tmp_path / "map.json")])
+    result = CliRunner().invoke(cli.main, ["attention", str(sentencepiece_gguf.imported),
+                                           "--text", prompt, "--layer", "0", "-o",
+                                           str(tmp_path / "map.png"), "--json",
+                                           str(tmp_path / "map.json")])
     assert result.exit_code == 0, result.output
     looked = json.loads((tmp_path / "map.json").read_text())
     assert looked["key_ids"][:len(ids[0])] == ids[0].tolist()
@@ -137,7 +131,7 @@ def test_the_files_sentencepiece_bpe_becomes_what_sentencepiece_and_transformers
     # BOS whatever tokenizer_config.json says (LlamaTokenizer, add_bos_token: tried), so a
     # GenAI caller puts it first
     og = pytest.importorskip("onnxruntime_genai")
-    genai = og.Tokenizer(og.Model(str(tmp_path / "onnx")))
+    genai = og.Tokenizer(og.Model(str(sentencepiece_gguf.exported)))
     for text in SPM_TEXTS:
         assert genai.encode(text).tolist() == pieces.encode(text), text
         assert genai.decode(np.array([pieces.bos_id(), *pieces.encode(text)], np.int32)) == text

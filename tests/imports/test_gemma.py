@@ -28,7 +28,9 @@ transformers = pytest.importorskip("transformers")
 
 
 @on_shared("gemma-tiny")
-@pytest.mark.parametrize("variant", ["plain", "optimize"])
+# --optimize's graph only in make test-slow: its own export (tens of seconds), and its local
+# windows are checked against transformers in tests/imports/test_hf_decoders.py (gemma3)
+@pytest.mark.parametrize("variant", ["plain", pytest.param("optimize", marks=pytest.mark.slow)])
 def test_genai_generates_the_zoos_tokens_past_the_window(variant: str,
                                                          shared_export: SharedExport) -> None:
     """ONNX Runtime GenAI's own loop under its gemma3_text type, on a prompt past gemma-tiny's

@@ -158,6 +158,8 @@ def test_imported_gpt2_exports_with_parity(sources: dict, imported: dict,
     torch.testing.assert_close(torch.from_numpy(logits), theirs, atol=ATOL, rtol=1e-3)
 
 
+# slow: imported BERT folders export through the CLI in test_import_sentence.py by default
+@pytest.mark.slow
 def test_imported_bert_exports_through_the_cli(imported: dict, tmp_path: Path) -> None:
     result = zoo("export", str(imported["bert-mlm"]), "--onnx", "-o", str(tmp_path / "onnx"))
     assert result.exit_code == 0, result.output

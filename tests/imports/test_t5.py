@@ -37,8 +37,10 @@ TEXTS = ["First Citizen: we are accounted poor citizens.",
          "What authority surfeits on would relieve us.",
          "Speak, speak."]
 STEPS = 10
-# mT5's card is T5 v1.1's (its map is `like: t5`): its export would prove nothing more
-EXPORTED = ("t5", "t5-v1.1")
+# mT5's card is T5 v1.1's (its map is `like: t5`): its export would prove nothing more. T5's
+# own layout (ReLU, a tied and scaled head) is t5-tiny's, exported in tests/export/test_export.py:
+# its import's export runs in make test-slow (the last test here).
+EXPORTED = ("t5-v1.1",)
 
 
 def transformers_count(config: object) -> int:
@@ -203,6 +205,19 @@ def test_zoo_run_generates_transformers_text(t5: dict) -> None:
     with torch.no_grad():
         hf = t5["hf"].generate(**encoded, do_sample=False, max_new_tokens=STEPS)
     assert output == t5["tokenizer"].decode(hf[0], skip_special_tokens=True) + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("t5", ["t5"], indirect=True)
+def test_t5s_own_layout_exports_with_transformers_logits_tokens_and_text(t5: dict,
+                                                                         tmp_path: Path) -> None:
+    """The checks above with an export, on T5's own layout."""
+    exported = tmp_path / "exported"
+    export_and_verify(t5["zoo"], t5["card"], exported, source_folder=t5["built"])
+    with_export = {**t5, "exported": exported}
+    test_encoder_states_and_logits_equal_transformers(with_export)
+    test_greedy_tokens_equal_transformers_generate(with_export)
+    test_zoo_run_generates_transformers_text(with_export)
 
 
 def edited_folder(t5: dict, tmp_path: Path, **changes: object) -> Path:

@@ -22,10 +22,12 @@ from export.onnx.precision import FP16, check_weights_fit
 from export.onnx.quantize import GGUF
 from export.onnx.writer import export_onnx, weights_on_disk
 from export.opening import open_staged
-from export.options import ExportOptions
+from export.onnx.kept_adapters import adapter_name
+from export.options import KEEP, ExportOptions
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.contract import ADAPTERS
 from runtime.files.tokenizer import load_tokenizer, tokenizer_files
 from runtime.sessions import lean_session_options
 
@@ -80,14 +82,18 @@ def export_and_verify(
             lean = lean_session_options()
             _return_freed_memory()
         runtime = open_staged(staging, manifest, options.provider, options=lean)
+        if ADAPTERS in manifest:  # the graph fed its adapter file against the LoRA model
+            runtime.adapters.activate(next(iter(manifest[ADAPTERS]["files"])))
         check = verify(model, card, runtime, options.atol, options.rtol, progress)
         if isinstance(check, AgreementReport | GateReport):  # beside what was quantized
             manifest["quantization"]["agreement"] = check.as_dict()
         return check
 
     extra = tokenizer_files(source_folder) if source_folder is not None else []
+    adapter = adapter_name(source_folder) if options.adapters == KEEP and source_folder \
+        else None
     written = export_onnx(model, card, out, family, options, verify_staged, progress, extra,
-                          gguf)
+                          gguf, adapter)
     return written.check if options.plain else VariantReport(written.notes, written.check)
 
 

@@ -18,11 +18,11 @@ from export.checks.quality import GateReport, calibration_batch
 from export.checks.verify import verify
 from export.families import family_of
 from export.onnx.gguf_export import GGUFWeights, gguf_weights
+from export.onnx.kept_adapters import adapter_name
 from export.onnx.precision import FP16, check_weights_fit
 from export.onnx.quantize import GGUF
 from export.onnx.writer import export_onnx, weights_on_disk
 from export.opening import open_staged
-from export.onnx.kept_adapters import adapter_name
 from export.options import KEEP, ExportOptions
 from registry.catalog import Card
 from registry.errors import ZooError

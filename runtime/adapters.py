@@ -11,6 +11,7 @@ all zeros. The stacked tensors are built once per batch composition and kept.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ class Adapters:
         self.loaded: dict[str, Factors] = {}
         self.active: str | None = None
         self._stacked: dict[tuple[str | None, ...], Factors] = {}
+        self._lock = threading.Lock()  # `zoo serve`: the batching thread and the worker
 
     @property
     def inputs(self) -> list[str]:
@@ -92,14 +94,15 @@ class Adapters:
         """The adapter inputs for a batch whose row i uses adapter rows[i] (None: the base);
         rows None: the active adapter for every row."""
         names = [self.active] if rows is None else list(rows)
-        if len(set(names)) == 1:
-            return self._one(names[0])
-        key = tuple(names)
-        if key not in self._stacked:
-            if len(self._stacked) >= KEPT_COMPOSITIONS:
-                self._stacked.pop(next(iter(self._stacked)))
-            self._stacked[key] = self._stack(names)
-        return self._stacked[key]
+        with self._lock:
+            if len(set(names)) == 1:
+                return self._one(names[0])
+            key = tuple(names)
+            if key not in self._stacked:
+                if len(self._stacked) >= KEPT_COMPOSITIONS:
+                    self._stacked.pop(next(key for key in self._stacked if key != (None,)))
+                self._stacked[key] = self._stack(names)
+            return self._stacked[key]
 
     def _one(self, name: str | None) -> Factors:
         if name is not None:

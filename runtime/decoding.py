@@ -128,12 +128,14 @@ class DecoderSession:
             self.mask = self.mask[:, start:]
 
 
-def prompt_logits(engine: Engine, ids: list[int], chunk: int) -> Iterator[np.ndarray]:
+def prompt_logits(engine: Engine, ids: list[int], chunk: int, adapter: str | None = None
+                  ) -> Iterator[np.ndarray]:
     """The (T, vocab) logits at every position of one prompt, `chunk` tokens at a time: the
     contract graph over each chunk after the cache of those before it (as a chunked prefill
     computes), where the decoding loops keep only the last position's. Memory stays at
     `chunk` rows of logits, whatever the prompt's length (`zoo serve`'s echo scores a prompt
-    of the whole context)."""
+    of the whole context). `adapter`: a LoRA adapter of an export that keeps them apart."""
+    adapted = {} if adapter is None else engine.adapters.feeds([adapter])  # type: ignore[attr-defined]
     names = past_names(engine.card["n_layers"], CACHE_INPUT), \
         past_names(engine.card["n_layers"], CACHE_OUTPUT)
     past = empty_past(engine, 1)
@@ -142,7 +144,7 @@ def prompt_logits(engine: Engine, ids: list[int], chunk: int) -> Iterator[np.nda
         end = start + piece.shape[1]
         feeds = {"input_ids": piece, "attention_mask": np.ones((1, end), np.int64),
                  "position_ids": np.arange(start, end, dtype=np.int64)[None],
-                 **dict(zip(names[0], past, strict=True))}
+                 **dict(zip(names[0], past, strict=True)), **adapted}
         outputs = engine.run(MODEL_GRAPH, feeds)
         past = [outputs[name] for name in names[1]]
         yield outputs["logits"][0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import secrets
 import threading
@@ -65,7 +66,12 @@ class Ticket:
 
 
 class Served:
-    """An export under its name; `admitted` counts its requests running or waiting."""
+    """An export under its name; `admitted` counts its requests running or waiting. A LoRA
+    adapter of a decoder export that keeps them apart is served as a model of its own
+    (`under_adapter`: BASE:NAME) that shares the export's scheduler, so requests for
+    different adapters decode in one batch."""
+
+    adapter: str | None = None  # the LoRA adapter its requests decode under; None: the base
 
     def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1,
                  prefill_chunk: int = PREFILL_TOKENS, prefix_cache_mb: int = PREFIX_CACHE_MB
@@ -88,6 +94,14 @@ class Served:
         # for /metrics: worker requests queued and running, changed by the loop and the worker
         self.lock = threading.Lock()
         self.waiting = self.running = 0
+
+    def under_adapter(self, adapter: str) -> Served:
+        """The export as `NAME:ADAPTER`: the same sessions, scheduler, worker and prefix cache
+        (keyed by adapter), its own admission count."""
+        view = copy.copy(self)
+        view.name, view.adapter = f"{self.name}:{adapter}", adapter
+        view.admitted = 0
+        return view
 
     def admit(self) -> None:
         """Count a request in, or refuse it (429) when running and waiting ones fill it."""
@@ -123,7 +137,7 @@ class Served:
             send(event)
 
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
-                  sampled.stream, emit, constraint)
+                  sampled.stream, emit, constraint, adapter=self.adapter)
         self.admit()
         job.logprobs = None if top is None else Recorder(top)  # before it is queued
         try:
@@ -171,7 +185,8 @@ class Served:
             self.admit()
         try:
             return await asyncio.wrap_future(self.worker.submit(
-                prompt_scores, self.exported.runtime, ids, top, self.prefill_chunk))
+                prompt_scores, self.exported.runtime, ids, top, self.prefill_chunk,
+                self.adapter))
         finally:
             if own_place:
                 self.admitted -= 1

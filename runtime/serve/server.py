@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from registry.errors import ZooError
+from registry.paths import display_path
 from runtime.exported import load
 from runtime.serve.options import API_KEY_ENV, ServeOptions
 
 GRACE = 30  # seconds
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def serve_exports(folders: Sequence[Path], options: ServeOptions,
@@ -47,11 +51,12 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
                            options.max_queue, options.max_batch, options.prefill_chunk,
                            options.prefix_cache_mb)
               for name, folder in zip(names, folders, strict=True)}
+    models.update(adapter_models(models[names[0]], folders[0], options.adapters))
     api_key = options.api_key or os.environ.get(API_KEY_ENV) or None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if options.tracebacks:
         logging.getLogger("zoo.serve").setLevel(logging.DEBUG)
-    progress(f"serving {', '.join(names)} on http://{options.host}:{options.port}/v1"
+    progress(f"serving {', '.join(models)} on http://{options.host}:{options.port}/v1"
              + (" (API key required)" if api_key else ""))
     # h11 named (not uvicorn's "auto", which takes httptools where it is installed): its
     # refusals are the ones worded as JSON (runtime/serve/http.py)
@@ -69,3 +74,27 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def adapter_models(base: Any, folder: Path, specs: Sequence[str]) -> dict[str, Any]:
+    """{BASE:NAME: the export under that adapter} for the export's own adapters and each
+    `--adapter NAME=FILE`, every file read and checked against the graph's inputs first; a
+    bad spec is one line, before anything is served."""
+    runtime = base.exported.runtime
+    adapters = runtime.adapters
+    where = display_path(folder)
+    if specs and not adapters.inputs:
+        raise ZooError(f"--adapter: {where} was not exported with --adapters keep (its graphs "
+                       "take no LoRA factors)")
+    if specs and base.scheduler is None:
+        raise ZooError(f"--adapter: {where} is not a decoder export (adapters are served for "
+                       "generation)")
+    for spec in specs:
+        name, equals, file = spec.partition("=")
+        if not equals or not ADAPTER_NAME.fullmatch(name) or not file:
+            raise ZooError(f"--adapter {spec}: expected NAME=FILE (NAME in letters, digits, "
+                           "'.', '_', '-')")
+        adapters.add(name, Path(file))
+    if base.scheduler is None:
+        return {}
+    return {f"{base.name}:{name}": base.under_adapter(name) for name in adapters.names}

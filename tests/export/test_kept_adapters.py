@@ -160,3 +160,20 @@ def test_keep_without_an_adapter_or_on_an_encoder_decoder_is_refused(tmp_path: P
     assert_refused_and_nothing_written(["export", seq2seq, "--onnx", "--adapters", "keep"],
                                        tmp_path / "runs" / "b",
                                        "encoder-decoder exports are not supported")
+
+
+def test_an_encoder_keeps_its_adapter_too(tmp_path: Path) -> None:
+    """bert-tiny: the export's parity grid, fed the adapter file, held against the LoRA
+    model; the pooled vector moves with the adapter and is the base's without it."""
+    import zoo as api
+
+    source = adapted_folder("bert-tiny", tmp_path / "tuned", seed=4, rank=2,
+                            targets=("query", "value"))
+    zoo_ok("export", source, "--onnx", "--adapters", "keep", "-o", tmp_path / "out")
+    exported = api.load(tmp_path / "out")
+    ids = [5, 9, 14, 3, 27]
+    base, _ = exported.masked_predictions(ids)
+    exported.use_adapter("tuned")
+    adapted, _ = exported.masked_predictions(ids)
+    assert base is not None and adapted is not None
+    assert np.abs(adapted - base).max() > 1e-3

@@ -83,7 +83,10 @@ def export_and_verify(
             _return_freed_memory()
         runtime = open_staged(staging, manifest, options.provider, options=lean)
         if ADAPTERS in manifest:  # the graph fed its adapter file against the LoRA model
-            runtime.adapters.activate(next(iter(manifest[ADAPTERS]["files"])))
+            name = next(iter(manifest[ADAPTERS]["files"]))
+            progress(f"the parity grid runs with adapter {name} fed "
+                     f"({manifest[ADAPTERS]['files'][name]})...")
+            runtime.adapters.activate(name)
         check = verify(model, card, runtime, options.atol, options.rtol, progress)
         if isinstance(check, AgreementReport | GateReport):  # beside what was quantized
             manifest["quantization"]["agreement"] = check.as_dict()

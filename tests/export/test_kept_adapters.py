@@ -66,6 +66,13 @@ def test_run_with_the_adapter_gives_the_merged_tokens_and_without_it_the_base(
     assert plain.strip() == ",".join(map(str, base))
 
 
+def test_zoo_parity_checks_the_graph_without_adapter_against_the_base_weights(
+        kept: tuple[Path, Path]) -> None:
+    """model.safetensors is the base's own (no LoRA factors: it loads as the card's model),
+    which the graph computes when no adapter is fed."""
+    assert "parity: PASSED" in zoo_ok("parity", kept[1])
+
+
 def test_the_python_api_takes_the_adapter_in_its_options(kept: tuple[Path, Path]) -> None:
     import zoo as api
 

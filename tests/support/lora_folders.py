@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tests.conftest import card
+from tests.support.greedy import model_greedy
 from zoo.assemble import build_model
 from zoo.blocks.lora import adapters, add_adapters
 from zoo.files.peft_adapter import save_adapted
@@ -37,11 +38,4 @@ def adapted_folder(name: str, out: Path, seed: int, rank: int,
 def merged_greedy(folder: Path, prompt: list[int], steps: int) -> list[int]:
     """Greedy tokens of the folder's model with its adapter merged into the weights (its
     merged export's tokens), the whole sequence run again each step."""
-    model, _ = load_folder(folder)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(steps):
-            tensor = torch.tensor([ids])
-            logits, _ = model(tensor, torch.ones_like(tensor))
-            ids.append(int(logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return model_greedy(load_folder(folder)[0], prompt, steps)

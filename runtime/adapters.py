@@ -2,11 +2,12 @@
 factors are graph inputs (runtime/contract.py `lora_inputs`), and each adapter is an ONNX
 Runtime adapter file (onnxruntime.AdapterFormat) holding one value per input.
 
-`feeds(rows)` gives the inputs for a batch: one adapter (or none: zeros) for every row is the
-file's own tensors, whose leading axis 1 broadcasts over the batch; rows with different
-adapters get the factors stacked along that axis, S-LoRA's and Punica's per-row index made
-dense: each row's A and B, smaller ranks padded with zeros (exact), a row without an adapter
-all zeros. The stacked tensors are built once per batch composition and kept.
+`feeds(rows)` gives the inputs for a batch: the factors stacked along their leading axis, one
+per row (S-LoRA's and Punica's per-row index made dense): each row's A and B, smaller ranks
+padded with zeros (exact), a row without an adapter all zeros. That axis is the batch's own
+(the traced graph may read the batch size from it), so a batch of one takes a file's tensors as
+they are and a larger batch their copies. The stacked tensors are built once per batch
+composition (the rows' adapters in order) and kept for the steps that follow.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from registry.paths import display_path, inside
 from runtime.contract import ADAPTERS, MANIFEST, lora_inputs
 
 Factors = dict[str, np.ndarray]  # graph input name -> (1, in, r) or (1, r, out)
-KEPT_COMPOSITIONS = 32  # stacked feeds kept, one per recent batch composition
+KEPT_COMPOSITIONS = 4  # stacked feeds kept (the latest batch compositions): a step repeats
+# its batch's until a row joins or leaves; 16 rows of SmolLM2's q and v at r 8 are 36 MB
 
 
 class AdapterError(ZooError):
@@ -90,12 +92,12 @@ class Adapters:
             self.loaded[self.known(name)] = read_factors(self.files[name], self.fixed)
         return self.loaded[name]
 
-    def feeds(self, rows: Sequence[str | None] | None = None) -> Factors:
+    def feeds(self, rows: Sequence[str | None] | None = None, batch: int = 1) -> Factors:
         """The adapter inputs for a batch whose row i uses adapter rows[i] (None: the base);
-        rows None: the active adapter for every row."""
-        names = [self.active] if rows is None else list(rows)
+        rows None: the active adapter for each of `batch` rows."""
+        names = [self.active] * batch if rows is None else list(rows)
         with self._lock:
-            if len(set(names)) == 1:
+            if len(names) == 1:
                 return self._one(names[0])
             key = tuple(names)
             if key not in self._stacked:

@@ -46,13 +46,13 @@ CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 DECODER, ENCODER = ".decoder", ".encoder"  # the encoder-decoder's self and cross caches
 
 # `zoo export --adapters keep`: each adapted linear's LoRA factors are graph inputs, after the
-# family's own inputs and before the cache: `{module}.lora_A` (batch or 1, in, rank) and
-# `{module}.lora_B` (batch or 1, rank, out), the scale folded into B; zeros are the base. The
-# manifest's ADAPTERS entry lists them and the adapter files (ONNX Runtime's format).
+# family's own inputs and before the cache: `{module}.lora_A` (batch, in, rank) and
+# `{module}.lora_B` (batch, rank, out), a row's each, the scale folded into B; zeros are the
+# base. The manifest's ADAPTERS entry lists them and the adapter files (ONNX Runtime's format).
 ADAPTERS = "adapters"
 ADAPTER_FOLDER = "adapters"
 ADAPTER_SUFFIX = ".onnx_adapter"  # onnxruntime.AdapterFormat's files (GenAI's extension)
-ADAPTER_BATCH, ADAPTER_RANK = "adapter_batch", "adapter_rank"  # the inputs' dynamic axes
+ADAPTER_RANK = "adapter_rank"  # the factors' dynamic rank axis (their batch: `batch_size`)
 
 
 def lora_inputs(module: str) -> tuple[str, str]:

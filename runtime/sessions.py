@@ -247,5 +247,6 @@ class Runtime:
         graph = self.graphs[file]
         if self.adapters.inputs and self.adapters.inputs[0] in graph.defaults \
                 and self.adapters.inputs[0] not in feeds:
-            feeds = {**feeds, **self.adapters.feeds()}
+            batch = len(feeds.get("input_ids", next(iter(feeds.values()))))  # its rows
+            feeds = {**feeds, **self.adapters.feeds(batch=batch)}
         return graph.run(feeds)

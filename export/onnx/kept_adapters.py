@@ -1,13 +1,16 @@
 """`zoo export --adapters keep`: the base traced once with each adapted linear's LoRA factors as
 graph inputs, and the adapter written apart in ONNX Runtime's adapter format.
 
-Each LoRALinear (zoo/blocks/lora.py) computes W x + (x A) B with A (batch or 1, in, rank) and
-B (batch or 1, rank, out) the graph's inputs `{module}.lora_A` / `.lora_B` (runtime/contract.py),
+Each LoRALinear (zoo/blocks/lora.py) computes W x + (x A) B with A (batch, in, rank) and
+B (batch, rank, out) the graph's inputs `{module}.lora_A` / `.lora_B` (runtime/contract.py),
 the scale folded into B. Zeros give the base exactly; a smaller rank padded with zeros is
-exact; a batch of rows may each carry their own factors (`zoo serve`), or one set (leading
-axis 1) broadcasts over the batch, as an adapter file's tensors do. The inputs also carry zero
-defaults (initializers of the same name, ONNX's overridable inputs), so a client that feeds
-no adapter, ONNX Runtime GenAI's included, runs the base.
+exact; each row carries its own factors (`zoo serve` mixes adapters in a batch). The leading
+axis is traced as the batch itself: the exporter may read the batch size from any input that
+has it (SmolLM2's value projection was reshaped by an adapter input's), so it must be the
+batch's, and an adapter file's tensors (leading axis 1) serve a batch of one as they are and
+larger batches repeated (runtime/adapters.py). The inputs also carry zero defaults
+(initializers of the same name, ONNX's overridable inputs), so a client that feeds no adapter
+to a batch of one runs the base.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.families import spec_of
 from registry.paths import display_path
-from runtime.contract import ADAPTER_BATCH, ADAPTER_RANK, adapter_file, lora_inputs
+from runtime.contract import ADAPTER_RANK, adapter_file, lora_inputs
 from zoo.blocks.lora import LoRALinear, adapters
 
 TRACE_RANK = 2  # torch.export specialises a size-1 axis: the rank traced at 2, dynamic
@@ -147,15 +150,14 @@ def write_adapter_file(parameters: dict[str, np.ndarray], path: Path) -> None:
 
 
 def with_zero_defaults(proto: onnx.ModelProto, kept: list[KeptLinear]) -> None:
-    """Each adapter input: its batch axis named ADAPTER_BATCH (a batch's or 1) and a zero
-    default (rank 1), so that a run that feeds no adapter computes the base."""
+    """Each adapter input: a zero default (batch 1, rank 1), so that a run of one row that
+    feeds no adapter computes the base."""
     sizes = {}
     for linear in kept:
         a, b = lora_inputs(linear.module)
         sizes[a], sizes[b] = (1, linear.in_features, 1), (1, 1, linear.out_features)
     for graph_input in proto.graph.input:
         if graph_input.name in sizes:
-            graph_input.type.tensor_type.shape.dim[0].dim_param = ADAPTER_BATCH
             proto.graph.initializer.append(numpy_helper.from_array(
                 np.zeros(sizes[graph_input.name], np.float32), graph_input.name))
 
@@ -163,7 +165,8 @@ def with_zero_defaults(proto: onnx.ModelProto, kept: list[KeptLinear]) -> None:
 def manifest_entry(kept: list[KeptLinear], name: str) -> dict[str, Any]:
     return {
         "linears": [linear.as_dict() for linear in kept],
-        "shapes": "lora_A (batch or 1, in, rank), lora_B (batch or 1, rank, out); the scale "
-                  "folded into lora_B; zeros (the inputs' defaults) are the base",
+        "shapes": "lora_A (batch, in, rank), lora_B (batch, rank, out), a row's factors "
+                  "each; the scale folded into lora_B; zeros are the base (the inputs' "
+                  "defaults, for one row)",
         "files": {name: adapter_file(name)},
     }

@@ -53,7 +53,7 @@ class LoRALinear(nn.Linear):
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.rank, self.alpha, self.rslora = rank, alpha, rslora
         self.scaling = scaling(rank, alpha, rslora)
-        # (A (batch or 1, in, r), B (batch or 1, r, out) with the scale folded in): while set,
+        # (A (batch, in, r), B (batch, r, out), a row's each, the scale folded in): while set,
         # they replace lora_A and lora_B (export/onnx/kept_adapters.py traces with them)
         self.fed: tuple[torch.Tensor, torch.Tensor] | None = None
 

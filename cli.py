@@ -165,7 +165,7 @@ EXPORT = "export.options:ExportOptions"
 @fields("options", EXPORT, "opset provider atol rtol")
 @seed_option("Seed when building a card.")
 @sets_option
-@fields("options", EXPORT, "optimize quantize dtype calibration attentions")
+@fields("options", EXPORT, "optimize quantize dtype calibration attentions adapters")
 @click.option("--triton", "triton_repo", type=click.Path(file_okay=False), metavar="REPO",
               help="Also write a Triton model repository for the export (instances on "
                    "--provider's device; `zoo triton` has the other settings).")

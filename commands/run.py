@@ -56,6 +56,7 @@ def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: 
     if not texts and not request.id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")
     exported = load(request.folder, request.provider, request.threads)
+    exported.use_adapter(request.options.adapter)  # embedders and classifiers too
     prompts: list[Prompt] = list(texts) if texts else list(request.id_lists)
     what = "--text" if texts else "--ids"
     if exported.card["pooling"] is not None:

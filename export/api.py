@@ -13,7 +13,8 @@ from typing import Any
 from export.checks.agreement import AgreementReport
 from export.checks.parity import Report
 from export.checks.quality import GateReport
-from export.options import ExportOptions
+from export.onnx.kept_adapters import check_keep
+from export.options import KEEP, ExportOptions
 from export.pipeline import VariantReport, export_and_verify
 from registry.errors import ZooError
 from runtime.exported import Exported, Generated, GenerateOptions, Prompt, load
@@ -36,6 +37,9 @@ def export_model(source: str | Path, out: str | Path, options: ExportOptions | N
     options.check()  # before the model is built or loaded
     refuse_existing(Path(out), options.force)
     progress(f"loading {source}...")
-    model, card = load_source(str(source), tuple(registries), seed, overrides)
+    model, card = load_source(str(source), tuple(registries), seed, overrides,
+                              merge=options.adapters != KEEP)
+    if options.adapters == KEEP:
+        check_keep(model, card, str(source))
     folder = Path(source) if Path(source).is_dir() else None
     return export_and_verify(model, card, Path(out), options, progress, folder)

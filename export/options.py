@@ -16,6 +16,8 @@ from registry.options import option
 from runtime.files.texts import TextRow, read_texts
 from runtime.sessions import PROVIDERS, require_provider
 
+MERGE, KEEP = "merge", "keep"  # --adapters
+
 
 @dataclass(frozen=True)
 class ExportOptions:
@@ -45,6 +47,12 @@ class ExportOptions:
         None, "int8-dynamic: measure the activations to smooth on these texts (one a line, or "
         ".jsonl / .csv with a 'text' column; 64 rows spread over the file) instead of the "
         "shipped English text: text like the model's own use.", path="file", metavar="FILE")
+    adapters: str = option(
+        MERGE, "A folder with a LoRA adapter (zoo train --lora, zoo import --adapter): merge "
+        "it into the weights, or keep it apart: the base exported once with each adapted "
+        "linear's LoRA factors as graph inputs (zeros: the base) and the adapter as an ONNX "
+        "Runtime adapter file (adapters/NAME.onnx_adapter), chosen at run time (zoo run "
+        "--adapter NAME) or per request (zoo serve --adapter).", choices=(MERGE, KEEP))
 
     @property
     def plain(self) -> bool:
@@ -63,6 +71,12 @@ class ExportOptions:
             raise PrecisionError(f"--dtype fp16 --quantize {self.quantize}: float16 "
                                  f"activations go with --quantize {', '.join(HALF_QUANTIZE)} "
                                  "(q4f16) or no quantization (fp16)")
+        if self.adapters == KEEP and not self.plain:
+            asked = "--optimize" if self.optimize else (
+                f"--quantize {self.quantize}" if self.quantize else f"--dtype {self.dtype}")
+            raise ZooError(f"--adapters keep: not with {asked} (the fused, quantized and "
+                           "float16 graphs do not take the adapter inputs); use --adapters "
+                           "merge")
         # the file itself is read (and refused) by export_and_verify, before the trace
         if self.calibration is not None and self.quantize != DYNAMIC:
             raise ZooError(f"--calibration: only --quantize {DYNAMIC} calibrates (it "

@@ -18,14 +18,16 @@ from export.checks.quality import GateReport, calibration_batch
 from export.checks.verify import verify
 from export.families import family_of
 from export.onnx.gguf_export import GGUFWeights, gguf_weights
+from export.onnx.kept_adapters import adapter_name
 from export.onnx.precision import FP16, check_weights_fit
 from export.onnx.quantize import GGUF
 from export.onnx.writer import export_onnx, weights_on_disk
 from export.opening import open_staged
-from export.options import ExportOptions
+from export.options import KEEP, ExportOptions
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.contract import ADAPTERS
 from runtime.files.images import processor_file
 from runtime.files.tokenizer import load_tokenizer, tokenizer_files
 from runtime.sessions import lean_session_options
@@ -81,6 +83,11 @@ def export_and_verify(
             lean = lean_session_options()
             _return_freed_memory()
         runtime = open_staged(staging, manifest, options.provider, options=lean)
+        if ADAPTERS in manifest:  # the graph fed its adapter file against the LoRA model
+            name = next(iter(manifest[ADAPTERS]["files"]))
+            progress(f"the parity grid runs with adapter {name} fed "
+                     f"({manifest[ADAPTERS]['files'][name]})...")
+            runtime.adapters.activate(name)
         check = verify(model, card, runtime, options.atol, options.rtol, progress)
         if isinstance(check, AgreementReport | GateReport):  # beside what was quantized
             manifest["quantization"]["agreement"] = check.as_dict()
@@ -89,8 +96,10 @@ def export_and_verify(
     extra = tokenizer_files(source_folder) if source_folder is not None else []
     processor = processor_file(source_folder, card) if source_folder is not None else None
     extra += [processor] if processor is not None else []
+    adapter = adapter_name(source_folder) if options.adapters == KEEP and source_folder \
+        else None
     written = export_onnx(model, card, out, family, options, verify_staged, progress, extra,
-                          gguf)
+                          gguf, adapter)
     return written.check if options.plain else VariantReport(written.notes, written.check)
 
 

@@ -45,6 +45,25 @@ CACHE_INPUT, CACHE_OUTPUT = "past_key_values", "present"
 
 DECODER, ENCODER = ".decoder", ".encoder"  # the encoder-decoder's self and cross caches
 
+# `zoo export --adapters keep`: each adapted linear's LoRA factors are graph inputs, after the
+# family's own inputs and before the cache: `{module}.lora_A` (batch, in, rank) and
+# `{module}.lora_B` (batch, rank, out), a row's each, the scale folded into B; zeros are the
+# base. The manifest's ADAPTERS entry lists them and the adapter files (ONNX Runtime's format).
+ADAPTERS = "adapters"
+ADAPTER_FOLDER = "adapters"
+ADAPTER_SUFFIX = ".onnx_adapter"  # onnxruntime.AdapterFormat's files (GenAI's extension)
+ADAPTER_RANK = "adapter_rank"  # the factors' dynamic rank axis (their batch: `batch_size`)
+
+
+def lora_inputs(module: str) -> tuple[str, str]:
+    """The graph inputs of one adapted linear (the zoo's module name): A, then B."""
+    return f"{module}.lora_A", f"{module}.lora_B"
+
+
+def adapter_file(name: str) -> str:
+    """Where an export keeps the adapter `name`: adapters/NAME.onnx_adapter."""
+    return f"{ADAPTER_FOLDER}/{name}{ADAPTER_SUFFIX}"
+
 
 def past_names(n_layers: int, prefix: str, *infixes: str) -> list[str]:
     """`past_key_values.{i}.key`, ... or with infix `.decoder` (`.encoder`) for the

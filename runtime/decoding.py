@@ -43,10 +43,15 @@ class DecoderSession:
         n_layers = engine.card["n_layers"]
         self.past_inputs = past_names(n_layers, CACHE_INPUT)
         self.past_outputs = past_names(n_layers, CACHE_OUTPUT)
+        # each row's LoRA adapter (None: the base), for an export that keeps them apart
+        # (runtime/adapters.py); None here: the engine's own choice for every row
+        self.adapter_rows: list[str | None] | None = None
 
     def _run(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": ids, "attention_mask": self.mask, "position_ids": positions,
                  **dict(zip(self.past_inputs, self.past, strict=True))}
+        if self.adapter_rows is not None:
+            feeds.update(self.engine.adapters.feeds(self.adapter_rows))  # type: ignore[attr-defined]
         outputs = self.engine.run(self.file, feeds)
         self.past = [outputs[name] for name in self.past_outputs]
         return outputs["logits"][:, -1]
@@ -75,6 +80,8 @@ class DecoderSession:
     def reorder(self, rows: np.ndarray) -> None:
         self.past = [p[rows] for p in self.past]
         self.mask, self.last_position = self.mask[rows], self.last_position[rows]
+        if self.adapter_rows is not None:
+            self.adapter_rows = [self.adapter_rows[row] for row in rows]
 
     def expand(self, beams: int) -> None:
         self.reorder(np.repeat(np.arange(len(self.mask)), beams))
@@ -89,6 +96,9 @@ class DecoderSession:
         self.mask = np.concatenate([_left_pad(self.mask, width, 1),
                                     _left_pad(other.mask, width, 1)])
         self.last_position = np.concatenate([self.last_position, other.last_position])
+        if self.adapter_rows is not None or other.adapter_rows is not None:
+            self.adapter_rows = [*(self.adapter_rows or [None] * (len(self.mask) - len(
+                other.mask))), *(other.adapter_rows or [None] * len(other.mask))]
 
     def resume(self, past: list[np.ndarray]) -> None:
         """Start one row after keys/values computed before (`zoo serve`'s prefix cache: one
@@ -118,12 +128,14 @@ class DecoderSession:
             self.mask = self.mask[:, start:]
 
 
-def prompt_logits(engine: Engine, ids: list[int], chunk: int) -> Iterator[np.ndarray]:
+def prompt_logits(engine: Engine, ids: list[int], chunk: int, adapter: str | None = None
+                  ) -> Iterator[np.ndarray]:
     """The (T, vocab) logits at every position of one prompt, `chunk` tokens at a time: the
     contract graph over each chunk after the cache of those before it (as a chunked prefill
     computes), where the decoding loops keep only the last position's. Memory stays at
     `chunk` rows of logits, whatever the prompt's length (`zoo serve`'s echo scores a prompt
-    of the whole context)."""
+    of the whole context). `adapter`: a LoRA adapter of an export that keeps them apart."""
+    adapted = {} if adapter is None else engine.adapters.feeds([adapter])  # type: ignore[attr-defined]
     names = past_names(engine.card["n_layers"], CACHE_INPUT), \
         past_names(engine.card["n_layers"], CACHE_OUTPUT)
     past = empty_past(engine, 1)
@@ -132,7 +144,7 @@ def prompt_logits(engine: Engine, ids: list[int], chunk: int) -> Iterator[np.nda
         end = start + piece.shape[1]
         feeds = {"input_ids": piece, "attention_mask": np.ones((1, end), np.int64),
                  "position_ids": np.arange(start, end, dtype=np.int64)[None],
-                 **dict(zip(names[0], past, strict=True))}
+                 **dict(zip(names[0], past, strict=True)), **adapted}
         outputs = engine.run(MODEL_GRAPH, feeds)
         past = [outputs[name] for name in names[1]]
         yield outputs["logits"][0]

@@ -48,6 +48,9 @@ class GenerateOptions:
         "JSON text), enforced at every step.", parse=read_schema_file, metavar="FILE")
     regex: str | None = option(None, "A regular expression every answer must match as a "
                                "whole, enforced at every step.", metavar="PATTERN")
+    adapter: str | None = option(
+        None, "A LoRA adapter of an export made with --adapters keep (its name in "
+        "manifest.json's adapters); without it, the base.", metavar="NAME")
 
     def sampling(self) -> Sampling:
         return Sampling(self.temperature, self.top_k, self.top_p, self.seed, self.beams)
@@ -131,6 +134,7 @@ class Exported:
         # transformers' pipelines and llama.cpp encode one; a chat prompt comes as ids (BOS in
         # its template)
         batch = self.tokens(prompts, what, whole=True)
+        self.use_adapter(options.adapter)
         grammar = options.grammar()
         constraints = None if grammar is None else \
             [self.grammars.constraint(grammar) for _ in batch]
@@ -139,6 +143,11 @@ class Exported:
                         self.card["eos_token_id"], constraints=constraints)
         return [Generated(prompt, row, self._text(row)) for prompt, row in
                 zip(batch, rows.tolist(), strict=True)]
+
+    def use_adapter(self, name: str | None) -> None:
+        """Run with the LoRA adapter `name` of an --adapters keep export from now on (None:
+        the base); an unknown name is refused in one line listing the known ones."""
+        self.runtime.adapters.activate(name)
 
     def chat(self, messages: str | list[dict[str, str]],
              options: GenerateOptions | None = None) -> Generated:

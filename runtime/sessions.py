@@ -17,6 +17,7 @@ from registry.catalog import Card
 from registry.errors import ZooError, first_line
 from registry.families import spec_of
 from registry.paths import display_path
+from runtime.adapters import Adapters
 from runtime.contract import CACHE_OUTPUT, LAYOUT, MANIFEST, RENAMING_ENTRIES, stored_files
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -125,17 +126,20 @@ class Graph:
                 f"{active[0]} (CUDA is not active here: check the CUDA and cuDNN libraries)"
             )
         self.inputs = {i.name: i for i in self.session.get_inputs()}
+        # inputs with a default (an --adapters keep export's zero factors): fed or not
+        self.defaults = {i.name: i for i in self.session.get_overridable_initializers()}
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def check_feeds(self, feeds: dict[str, np.ndarray]) -> None:
         where = display_path(self.path)
         missing = [name for name in self.inputs if name not in feeds]
-        unexpected = [name for name in feeds if name not in self.inputs]
+        unexpected = [name for name in feeds if name not in self.inputs
+                      and name not in self.defaults]
         if missing or unexpected:
             raise OrtError(f"{where}: feeds do not match the inputs: missing "
                                 f"{missing or 'none'}, unexpected {unexpected or 'none'}")
         for name, value in feeds.items():
-            spec = self.inputs[name]
+            spec = self.inputs.get(name) or self.defaults[name]
             dtype = ORT_DTYPES.get(spec.type)
             if not isinstance(value, np.ndarray) or (dtype and value.dtype != dtype):
                 found = value.dtype if isinstance(value, np.ndarray) else type(value).__name__
@@ -212,6 +216,8 @@ class Runtime:
         self.graphs = {name: Graph(self.folder / file, provider, threads, options)
                        for name, file in stored_files(manifest).items()}
         self._kv_graph: Graph | None = None
+        # `zoo export --adapters keep`: fed to every graph that takes them, unless given
+        self.adapters = Adapters(self.folder, manifest)
         # the clients' layout (manifest `layout`): opened on first use, by its checks alone;
         # {contract name: file}, as for the graphs (quantized, under dtype names)
         self.layout_files = stored_files({
@@ -238,4 +244,9 @@ class Runtime:
         if file not in self.graphs:  # a manifest that lists less than its family runs
             raise OrtError(f"{display_path(self.folder)}: {file} is not among the graphs "
                            f"{MANIFEST} lists")
-        return self.graphs[file].run(feeds)
+        graph = self.graphs[file]
+        if self.adapters.inputs and self.adapters.inputs[0] in graph.defaults \
+                and self.adapters.inputs[0] not in feeds:
+            batch = len(feeds.get("input_ids", next(iter(feeds.values()))))  # its rows
+            feeds = {**feeds, **self.adapters.feeds(batch=batch)}
+        return graph.run(feeds)

@@ -19,6 +19,16 @@ from torch import nn
 from export.family import Family, GraphIO, contract_of, wrappers_of
 from export.onnx.files import save_models, save_standalone, set_metadata, strip_debug
 from export.onnx.gguf_export import GGUFWeights
+from export.onnx.kept_adapters import (
+    KeptLinear,
+    adapter_parameters,
+    kept_linears,
+    manifest_entry,
+    traced_with_adapters,
+    with_adapter_inputs,
+    with_zero_defaults,
+    write_adapter_file,
+)
 from export.onnx.manifest import build_manifest, package_versions, write_manifest
 from export.onnx.precision import FP32
 from export.onnx.trace import ExportError, export_graph, trace_inputs
@@ -28,8 +38,9 @@ from export.options import ExportOptions
 from export.targets.huggingface import write_hf_files
 from registry.catalog import Card
 from registry.errors import first_line
-from runtime.contract import LAYOUT
+from runtime.contract import ADAPTERS, LAYOUT, adapter_file
 from runtime.files.atomic import atomic_folder
+from zoo.blocks.lora import base_state
 from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, write_weights
 
 Progress = Callable[[str], None]
@@ -79,12 +90,14 @@ def export_onnx(
     progress: Progress = lambda message: None,
     extra_files: list[Path] | tuple[Path, ...] = (),
     gguf: GGUFWeights | None = None,
+    adapter: str | None = None,
 ) -> Written:
     """Write the ONNX files, reference weights, config and manifest to `out`.
 
     `verify(staging, manifest)` runs on the staged files before the folder is moved into
     place (the parity check); it may add to the manifest (the agreement check's figures),
-    which is written once, after it. When it raises, nothing is written.
+    which is written once, after it. When it raises, nothing is written. `adapter`: the name
+    of the adapter an `--adapters keep` export keeps apart (export/onnx/kept_adapters.py).
     """
     options = options or ExportOptions()
     model = model.eval()
@@ -92,13 +105,20 @@ def export_onnx(
     metadata = _metadata(card, options.opset, versions)
     graphs = family.graphs(card)  # once per export: contract, wrappers and manifest share it
     contract = contract_of(graphs, card, options.attentions)
+    kept = kept_linears(model) if adapter is not None else []
+    if kept:
+        contract = {file: (with_adapter_inputs(inputs, len(graphs[file].inputs), kept),
+                           outputs) for file, (inputs, outputs) in contract.items()}
     with atomic_folder(Path(out), options.force) as staging:
         _write_reference(model, card, staging, extra_files)
         weights = _weights_for(model, staging)
         protos = _traced(model, card, graphs, contract, options, metadata, staging, progress,
-                         weights)
+                         weights, kept)
         entries = ({"attentions": attentions_entry(graphs, contract)}
                    if options.attentions else {})
+        if adapter is not None:
+            write_adapter_file(adapter_parameters(model), staging / adapter_file(adapter))
+            entries[ADAPTERS] = manifest_entry(kept, adapter)
         variant = VariantResult()
         if not options.plain:
             for proto in protos.values():  # the variants read and write weights themselves
@@ -149,9 +169,10 @@ def _metadata(card: Card, opset: int, versions: dict[str, str]) -> dict[str, str
 
 def _write_reference(model: nn.Module, card: Card, staging: Path,
                      extra_files: list[Path] | tuple[Path, ...]) -> None:
-    """The PyTorch weights and card the export was made from, and the files copied beside
-    them (e.g. the tokenizer, so the export is self-contained)."""
-    write_weights(model, staging / WEIGHTS, {"format": "pt"})
+    """The PyTorch weights and card the export was made from (a kept adapter's base alone:
+    what its graphs compute with zeros), and the files copied beside them (e.g. the
+    tokenizer, so the export is self-contained)."""
+    write_weights(model, staging / WEIGHTS, {"format": "pt"}, base_state(model))
     (staging / CONFIG).write_text(card_yaml(card), encoding="utf-8")
     for extra in extra_files:
         shutil.copyfile(extra, staging / Path(extra).name)
@@ -172,16 +193,21 @@ def _weights_for(model: nn.Module, staging: Path) -> InlineWeights:
 def _traced(model: nn.Module, card: Card, graphs: dict[str, GraphIO],
             contract: dict[str, tuple[list[str], list[str]]], options: ExportOptions,
             metadata: dict[str, str], staging: Path, progress: Progress,
-            weights: InlineWeights) -> dict[str, onnx.ModelProto]:
-    """One traced proto per contract graph, debug annotations stripped, metadata set."""
+            weights: InlineWeights, kept: list[KeptLinear]) -> dict[str, onnx.ModelProto]:
+    """One traced proto per contract graph, debug annotations stripped, metadata set; with
+    `kept` adapters, their factors as inputs after the graph's own."""
     wrappers = wrappers_of(graphs, model, options.attentions)
     protos = {}
     for file_name, io in graphs.items():
         progress(f"exporting {file_name} (opset {options.opset})...")
-        args, shapes = trace_inputs(io, card)
-        protos[file_name] = export_graph(wrappers[file_name], args, shapes,
-                                         contract[file_name], options.opset,
-                                         staging / file_name, weights)
+        graph, (args, shapes) = wrappers[file_name], trace_inputs(io, card)
+        if kept:
+            graph, args, shapes = traced_with_adapters(graph, model, len(io.inputs), args,
+                                                       shapes, kept)
+        protos[file_name] = export_graph(graph, args, shapes, contract[file_name],
+                                         options.opset, staging / file_name, weights)
+        if kept:
+            with_zero_defaults(protos[file_name], kept)
         strip_debug(protos[file_name])
         set_metadata(protos[file_name], metadata)
     return protos

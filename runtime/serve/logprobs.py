@@ -71,12 +71,14 @@ class Recorder:
         return new
 
 
-def prompt_scores(engine: Engine, ids: list[int], top: int, chunk: int) -> list[Scored | None]:
+def prompt_scores(engine: Engine, ids: list[int], top: int, chunk: int,
+                  adapter: str | None = None) -> list[Scored | None]:
     """Each prompt token scored by the logits of the position before it; the first gets None.
-    `chunk` prompt tokens a pass bound the memory (their logits)."""
+    `chunk` prompt tokens a pass bound the memory (their logits); `adapter`: the LoRA
+    adapter the prompt runs under (`zoo serve --adapter`), None the base."""
     out: list[Scored | None] = [None]
     start = 0
-    for logits in prompt_logits(engine, ids, chunk):
+    for logits in prompt_logits(engine, ids, chunk, adapter):
         for offset, row in enumerate(logits):
             position = start + offset + 1  # the token this row predicts
             if position < len(ids):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
+import re
 import secrets
 import threading
 import time
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
+from registry.paths import display_path
 from runtime.classify import SequenceOutputs, label_names
 from runtime.exported import Exported, GenerateOptions, load
 from runtime.files.tokenizer import sequence_ids
@@ -35,6 +38,7 @@ from runtime.serve.prefix_cache import PrefixCache
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
 
 LOG = logging.getLogger("zoo.serve")
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # --adapter NAME=FILE: NAME, served as OUT:NAME
 ENDS = ("done", "gone", "error")  # a job's last event
 
 
@@ -66,7 +70,12 @@ class Ticket:
 
 
 class Served:
-    """An export under its name; `admitted` counts its requests running or waiting."""
+    """An export under its name; `admitted` counts its requests running or waiting. A LoRA
+    adapter of a decoder export that keeps them apart is served as a model of its own
+    (`under_adapter`: BASE:NAME) that shares the export's scheduler, so requests for
+    different adapters decode in one batch."""
+
+    adapter: str | None = None  # the LoRA adapter its requests decode under; None: the base
 
     def __init__(self, name: str, exported: Exported, max_queue: int, max_batch: int = 1,
                  prefill_chunk: int = PREFILL_TOKENS, prefix_cache_mb: int = PREFIX_CACHE_MB
@@ -89,6 +98,14 @@ class Served:
         # for /metrics: worker requests queued and running, changed by the loop and the worker
         self.lock = threading.Lock()
         self.waiting = self.running = 0
+
+    def under_adapter(self, adapter: str) -> Served:
+        """The export as `NAME:ADAPTER`: the same sessions, scheduler, worker and prefix cache
+        (keyed by adapter), its own admission count."""
+        view = copy.copy(self)
+        view.name, view.adapter = f"{self.name}:{adapter}", adapter
+        view.admitted = 0
+        return view
 
     def admit(self) -> None:
         """Count a request in, or refuse it (429) when running and waiting ones fill it."""
@@ -124,7 +141,7 @@ class Served:
             send(event)
 
         job = Job(ids, options.max_new_tokens, options.sampling(), sampled.stops,
-                  sampled.stream, emit, constraint)
+                  sampled.stream, emit, constraint, adapter=self.adapter)
         self.admit()
         job.logprobs = None if top is None else Recorder(top)  # before it is queued
         try:
@@ -172,7 +189,8 @@ class Served:
             self.admit()
         try:
             return await asyncio.wrap_future(self.worker.submit(
-                prompt_scores, self.exported.runtime, ids, top, self.prefill_chunk))
+                prompt_scores, self.exported.runtime, ids, top, self.prefill_chunk,
+                self.adapter))
         finally:
             if own_place:
                 self.admitted -= 1
@@ -298,7 +316,33 @@ class Served:
 def open_served(folders: Sequence[Path], names: Sequence[str], options: ServeOptions
                 ) -> dict[str, Served]:
     """Each export opened under its name: what `zoo serve` serves, and each Ray replica."""
-    return {name: Served(name, load(folder, options.provider, options.threads),
-                         options.max_queue, options.max_batch, options.prefill_chunk,
-                         options.prefix_cache_mb)
-            for name, folder in zip(names, folders, strict=True)}
+    models = {name: Served(name, load(folder, options.provider, options.threads),
+                           options.max_queue, options.max_batch, options.prefill_chunk,
+                           options.prefix_cache_mb)
+              for name, folder in zip(names, folders, strict=True)}
+    models.update(adapter_models(models[names[0]], Path(folders[0]), options.adapters))
+    return models
+
+
+def adapter_models(base: Served, folder: Path, specs: Sequence[str]) -> dict[str, Served]:
+    """{BASE:NAME: the export under that adapter} for the export's own adapters and each
+    `--adapter NAME=FILE`, every file read and checked against the graph's inputs first; a
+    bad spec is one line, before anything is served."""
+    runtime = base.exported.runtime
+    adapters = runtime.adapters
+    where = display_path(folder)
+    if specs and not adapters.inputs:
+        raise ZooError(f"--adapter: {where} was not exported with --adapters keep (its graphs "
+                       "take no LoRA factors)")
+    if specs and base.scheduler is None:
+        raise ZooError(f"--adapter: {where} is not a decoder export (adapters are served for "
+                       "generation)")
+    for spec in specs:
+        name, equals, file = spec.partition("=")
+        if not equals or not ADAPTER_NAME.fullmatch(name) or not file:
+            raise ZooError(f"--adapter {spec}: expected NAME=FILE (NAME in letters, digits, "
+                           "'.', '_', '-')")
+        adapters.add(name, Path(file))
+    if base.scheduler is None:
+        return {}
+    return {f"{base.name}:{name}": base.under_adapter(name) for name in adapters.names}

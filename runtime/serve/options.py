@@ -45,6 +45,11 @@ class ServeOptions:
                                   "tokens (least recently used evicted); 0 turns it off.")
     names: tuple[str, ...] = option((), "The name clients use for each OUT, in order [its "
                                     "folder's name].", flags=("--name",))
+    adapters: tuple[str, ...] = option(
+        (), "NAME=FILE: a LoRA adapter file (an --adapters keep export's "
+        "adapters/NAME.onnx_adapter, made for the same base) served over the first OUT as the "
+        "model OUT:NAME; repeat for more. That export's own adapters are served so too; "
+        "requests for different adapters decode in one batch.", flags=("--adapter",))
     provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
     threads: int | None = option(None, "ONNX Runtime CPU threads per export [all cores].")
     public_metrics: bool = option(False, "Serve GET /metrics without the API key (for a "

@@ -22,6 +22,10 @@ blocks starts from their keys/values and is fed only the rest: a newcomer alone 
 a long prompt as the first chunks of its `Filling`; every prefill's prompt is stored as its
 jobs are admitted.
 
+Rows may decode under different LoRA adapters of an export that keeps them apart (`zoo serve
+--adapter`): each session's `adapter_rows` follows its rows as they join, leave and are
+reordered, and the adapters' factors are fed stacked per row (runtime/adapters.py).
+
 A row's greedy tokens are those of its prompt alone: in its prefill and in the batch its
 cache is left-padded and masked out (runtime/decoding.py) or held in its own slots
 (runtime/shared_cache.py), as rows of `zoo run`'s own batches are; a chunked prompt's cache
@@ -48,7 +52,7 @@ from runtime.sampling import Sampling, pick_one
 from runtime.serve.errors import log_fault
 from runtime.serve.logprobs import Recorder
 from runtime.serve.options import PREFILL_TOKENS
-from runtime.serve.prefix_cache import PrefixCache, resumed
+from runtime.serve.prefix_cache import PrefixCache, resumed, with_adapters
 from runtime.serve.stops import StopFinder
 
 LOG = logging.getLogger("zoo.serve")
@@ -98,6 +102,7 @@ class Job:
     first_token_at: float = 0.0  # time.perf_counter() when its first token was picked
     ended: bool = False  # its last event ("done", "gone" or "error") sent
     logprobs: Recorder | None = None  # where the client asked for its tokens' log-probabilities
+    adapter: str | None = None  # its LoRA adapter (`zoo serve --adapter`); None: the base
 
     def __post_init__(self) -> None:
         self.rng = self.sampling.generator()
@@ -238,13 +243,14 @@ class Scheduler:
             return
         ids, mask = left_padded([job.prompt for job in jobs],
                                 self.engine.card["pad_token_id"] or 0)
-        session = open_session(self.engine, ids.shape[1] + 1)
+        session = with_adapters(open_session(self.engine, ids.shape[1] + 1), self.engine,
+                                [job.adapter for job in jobs])
         self._admit(jobs, session, session.prefill(ids, mask))
 
     def _resume(self, job: Job) -> bool:
         """Whether the job's prompt begins with a cached prefix: if so only the rest is fed,
         after it, in a session of its own, and the job is admitted."""
-        session, fed = resumed(self.prefix, self.engine, job.prompt)
+        session, fed = resumed(self.prefix, self.engine, job.prompt, job.adapter)
         if fed:
             self._admit([job], session, session.extend(np.array([job.prompt[fed:]], np.int64)))
         return bool(fed)
@@ -261,7 +267,8 @@ class Scheduler:
             job.end(("gone", None))
             return
         if filling.session is None:  # its cached prefix, if any, is not fed again
-            filling.session, filling.fed = resumed(self.prefix, self.engine, job.prompt)
+            filling.session, filling.fed = resumed(self.prefix, self.engine, job.prompt,
+                                                   job.adapter)
         chunk = np.array([job.prompt[filling.fed:filling.fed + self.chunk]], np.int64)
         if filling.fed:
             logits = filling.session.extend(chunk)
@@ -285,7 +292,7 @@ class Scheduler:
                 job.end(ending)
         if self.prefix is not None:  # before a row leaves the session
             for row, job in enumerate(jobs):
-                self.prefix.store(job.prompt, session, row)
+                self.prefix.store(job.prompt, session, row, job.adapter)
         going = np.array([ending is None for ending in endings])
         if not going.any():
             return

@@ -57,7 +57,7 @@ def serve_exports(folders: Sequence[Path], options: ServeOptions,
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if options.tracebacks:
         logging.getLogger("zoo.serve").setLevel(logging.DEBUG)
-    progress(f"serving {', '.join(names)} on http://{options.host}:{options.port}/v1"
+    progress(f"serving {', '.join(models)} on http://{options.host}:{options.port}/v1"
              + (" (API key required)" if api_key else ""))
     # h11 named (not uvicorn's "auto", which takes httptools where it is installed): its
     # refusals are the ones worded as JSON (runtime/serve/http.py)

@@ -12,7 +12,11 @@ from zoo.files.weights import load_built
 
 def torch_greedy(folder: Path, prompt: list[int], steps: int) -> list[int]:
     """Argmax of the last position, the whole sequence run again each step."""
-    model, _ = load_built(folder)
+    return model_greedy(load_built(folder)[0], prompt, steps)
+
+
+def model_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
+    """torch_greedy of a model in hand."""
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(steps):

@@ -263,9 +263,10 @@ MUTANTS = [
            "np.random.default_rng(self.seed % SEEDS)", "np.random.default_rng(self.seed)",
            ("tests/serve/test_serve_faults.py::test_seed_minus_one_is_a_seed_and_leaks_nothing",)),
     Mutant("serve-place-taken-before-the-job-is-made", "runtime/serve/models.py",
-           "                  sampled.stream, emit, constraint)\n        self.admit()",
+           "                  sampled.stream, emit, constraint, adapter=self.adapter)\n"
+           "        self.admit()",
            "                  sampled.stream, emit if self.admit() is None else emit, "
-           "constraint)",
+           "constraint, adapter=self.adapter)",
            ("tests/serve/test_serve_faults.py::test_a_fault_at_any_stage_gives_everything_back",)),
     Mutant("sampling-divides-before-the-shift", "runtime/sampling.py",
            "scaled = shifted / sampling.temperature",

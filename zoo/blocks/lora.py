@@ -9,6 +9,8 @@ of the module's name: attention `query`, `key`, `value`, `out`; feed-forward `ga
 kaiming-uniform (a = sqrt 5), B with zeros, so the model starts as the base; dropout is on the
 adapter's input; the scale s is alpha / r, or alpha / sqrt(r) with rsLoRA (Kalajdzievski 2023).
 `merge_adapters` puts W + s B A back into plain nn.Linear layers (what an export carries).
+An export that keeps its adapters apart (`zoo export --adapters keep`) traces each LoRALinear
+with `fed` set: A and B come from outside (the graph's inputs), the scale folded into B.
 """
 
 from __future__ import annotations
@@ -51,8 +53,14 @@ class LoRALinear(nn.Linear):
         self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.rank, self.alpha, self.rslora = rank, alpha, rslora
         self.scaling = scaling(rank, alpha, rslora)
+        # (A (batch, in, r), B (batch, r, out), a row's each, the scale folded in): while set,
+        # they replace lora_A and lora_B (export/onnx/kept_adapters.py traces with them)
+        self.fed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fed is not None:
+            fed_a, fed_b = self.fed
+            return F.linear(x, self.weight, self.bias) + (x @ fed_a) @ fed_b
         update = self.lora_B(self.lora_A(self.lora_dropout(x)))
         return F.linear(x, self.weight, self.bias) + update * self.scaling
 
@@ -123,6 +131,13 @@ def add_adapters(model: nn.Module, targets: Iterable[str], rank: int, alpha: flo
 def adapters(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: module for name, module in model.named_modules()
             if isinstance(module, LoRALinear)}
+
+
+def base_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without the adapters' factors: the base's own tensors, as it came."""
+    return {name: tensor.detach().contiguous().cpu() for name, tensor in
+            model.state_dict().items()
+            if not any(f".{part}." in name for part in ("lora_A", "lora_B"))}
 
 
 def merge_adapters(model: nn.Module) -> nn.Module:

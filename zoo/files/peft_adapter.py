@@ -25,7 +25,7 @@ from registry.errors import ZooError
 from registry.families import spec_of
 from registry.layouts import known_maps
 from registry.paths import display_path
-from zoo.blocks.lora import LoRALinear, adapters, merge_adapters
+from zoo.blocks.lora import LoRALinear, adapters, base_state, merge_adapters
 from zoo.files.hf_config import hf_config
 from zoo.files.importers import read_json_object, source_file
 from zoo.files.weights import WEIGHTS, read_tensors
@@ -129,6 +129,12 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
 
 def apply_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
     """`model` with the PEFT LoRA adapter in `folder` merged into its weights."""
+    return merge_adapters(attach_adapter(model, card, folder))
+
+
+def attach_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
+    """`model` (frozen) with the PEFT LoRA adapter in `folder` on its linears, unmerged
+    (LoRALinear layers), after every check of the files against the model."""
     config = read_adapter_config(folder)
     path = source_file(folder, ADAPTER_WEIGHTS)
     where = display_path(path)
@@ -164,14 +170,13 @@ def apply_adapter(model: nn.Module, card: Card, folder: Path) -> nn.Module:
             for part in PARTS:
                 getattr(lora, part).weight.copy_(parts[part])
         setattr(parent, leaf, lora)
-    return merge_adapters(model)
-
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model
 
 
 def save_adapted(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
     """A trained folder's weights with the adapter apart: model.safetensors the base's own
     (the frozen weights, as they came), the adapter in PEFT's layout beside them."""
-    base = {name: tensor.detach().contiguous().cpu() for name, tensor in
-            model.state_dict().items() if not any(f".{part}." in name for part in PARTS)}
-    save_file(base, str(folder / WEIGHTS), metadata={"format": "pt"})
+    save_file(base_state(model), str(folder / WEIGHTS), metadata={"format": "pt"})
     return write_adapter(model, card, folder)

@@ -16,13 +16,15 @@ from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.paths import display_path
 from zoo.assemble import build_model
-from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter
+from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter, attach_adapter
 from zoo.files.weights import CONFIG, load_built
 from zoo.training.checkpoints import SHARDS
 
 
 def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed: int = 0,
-                overrides: dict[str, Any] | None = None) -> tuple[nn.Module, Card]:
+                overrides: dict[str, Any] | None = None, merge: bool = True
+                ) -> tuple[nn.Module, Card]:
+    """A folder's model (its adapter merged, or with `merge` False kept apart) or a card's."""
     folder = Path(source)
     if (folder / SHARDS).is_file():  # a --shard full checkpoint, consolidated first
         return _load_sharded(folder, overrides)
@@ -31,7 +33,7 @@ def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed:
             raise ZooError(f"{display_path(folder)}: --set {', '.join(sorted(overrides))}: a "
                            "model folder keeps the card it was built with; --set applies to "
                            "a card name")
-        return load_folder(folder)
+        return load_folder(folder, merge)
     card = open_catalog(registries).get(source, overrides)
     return build_model(card, seed=seed), card
 
@@ -46,11 +48,13 @@ def _load_sharded(folder: Path, overrides: dict[str, Any] | None) -> tuple[nn.Mo
         return load_folder(Path(temporary) / "model")
 
 
-def load_folder(folder: Path) -> tuple[nn.Module, Card]:
-    """A model folder's module and card, its LoRA adapter (if it has one) merged."""
+def load_folder(folder: Path, merge: bool = True) -> tuple[nn.Module, Card]:
+    """A model folder's module and card, its LoRA adapter (if it has one) merged, or with
+    `merge` False kept apart on its linears (zoo/blocks/lora.py LoRALinear)."""
     model, card = load_built(folder)
     if (folder / ADAPTER_CONFIG).is_file():
-        model = apply_adapter(model, card, folder).eval()
+        adapted = apply_adapter if merge else attach_adapter
+        model = adapted(model, card, folder).eval()
     return model, card
 
 

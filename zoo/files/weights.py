@@ -37,11 +37,13 @@ def weights_bytes(model: torch.nn.Module, metadata: dict[str, str] | None = None
 
 
 def write_weights(model: torch.nn.Module, path: Path,
-                  metadata: dict[str, str] | None = None) -> None:
-    """weights_bytes(model) written to `path` (a new file in a staging folder) straight from
-    the tensors' memory: a second copy of a 4 GB model's bytes is what a 24 GiB machine cannot
-    spare beside the export."""
-    save_file(_state_tensors(model), str(path), metadata=metadata)
+                  metadata: dict[str, str] | None = None,
+                  tensors: dict[str, torch.Tensor] | None = None) -> None:
+    """weights_bytes(model) (or `tensors`, some of its own) written to `path` (a new file in
+    a staging folder) straight from the tensors' memory: a second copy of a 4 GB model's
+    bytes is what a 24 GiB machine cannot spare beside the export."""
+    save_file(_state_tensors(model) if tensors is None else tensors, str(path),
+              metadata=metadata)
     path.chmod(0o666 & ~current_umask())  # as the folder's other files (save_file: 0600)
 
 

@@ -231,3 +231,27 @@ def test_a_source_without_a_chat_template_or_not_a_decoder_is_refused(tiny: Path
     assert_one_line_error(zoo("train", tiny, "--task", "chat", "--steps", "2", "-o", out),
                           "--task chat needs --data")
     assert not out.exists()
+
+
+def test_zoo_evaluate_chat_counts_the_replies_torch_greedy_gets_right(tiny: Path,
+                                                                     tmp_path: Path) -> None:
+    from tests.support.greedy import torch_greedy
+
+    data = write_jsonl(tmp_path / "train.jsonl", toy_rows(40))
+    held_rows = toy_rows(8, shift=40)
+    held = write_jsonl(tmp_path / "eval.jsonl", held_rows)
+    zoo_ok("train", tiny, "--task", "chat", "--data", data, "--steps", "60", "--batch-size",
+           "8", "--lr", "3e-3", "--warmup", "5", "-o", tmp_path / "out")
+    zoo_ok("export", tmp_path / "out", "--onnx", "-o", tmp_path / "onnx")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tiny / "tokenizer.json"))
+    right = 0
+    for row in held_rows:
+        question, answer = row["messages"]
+        prompt = tokenizer.apply_chat_template([question], chat_template=TEMPLATE,
+                                               add_generation_prompt=True, tokenize=True)
+        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+        expected = tokenizer.encode(answer["content"], add_special_tokens=False) + [258]
+        right += torch_greedy(tmp_path / "out", prompt, len(expected)) == expected
+    assert right >= 1  # so the count below is not the untrained model's zero
+    lines = zoo_ok("evaluate", tmp_path / "onnx", "--chat", held)
+    assert f"exact match: {right}/{len(held_rows)} " in lines, lines

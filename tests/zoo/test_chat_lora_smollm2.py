@@ -45,8 +45,9 @@ def exact_matches(folder: Path, rows: list[dict], tokenizer: object, template: s
     for row in rows:
         question, answer = row["messages"]
         prompt = tokenizer.apply_chat_template([question], chat_template=template,
-                                               add_generation_prompt=True, tokenize=True)
-        prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+                                               add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)
+        prompt = list(prompt["input_ids"])
         expected = tokenizer.encode(answer["content"], add_special_tokens=False) + [eos]
         right += matches(model, prompt, expected)
     return right

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import packaged_smollm2
+from tests.support.greedy import templated_prompt
 from tests.support.helpers import zoo_ok
 from zoo.files.sources import load_source
 
@@ -44,10 +45,7 @@ def exact_matches(folder: Path, rows: list[dict], tokenizer: object, template: s
     right = 0
     for row in rows:
         question, answer = row["messages"]
-        prompt = tokenizer.apply_chat_template([question], chat_template=template,
-                                               add_generation_prompt=True, tokenize=True,
-                                               return_dict=True)
-        prompt = list(prompt["input_ids"])
+        prompt = templated_prompt(tokenizer, [question], template)
         expected = tokenizer.encode(answer["content"], add_special_tokens=False) + [eos]
         right += matches(model, prompt, expected)
     return right

@@ -235,7 +235,7 @@ def test_a_source_without_a_chat_template_or_not_a_decoder_is_refused(tiny: Path
 
 def test_zoo_evaluate_chat_counts_the_replies_torch_greedy_gets_right(tiny: Path,
                                                                      tmp_path: Path) -> None:
-    from tests.support.greedy import torch_greedy
+    from tests.support.greedy import templated_prompt, torch_greedy
 
     # scored on its own training rows: 60 steps teach gpt-tiny some sums, not all
     held_rows = toy_rows(40)
@@ -247,10 +247,7 @@ def test_zoo_evaluate_chat_counts_the_replies_torch_greedy_gets_right(tiny: Path
     right = 0
     for row in held_rows:
         question, answer = row["messages"]
-        prompt = tokenizer.apply_chat_template([question], chat_template=TEMPLATE,
-                                               add_generation_prompt=True, tokenize=True,
-                                               return_dict=True)
-        prompt = list(prompt["input_ids"])
+        prompt = templated_prompt(tokenizer, [question], TEMPLATE)
         expected = tokenizer.encode(answer["content"], add_special_tokens=False) + [258]
         right += torch_greedy(tmp_path / "out", prompt, len(expected)) == expected
     assert right >= 1  # so the count below is not the untrained model's zero

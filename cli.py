@@ -153,6 +153,16 @@ def dataset_topics(options: dict[str, Any]) -> None:
     echo(topic_set_lines(TopicSetOptions(**options)))
 
 
+@dataset.command("cities", cls=OptionsCommand)
+@fields("options", "zoo.training.cities:CitySetOptions")
+def dataset_cities(options: dict[str, Any]) -> None:
+    """A chat set for LoRA: describe a shipped city, answered as exactly {"city": ...,
+    "country": ...}; the held-out cities are never trained on."""
+    from zoo.training.cities import CitySetOptions, city_set_lines
+
+    echo(city_set_lines(CitySetOptions(**options)))
+
+
 # --- exports --------------------------------------------------------------------------------
 
 EXPORT = "export.options:ExportOptions"
@@ -293,7 +303,8 @@ def serve(folders: tuple[str, ...], options: dict[str, Any]) -> None:
 def evaluate_command(folder: str, options: dict[str, Any]) -> None:
     """Score an export OUT with ONNX Runtime: a classifier on labelled rows (--data), with the
     rows where its prediction equals PyTorch's; an encoder-decoder's exact-match accuracy on
-    held-out inputs (--task reverse); or a decoder's perplexity on a text (--text)."""
+    held-out inputs (--task reverse); a decoder's perplexity on a text (--text); or a chat
+    model's greedy replies to conversations, by exact match (--chat)."""
     from commands.evaluate import EvaluateOptions, evaluate
 
     echo(evaluate(Path(folder), EvaluateOptions(**options), progress))

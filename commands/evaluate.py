@@ -1,5 +1,6 @@
 """`zoo evaluate OUT`: a classifier on labelled rows (beside PyTorch's predictions), an
-encoder-decoder's exact match on held-out inputs, a decoder's perplexity on a text.
+encoder-decoder's exact match on held-out inputs, a decoder's perplexity on a text, a chat
+model's greedy replies to held-out conversations (exact match).
 
 A decoder's perplexity runs on ONNX Runtime alone; the classifier's comparison with PyTorch
 and the reversal task's held-out pairs load torch, so they import it where they need it."""
@@ -15,6 +16,7 @@ from registry.options import option
 from registry.paths import display_path
 from runtime.classify import predictions
 from runtime.exact_match import exact_match
+from runtime.files.conversations import TRAINED_ROLE, read_conversations
 from runtime.files.labelled import label_ids, read_rows
 from runtime.files.texts import read_token_ids
 from runtime.files.tokenizer import Tokenizer, load_tokenizer, sequence_ids
@@ -25,6 +27,7 @@ from runtime.sessions import PROVIDERS
 
 Progress = Callable[[str], None]
 TASKS = ("reverse",)  # --task: the held-out inputs an encoder-decoder is scored on
+CHAT_BATCH = 16  # --chat: conversations answered at once
 
 
 @dataclass(frozen=True)
@@ -38,15 +41,20 @@ class EvaluateOptions:
                               "text's words.", choices=TASKS)
     text: Path | None = option(None, "A decoder: perplexity on this UTF-8 text (use text it did "
                                "not train on).", path="file")
+    chat: Path | None = option(None, "A decoder with a chat template: JSONL conversations (as "
+                               "for zoo train --task chat), each answered greedily up to its "
+                               "last assistant turn and scored by exact match with it.",
+                               path="file")
     window: int | None = option(None, "--text: tokens per window [max_positions].")
     count: int = option(200, "--task: held-out inputs.")
     beams: int = option(1, "--task: beam search width.")
     provider: str = option("cpu", "ONNX Runtime's execution provider.", choices=PROVIDERS)
 
     def check(self) -> None:
-        if sum(given is not None for given in (self.data, self.task, self.text)) != 1:
+        if sum(given is not None for given in (self.data, self.task, self.text, self.chat)) != 1:
             raise ZooError("give one of --data FILE (a classifier), --task reverse (an "
-                           "encoder-decoder) or --text FILE (a decoder)")
+                           "encoder-decoder), --text FILE (a decoder) or --chat FILE (a chat "
+                           "model)")
 
 
 def evaluate(folder: Path, options: EvaluateOptions, progress: Progress = lambda m: None
@@ -57,6 +65,8 @@ def evaluate(folder: Path, options: EvaluateOptions, progress: Progress = lambda
         return evaluate_classifier(folder, options.data, options.provider)
     if options.text is not None:
         return evaluate_text(folder, options.text, options.window, options.provider, progress)
+    if options.chat is not None:
+        return evaluate_chat(folder, options.chat, options.provider, progress)
     return evaluate_task(folder, str(options.task), options.count, options.beams,
                          options.provider)
 
@@ -133,6 +143,37 @@ def evaluate_task(folder: Path, task: str, count: int, beams: int, provider: str
              for source, target, output in result.examples]
     return lines + [f"exact match: {result.correct}/{result.total} = {result.accuracy:.1%} "
                     "(held-out inputs)"]
+
+
+def evaluate_chat(folder: Path, data: Path, provider: str = "cpu",
+                  progress: Progress = lambda message: None) -> list[str]:
+    """Exact match of the greedy reply to each conversation (its messages before its last
+    assistant turn, in the export's chat template) with that turn's content; a reply counts
+    only when it ends with the end token (whitespace at either end ignored)."""
+    from runtime.exported import GenerateOptions, load
+
+    exported = load(folder, provider)
+    conversations = read_conversations(data)
+    prompts, targets = [], []
+    for row in conversations.rows:
+        last = max(i for i, m in enumerate(row.messages) if m["role"] == TRAINED_ROLE)
+        prompts.append(exported.chat_prompt(row.messages[:last]))
+        targets.append(row.messages[last]["content"].strip())
+    assert exported.tokenizer is not None  # chat_prompt refused it otherwise
+    longest = max(len(exported.tokenizer.encode(target)) for target in targets)
+    options = GenerateOptions(max_new_tokens=longest + 1)  # room for the end token
+    eos, replies = exported.card["eos_token_id"], []
+    for start in range(0, len(prompts), CHAT_BATCH):
+        replies += exported.generate(prompts[start:start + CHAT_BATCH], options)
+        progress(f"replies: {len(replies)}/{len(prompts)}")
+    right = [eos in reply.ids and (reply.text or "").strip() == target
+             for reply, target in zip(replies, targets, strict=True)]
+    lines = [f"{conversations.where}:{row.line}: {(reply.text or '').strip()!r} "
+             f"({'ok' if ok else 'wrong; expected ' + repr(target)})"
+             for row, reply, target, ok in list(zip(conversations.rows, replies, targets, right,
+                                                    strict=True))[:3]]
+    return lines + [f"exact match: {sum(right)}/{len(right)} = {sum(right) / len(right):.1%} "
+                    "(greedy replies, ONNX Runtime)"]
 
 
 def _shown(folder: Path) -> Callable[[list[int]], str]:

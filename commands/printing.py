@@ -60,5 +60,9 @@ def seed_option(what: str) -> Any:
 
 
 def show_scores(step: int, scores: dict[str, Any]) -> None:
+    if "accuracy" not in scores:  # --task chat: the loss on the held-out replies
+        progress(f"eval at step {step}: loss {scores['loss']:.4f} on {scores['examples']} "
+                 "held-out conversations")
+        return
     progress(f"eval at step {step}: accuracy {scores['accuracy']:.3f}  macro-F1 "
              f"{scores['macro_f1']:.3f}")

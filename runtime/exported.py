@@ -20,6 +20,7 @@ from runtime.classify import SequenceOutputs, run_images, run_sequences
 from runtime.encode import MaskedPrediction, encode
 from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.chat_worker import render_chat
+from runtime.files.conversations import template_specials
 from runtime.files.images import export_processor, load_pixels
 from runtime.files.tokenizer import HuggingFaceTokenizer, Tokenizer, load_tokenizer, sequence_ids
 from runtime.files.tools import presented
@@ -168,10 +169,9 @@ class Exported:
             messages = [{"role": "user", "content": check_text(messages)}]
         reads_tools = "tools" in template.read_text(encoding="utf-8", errors="replace")
         messages, shown_tools = presented(messages, tools, reads_tools)
-        specials = {name: self.tokenizer.label(self.card[f"{name}_token_id"])
-                    if self.card[f"{name}_token_id"] is not None else "" for name in ("bos", "eos")}
-        text = render_chat(template, messages, specials["bos"], specials["eos"],
-                           tools=shown_tools)
+        bos, eos = template_specials(self.tokenizer, self.card["bos_token_id"],
+                                     self.card["eos_token_id"])
+        text = render_chat(template, messages, bos, eos, tools=shown_tools)
         return self.tokenizer.encode(text)
 
     def _text(self, ids: list[int]) -> str | None:

@@ -124,7 +124,8 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
                   evaluated: Evaluated = lambda *args: None,
                   note: Note = lambda message: None) -> list[str]:
     """Train a card or a model folder (`--task classify`: made a classifier for --data's
-    labels first); the lines say what was trained and, held out, how well."""
+    labels first; `--task chat`: a folder with a chat template); the lines say what was
+    trained and, held out, how well."""
     options.check()  # before the card is built
     model, card = load_source(source, tuple(registries), options.seed)
     files: dict[str, bytes] = {}
@@ -162,7 +163,12 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
     losses, target = result["losses"], options.out
     lines = [f"trained {card.name} for {result['step']} steps: loss {losses[0]:.4f} -> "
              f"{losses[-1]:.4f}; wrote {target}/"]
-    if "eval" in result:
+    if "eval" in result and options.task == "chat":
+        scored = result["eval"]
+        lines.append(f"held-out: loss {scored['loss']:.4f} on the {scored['tokens']} assistant "
+                     f"tokens of {scored['examples']} conversations; wrote "
+                     f"{target / 'eval.json'}")
+    elif "eval" in result:
         scored, baseline = result["eval"], result["eval"]["majority_baseline"]
         lines.append(f"held-out: accuracy {scored['accuracy']:.3f}, macro-F1 "
                      f"{scored['macro_f1']:.3f} on {scored['examples']} rows (majority "

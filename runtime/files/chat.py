@@ -186,14 +186,15 @@ class RenderRefused(Exception):
 
 
 def render_source(source: str, messages: list[dict[str, Any]], bos: str, eos: str,
-                  seconds: float, chars: int, tools: list[dict[str, Any]] | None = None) -> str:
+                  seconds: float, chars: int, tools: list[dict[str, Any]] | None = None,
+                  generation_prompt: bool = True) -> str:
     """The prompt text for `messages` from a template's text, in this process (the worker's
     part of `render_chat`)."""
     budget = _Budget(seconds, chars)
     try:
         template = _ticking(_environment(budget), source)
         extra = {"tools": tools} if tools else {}  # as transformers' apply_chat_template
-        pieces = template.generate(messages=messages, add_generation_prompt=True,
+        pieces = template.generate(messages=messages, add_generation_prompt=generation_prompt,
                                    bos_token=bos, eos_token=eos, **extra)
         return "".join(budget.write(piece) for piece in pieces)
     except _OverBudget as exc:

@@ -57,15 +57,17 @@ def limited() -> bool:
 
 def render_chat(path: Path, messages: list[dict[str, Any]], bos: str = "", eos: str = "",
                 seconds: float = RENDER_SECONDS, chars: int = RENDER_CHARS,
-                tools: list[dict[str, Any]] | None = None) -> str:
+                tools: list[dict[str, Any]] | None = None, generation_prompt: bool = True
+                ) -> str:
     """The prompt text for `messages` ({role, content} each), ending where the assistant's
-    reply begins (add_generation_prompt, as transformers' apply_chat_template); refused in one
-    line past `seconds` or `chars`, past the memory a render may use, or on any error the
-    template raises."""
+    reply begins (add_generation_prompt, as transformers' apply_chat_template; without it,
+    the conversation as written, which `--task chat` trains on); refused in one line past
+    `seconds` or `chars`, past the memory a render may use, or on any error the template
+    raises."""
     source = size_checked(path)
     try:
         return render_isolated(source.read_text(encoding="utf-8"), messages, bos, eos, seconds,
-                               chars, tools)
+                               chars, tools, generation_prompt)
     except RenderRefused as exc:
         raise ZooError(f"{display_path(path)}: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -74,13 +76,15 @@ def render_chat(path: Path, messages: list[dict[str, Any]], bos: str = "", eos: 
 
 
 def render_isolated(source: str, messages: list[dict[str, Any]], bos: str, eos: str,
-                    seconds: float, chars: int, tools: list[dict[str, Any]] | None = None
-                    ) -> str:
+                    seconds: float, chars: int, tools: list[dict[str, Any]] | None = None,
+                    generation_prompt: bool = True) -> str:
     """`render_source` in a worker process (RenderRefused as there)."""
     if not limited():
-        return render_source(source, messages, bos, eos, seconds, chars, tools)
+        return render_source(source, messages, bos, eos, seconds, chars, tools,
+                             generation_prompt)
     request = {"source": source, "messages": messages, "bos": bos, "eos": eos,
-               "seconds": seconds, "chars": chars, "tools": tools}
+               "seconds": seconds, "chars": chars, "tools": tools,
+               "generation_prompt": generation_prompt}
     with _POOL.slots:
         worker = _POOL.take()
         try:

@@ -125,15 +125,21 @@ def classes(rows: Rows, card_labels: list[str] | None, card_num_labels: int
     return written, len(written)
 
 
-def split(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
-    """(train, eval): a seeded shuffle of the rows, `fraction` of them (at least one) held out."""
+def held_out(count: int, fraction: float, seed: int, where: str) -> set[int]:
+    """The indices of `count` rows to hold out: a seeded shuffle, `fraction` of them (at least
+    one, and not all)."""
     if not 0 < fraction < 1:
         raise ZooError(f"--eval-fraction {fraction}: expected a number between 0 and 1")
-    order = list(range(len(rows.examples)))
+    order = list(range(count))
     random.Random(seed).shuffle(order)
     held = max(1, round(fraction * len(order)))
     if held >= len(order):
-        raise ZooError(f"{rows.where}: {len(order)} rows are too few to hold out {fraction}")
-    chosen = set(order[:held])
+        raise ZooError(f"{where}: {len(order)} rows are too few to hold out {fraction}")
+    return set(order[:held])
+
+
+def split(rows: Rows, fraction: float, seed: int) -> tuple[Rows, Rows]:
+    """(train, eval): a seeded shuffle of the rows, `fraction` of them (at least one) held out."""
+    chosen = held_out(len(rows.examples), fraction, seed, rows.where)
     keep = [e for i, e in enumerate(rows.examples) if i not in chosen]
     return Rows(rows.where, keep), Rows(rows.where, [rows.examples[i] for i in sorted(chosen)])

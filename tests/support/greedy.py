@@ -52,3 +52,12 @@ def transformers_greedy(reference: torch.nn.Module, prompts: list[list[int]], st
                                  max_new_tokens=steps, **options)
     rows = out[:, ids.shape[1]:].tolist()
     return [row + [eos] * (steps - len(row)) for row in rows]  # all rows ended: fewer columns
+
+
+def templated_prompt(tokenizer: object, messages: list[dict], template: str) -> list[int]:
+    """transformers' `apply_chat_template` ids for `messages`, ending where the reply begins
+    (a reference for the zoo's own renderer)."""
+    rendered = tokenizer.apply_chat_template(messages, chat_template=template,  # type: ignore[attr-defined]
+                                             add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)
+    return list(rendered["input_ids"])

@@ -17,9 +17,10 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
 from registry.stems import is_patch_card
+from runtime.files.conversations import ChatRenderer, chat_files
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from zoo.blocks import lora as lora_blocks
-from zoo.training import classify, data, reverse
+from zoo.training import chat, classify, data, reverse
 from zoo.training.images import ImageClassify
 from zoo.training.schedules import SCHEDULES
 from zoo.training.sharding import MIXED_PRECISION, SHARD_MODES
@@ -29,13 +30,16 @@ from zoo.training.sharding import MIXED_PRECISION, SHARD_MODES
 class TrainOptions:
     task: str = option(help="lm: decoder on text; mlm: encoder on text; copy: encoder-decoder, "
                        "synthetic; reverse: encoder-decoder, the shipped text's words in reverse "
-                       "order; classify: a classifier (encoder or decoder) on labelled text.",
+                       "order; classify: a classifier (encoder or decoder) on labelled text; "
+                       "chat: a decoder on conversations in its chat template, the loss on the "
+                       "assistant's tokens.",
                        choices=lambda: TASKS)
     out: Path = option(help="Output folder [NAME-trained].", flags=("-o", "--out"), path="dir",
                        required=False)
     data: Path | None = option(None, "lm/mlm: UTF-8 text [the shipped Shakespeare]; classify: "
                                'JSONL ({"text": ..., "label": ...} a line) or CSV with a '
-                               "text,label header.", path="file")
+                               'text,label header; chat: JSONL ({"messages": [{"role": ..., '
+                               '"content": ...}, ...]} a line).', path="file")
     steps: int = option(300, "Total optimizer steps.")
     batch_size: int = option(32)
     block_size: int = option(128, "Tokens per sequence.")  # capped at the card's max_positions
@@ -51,10 +55,11 @@ class TrainOptions:
     force: bool = option(False, "Replace an existing OUT (starting afresh).")
     copy_length: int = 10
     copy_symbols: int = 10
-    eval: Path | None = option(None, "classify: held-out rows (same format), scored at each "
-                               "checkpoint.", path="file")
+    eval: Path | None = option(None, "classify, chat: held-out rows (same format), scored at "
+                               "each checkpoint (accuracy and macro-F1; chat: the loss).",
+                               path="file")
     eval_fraction: float | None = option(
-        None, "classify: hold out this share of --data instead (split with --seed).")
+        None, "classify, chat: hold out this share of --data instead (split with --seed).")
     lora: int | None = option(None, "Train a LoRA adapter of this rank on the frozen base: "
                               "only the adapters train; OUT keeps the base's weights and the "
                               "adapter in PEFT's layout (adapter_config.json, "
@@ -73,12 +78,15 @@ class TrainOptions:
     mixed_precision: str = option("none", "--shard full: bf16 computes in bfloat16 (float32 "
                                   "master weights and gradient reduction), where the device "
                                   "has bfloat16 arithmetic.", choices=MIXED_PRECISION)
-    tokenizer_folder: Path | None = None  # classify: where the texts' tokenizer is (SOURCE)
+    tokenizer_folder: Path | None = None  # classify, chat: the tokenizer's folder (SOURCE)
 
     def check(self) -> None:
         """Refuse, in one line, options that do not go together (before any card is read)."""
-        if self.task != "classify" and (self.eval or self.eval_fraction is not None):
-            raise ZooError("--eval and --eval-fraction are for --task classify")
+        if self.task == "chat" and self.data is None:
+            raise ZooError('--task chat needs --data FILE (JSONL of {"messages": [...]})')
+        if self.task not in ("classify", "chat") and (self.eval or
+                                                      self.eval_fraction is not None):
+            raise ZooError("--eval and --eval-fraction are for --task classify and chat")
         if self.steps < 1 or self.batch_size < 1:
             raise ZooError("--steps and --batch-size should be >= 1")
         if self.shard == "none" and self.mixed_precision != "none":
@@ -117,6 +125,7 @@ class TrainingTask:
     """One run of a task on a card: made once the options are checked and resolved."""
 
     trains: tuple[str, ...] = ()  # the families it trains
+    logged: tuple[str, ...] = ()  # the held-out scores metrics.jsonl gets, as eval_<name>
     schedule = "cosine"
     label_smoothing = 0.0
 
@@ -258,6 +267,7 @@ class Classify(TrainingTask):
     """A classifier (encoder or decoder with pooling) on labelled text (classify.py)."""
 
     trains = ("encoder", "decoder")
+    logged = ("accuracy", "macro_f1")
 
     def __init__(self, card: Card, options: TrainOptions) -> None:
         super().__init__(card, options)
@@ -290,11 +300,8 @@ class Classify(TrainingTask):
         return F.cross_entropy(logits, batch.labels, label_smoothing=self.options.label_smoothing)
 
     def files(self) -> dict[str, bytes]:
-        folder = self.options.tokenizer_folder
-        copied = tokenizer_files(folder) if folder is not None and folder.is_dir() else []
-        if copied:
-            return {path.name: path.read_bytes() for path in copied}
-        return {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
+        return _folder_tokenizer(self.options.tokenizer_folder) or \
+            {BYTE_TOKENIZER: ByteTokenizer().to_json().encode()}
 
     def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
         if self.labelled.eval is None:
@@ -302,9 +309,56 @@ class Classify(TrainingTask):
         return classify.evaluate(model, self.labelled, self.card["pad_token_id"])
 
 
+class Chat(TrainingTask):
+    """Supervised fine-tuning on conversations in the model's chat template (chat.py)."""
+
+    trains = ("decoder",)
+    logged = ("loss",)
+
+    def __init__(self, card: Card, options: TrainOptions) -> None:
+        super().__init__(card, options)
+        assert options.data is not None and options.tokenizer_folder is not None  # check()
+        renderer = ChatRenderer(*chat_files(options.tokenizer_folder), card["bos_token_id"],
+                                card["eos_token_id"])
+        self.pad = card["pad_token_id"] if card["pad_token_id"] is not None \
+            else card["eos_token_id"]  # right padding: never attended to, never a label
+        self.rows = chat.ChatData.read(renderer, options.data, options.eval,
+                                       options.eval_fraction, options.seed, options.block_size)
+
+    @classmethod
+    def check(cls, card: Card, options: TrainOptions) -> None:
+        folder = options.tokenizer_folder
+        if folder is None:
+            raise ZooError(f"{card.name}: --task chat trains a model folder with a chat "
+                           "template (chat_template.jinja and tokenizer.json), not a card")
+        chat_files(folder)
+
+    def make_batch(self, generator: torch.Generator) -> data.Batch:
+        chosen = torch.randint(0, len(self.rows.train.ids), (self.options.batch_size,),
+                               generator=generator).tolist()
+        return chat.chat_batch(self.rows.train, chosen, self.pad)
+
+    def logits(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        return model(batch.inputs["input_ids"])[0]
+
+    def files(self) -> dict[str, bytes]:  # the template and tokenizer, for `zoo run --chat`
+        return _folder_tokenizer(self.options.tokenizer_folder)
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any] | None:
+        if self.rows.eval is None:
+            return None
+        return chat.held_out_loss(model, self.rows.eval, self.pad)
+
+
+def _folder_tokenizer(folder: Path | None) -> dict[str, bytes]:
+    """A model folder's tokenizer files (and chat template) by name, or none."""
+    copied = tokenizer_files(folder) if folder is not None and folder.is_dir() else []
+    return {path.name: path.read_bytes() for path in copied}
+
+
 TASKS: dict[str, type[TrainingTask]] = {
     "lm": LanguageModelling, "mlm": MaskedLanguageModelling, "copy": Copy,
-    "reverse": Reverse, "classify": Classify,
+    "reverse": Reverse, "classify": Classify, "chat": Chat,
 }
 
 

@@ -165,14 +165,14 @@ def _start_out(options: TrainOptions, card: Card, start: int, files: dict[str, b
 
 def _log(options: TrainOptions, done: int, loss: float, lr: float, rate: float,
          scores: dict[str, Any] | None, progress: Progress, evaluated: Evaluated,
-         routing: Routed | None = None) -> None:
-    """A line of metrics.jsonl (with the held-out scores at a checkpoint, and a mixture of
-    experts' router loss and load) and the progress."""
+         routing: Routed | None = None, logged: tuple[str, ...] = ()) -> None:
+    """A line of metrics.jsonl (with the held-out scores the task logs at a checkpoint, and a
+    mixture of experts' router loss and load) and the progress."""
     record = {"step": done, "loss": loss, "lr": lr, "tokens_per_s": rate}
     if routing is not None:
         record |= {"router_loss": routing.loss.item(), "expert_load": routing.load}
     if scores:
-        record |= {"eval_accuracy": scores["accuracy"], "eval_macro_f1": scores["macro_f1"]}
+        record |= {f"eval_{name}": scores[name] for name in logged}
     append_metrics(options.out, record)
     progress(done, options.steps, loss, lr, rate)
     if scores:
@@ -257,7 +257,8 @@ def _train(model: nn.Module, card: Card, options: TrainOptions, rank: int, world
         scores = task.evaluate(model) if writer and checkpoint_step else None
         if writer and (done % log_every == 0 or done == options.steps or scores):
             rate = tokens / max(time.perf_counter() - started, 1e-9)
-            _log(options, done, loss.item(), lr, rate, scores, progress, evaluated, routing)
+            _log(options, done, loss.item(), lr, rate, scores, progress, evaluated, routing,
+                 task.logged)
         if checkpoint_step and sharded:
             held = sharded_checkpoints.optimizer_bytes_per_rank(model, optimizer)
             sharded_checkpoints.save_sharded(options.out, model, optimizer,

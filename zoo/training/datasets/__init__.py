@@ -7,3 +7,4 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SHIPPED_TEXT = HERE / "tinyshakespeare.txt"  # lm, mlm, reverse and speakers; the quality check
 TOPICS = HERE / "topics.jsonl"  # `zoo dataset topics`
+CITIES = HERE / "cities.tsv"  # `zoo dataset cities`

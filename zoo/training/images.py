@@ -110,6 +110,8 @@ def check_options(card: Card, options: Any) -> None:
 class ImageClassify:
     """The training task (zoo/training/tasks.py's TrainingTask) for an image classifier."""
 
+    logged = ("accuracy", "macro_f1")  # the held-out scores metrics.jsonl gets, as classify's
+
     def __init__(self, card: Card, options: Any) -> None:
         check_options(card, options)
         self.card, self.options = card, options

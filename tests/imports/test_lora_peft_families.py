@@ -49,6 +49,8 @@ def _t5(root: Path) -> tuple[Path, Any]:
 
 FAMILIES = {"qwen3": _decoder("qwen3"), "gemma3": _decoder("gemma3"), "bert": _bert,
             "t5": _t5}
+TASK_TYPES = {"qwen3": "CAUSAL_LM", "gemma3": "CAUSAL_LM", "bert": None,  # PEFT's TaskType
+              "t5": "SEQ_2_SEQ_LM"}
 
 
 def _outputs(model: torch.nn.Module, seq2seq: bool, zoo_model: bool) -> torch.Tensor:
@@ -65,12 +67,12 @@ def _outputs(model: torch.nn.Module, seq2seq: bool, zoo_model: bool) -> torch.Te
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-           ) -> tuple[Path, Any, Path]:
-    """(the transformers folder, its class, its `zoo import`)."""
+           ) -> tuple[Path, Any, Path, str | None]:
+    """(the transformers folder, its class, its `zoo import`, PEFT's task type for it)."""
     root = tmp_path_factory.mktemp(f"peft-{request.param}")
     folder, model_class = FAMILIES[request.param](root)
     zoo_ok("import", folder, "-o", root / "imported")
-    return folder, model_class, root / "imported"
+    return folder, model_class, root / "imported", TASK_TYPES[request.param]
 
 
 def _seq2seq(model_class: Any) -> bool:
@@ -98,8 +100,8 @@ def _randomise_b(model: torch.nn.Module) -> None:
 
 
 def test_the_zoos_adapter_reads_in_peft_with_the_zoos_outputs(
-        family: tuple[Path, Any, Path], tmp_path: Path) -> None:
-    hf, model_class, imported = family
+        family: tuple[Path, Any, Path, str | None], tmp_path: Path) -> None:
+    hf, model_class, imported, task_type = family
     model, card = load_source(str(imported), merge=False)
     present = [target for target in TARGETS if targeted(model, [target])]
     names = add_adapters(model, present, rank=4, alpha=12)
@@ -108,13 +110,14 @@ def test_the_zoos_adapter_reads_in_peft_with_the_zoos_outputs(
     theirs, plain, adapted = _peft_outputs(hf, model_class, tmp_path)
     ours = _outputs(model, _seq2seq(model_class), zoo_model=True)
     assert len(adapted) == len(names), config["target_modules"]  # each found its module
+    assert config["task_type"] == task_type  # PEFT wraps T5 in PeftModelForSeq2SeqLM
     assert (theirs - plain).abs().max() > 1e-2  # the adapter moved the outputs
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
 
 
 def test_import_of_a_peft_adapter_on_every_linear_gives_peftmodels_outputs(
-        family: tuple[Path, Any, Path], tmp_path: Path) -> None:
-    hf, model_class, _ = family
+        family: tuple[Path, Any, Path, str | None], tmp_path: Path) -> None:
+    hf, model_class, _, _ = family
     torch.manual_seed(0)
     wrapped = peft.get_peft_model(model_class.from_pretrained(hf), peft.LoraConfig(
         r=4, lora_alpha=12, target_modules="all-linear"))

@@ -96,9 +96,11 @@ def write_adapter(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
             weight = getattr(module, part).weight
             tensors[f"{ROOT}{names[name]}.{part}.weight"] = weight.detach().contiguous().cpu()
     dropout = first.lora_dropout.p if isinstance(first.lora_dropout, nn.Dropout) else 0.0
-    generates = spec_of(card).hf_architectures is not None
+    spec = spec_of(card)  # PEFT's wrapper class: PeftModelForSeq2SeqLM's generate reads a source
+    task = ("SEQ_2_SEQ_LM" if spec.cross_attention else "CAUSAL_LM"
+            if spec.hf_architectures is not None else None)
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM" if generates else None,
+        "peft_type": "LORA", "task_type": task,
         "base_model_name_or_path": None, "r": first.rank, "lora_alpha": first.alpha,
         "lora_dropout": dropout, "use_rslora": first.rslora, "bias": "none",
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,

@@ -5,9 +5,10 @@ module names, so `peft.PeftModel.from_pretrained(transformers_model, FOLDER)` re
 The module names come from the layout maps (registry/maps/*.yaml), not from a family switch:
 the map that writes the card's config.json (zoo/files/hf_config.py) names each of the zoo's
 linears (`layers.0.self_attention.query` -> `model.layers.0.self_attn.q_proj` for Llama's
-LlamaForCausalLM, whose body the map's first prefix nests). A card no map reproduces, or a
-linear the map keeps fused (GPT-2's c_attn), keeps the zoo's own module names: the files are
-then PEFT's format over the zoo's modules, read back by the zoo.
+LlamaForCausalLM, whose body the map's first prefix nests; a head the map lists under `heads`
+sits beside the body: BertForMaskedLM's `cls.predictions.transform.dense`). A card no map
+reproduces, or a linear the map keeps fused (GPT-2's c_attn), keeps the zoo's own module names:
+the files are then PEFT's format over the zoo's modules, read back by the zoo.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def module_names(card: Card, model: nn.Module) -> dict[str, str]:
     classes = config.get("architectures") or [""]
     prefixes = layout.data.get("prefixes") or [""]
     body = "" if _is_bare(classes[0]) else prefixes[0]
+    heads = tuple(layout.data.get("heads", {}).values())  # beside the body, never in it
     names = {}
     for name in linears:
         target = f"{name}.weight"
@@ -67,7 +69,8 @@ def module_names(card: Card, model: nn.Module) -> dict[str, str]:
             names[name] = name  # no plain counterpart (a fused or transposed tensor)
             continue
         source = match[0].source.format(**match[1].fullmatch(target).groupdict())
-        names[name] = body + source.removesuffix(".weight")  # the heads are not nn.Linear
+        nested = "" if heads and source.startswith(heads) else body  # BERT's cls.predictions.
+        names[name] = nested + source.removesuffix(".weight")
     return names
 
 
@@ -93,9 +96,11 @@ def write_adapter(model: nn.Module, card: Card, folder: Path) -> dict[str, Any]:
             weight = getattr(module, part).weight
             tensors[f"{ROOT}{names[name]}.{part}.weight"] = weight.detach().contiguous().cpu()
     dropout = first.lora_dropout.p if isinstance(first.lora_dropout, nn.Dropout) else 0.0
-    generates = spec_of(card).hf_architectures is not None
+    spec = spec_of(card)  # PEFT's wrapper class: PeftModelForSeq2SeqLM's generate reads a source
+    task = ("SEQ_2_SEQ_LM" if spec.cross_attention else "CAUSAL_LM"
+            if spec.hf_architectures is not None else None)
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM" if generates else None,
+        "peft_type": "LORA", "task_type": task,
         "base_model_name_or_path": None, "r": first.rank, "lora_alpha": first.alpha,
         "lora_dropout": dropout, "use_rslora": first.rslora, "bias": "none",
         "fan_in_fan_out": False, "init_lora_weights": True, "inference_mode": True,

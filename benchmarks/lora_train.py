@@ -2,6 +2,8 @@
 fine-tuning loop on SmolLM2-135M-Instruct, for the zoo's LoRA (r=8 on query,value), the zoo's
 full fine-tuning, and PEFT's LoRA (r=8 on q_proj,v_proj) over transformers' LlamaForCausalLM
 from the same GGUF file, on the same batches (--task chat's, from the city set), in one run.
+`--interleaved` measures steps/s alone, the zoo's LoRA and PEFT's a step each in turn in one
+process, so that a shared machine's load falls on both alike.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lora_train.py --folder smollm2 \\
         --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data cities/train.jsonl --steps 6
@@ -57,43 +59,81 @@ def _model(config: str, folder: Path, gguf: Path):
     return (lambda ids: model(input_ids=ids).logits), model
 
 
-def run(config: str, folder: Path, gguf: Path, data: Path, steps: int, batch: int) -> dict:
+def _chat_task(folder: Path, data: Path, batch: int):
+    """`--task chat`'s batches over the city set, as `zoo train` draws them."""
+    from zoo.files.sources import load_source  # the card, for the batches
+    from zoo.training.tasks import Task, TrainOptions
+
+    options = TrainOptions(task="chat", data=data, out=Path("unused"), batch_size=batch,
+                           tokenizer_folder=folder)
+    card = load_source(str(folder), (), 0)[1]
+    return Task(card, options.resolved(card))
+
+
+def _stepper(config: str, folder: Path, gguf: Path):
+    """(a function running one training step on a batch, returning (seconds, loss), the
+    model, its trainable parameters)."""
     import torch
     import torch.nn.functional as F
 
     from zoo.training.data import IGNORE
-    from zoo.training.tasks import Task, TrainOptions
 
     torch.manual_seed(0)
     forward, model = _model(config, folder, gguf)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    loaded = _status("VmRSS")
-    options = TrainOptions(task="chat", data=data, out=Path("unused"), batch_size=batch,
-                           tokenizer_folder=folder)
-    from zoo.files.sources import load_source  # the card, for the batches
-
-    card = load_source(str(folder), (), 0)[1]
-    task = Task(card, options.resolved(card))
     optimizer = torch.optim.Adam(trainable, lr=2e-4, betas=(0.9, 0.98), eps=1e-9)
-    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on
-    times, losses = [], []
-    for step in range(steps):
-        batch_ = task.batch(step, 0)
+
+    def step(batch) -> tuple[float, float]:
         started = time.perf_counter()
-        logits = forward(batch_.inputs["input_ids"])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch_.labels.flatten(),
+        logits = forward(batch.inputs["input_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(),
                                ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
-        times.append(time.perf_counter() - started)
-        losses.append(round(loss.item(), 4))
+        return time.perf_counter() - started, loss.item()
+
+    return step, model, trainable
+
+
+def run(config: str, folder: Path, gguf: Path, data: Path, steps: int, batch: int) -> dict:
+    step, model, trainable = _stepper(config, folder, gguf)
+    loaded = _status("VmRSS")
+    task = _chat_task(folder, data, batch)
+    Path("/proc/self/clear_refs").write_text("5")  # the peak from here on
+    times, losses = [], []
+    for index in range(steps):
+        seconds, loss = step(task.batch(index, 0))
+        times.append(seconds)
+        losses.append(round(loss, 4))
     return {"config": config, "trainable": sum(p.numel() for p in trainable),
             "total": sum(p.numel() for p in model.parameters()),
             "rss_loaded_mb": loaded / 2**20, "peak_training_mb": _status("VmHWM") / 2**20,
             "steps_per_s": (len(times) - 1) / sum(times[1:]), "losses": losses}
+
+
+def interleaved(folder: Path, gguf: Path, data: Path, steps: int, batch: int) -> None:
+    """Steps/s of the zoo's LoRA against PEFT's, alternating step by step (the first step of
+    each left out), printed with their ratio."""
+    from export.cpu import cpu_flags
+
+    print(f"CPU flags: {' '.join(cpu_flags())}")
+    task = _chat_task(folder, data, batch)
+    steppers = {config: _stepper(config, folder, gguf)[0] for config in ("zoo-lora", "peft-lora")}
+    seconds: dict[str, list[float]] = {config: [] for config in steppers}
+    for index in range(steps):
+        batch_ = task.batch(index, 0)
+        for config, step in steppers.items():
+            taken, loss = step(batch_)
+            if index:
+                seconds[config].append(taken)
+            print(f"step {index + 1} {config}: {taken:.3f} s, loss {loss:.4f}", flush=True)
+    rate = {config: len(times) / sum(times) for config, times in seconds.items()}
+    for config, value in rate.items():
+        print(f"{config:<10} {value:.3f} steps/s")
+    print(f"zoo / PEFT: {rate['zoo-lora'] / rate['peft-lora']:.2f}x")
 
 
 def main() -> None:
@@ -104,7 +144,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--run", choices=CONFIGS, help=argparse.SUPPRESS)
+    parser.add_argument("--interleaved", action="store_true",
+                        help="steps/s only: the zoo's LoRA and PEFT's in one process, a step "
+                        "of each in turn on the same batch (a shared machine's load falls on "
+                        "both alike)")
     args = parser.parse_args()
+    if args.interleaved:
+        interleaved(args.folder, args.gguf, args.data, args.steps, args.batch_size)
+        return
     if args.run:
         print(json.dumps(run(args.run, args.folder, args.gguf, args.data, args.steps,
                              args.batch_size)))

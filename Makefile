@@ -176,9 +176,17 @@ OPTIMUM := examples/optimum/.venv/.installed
 $(OPTIMUM): examples/optimum/requirements.txt
 	PYTHON=$(PYTHON) bash examples/optimum/setup.sh
 
+# Ray Serve (the `ray` extra): the slow tests of `zoo serve --ray` (tests/serve/test_serve_ray.py)
+# start it, and the default run's tests/serve/test_serve_ray_options.py read the deployment's
+# settings back through it (they skip without Ray: so `make test` installs it too).
+RAY := $(VENV)/.ray
+$(RAY): $(STAMP) constraints.txt
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[ray]'
+	touch $(RAY)
+
 # Two pytest workers (the tests reading the session's shared exports grouped in one), one
 # torch thread each: the tiny models gain nothing from more, and two workers fill two cores.
-test: $(STAMP) node-deps $(OPTIMUM)
+test: $(STAMP) node-deps $(OPTIMUM) $(RAY)
 	$(BIN)/ruff check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
@@ -189,14 +197,6 @@ LM_EVAL := $(VENV)/.lm-eval
 $(LM_EVAL): $(STAMP) constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt 'lm-eval[api,hf]'
 	touch $(LM_EVAL)
-
-# Ray Serve (the `ray` extra), which the slow tests of `zoo serve --ray`
-# (tests/serve/test_serve_ray.py) start: not in `make test`'s install either (Ray and some forty
-# packages; the default run checks only the refusal without it).
-RAY := $(VENV)/.ray
-$(RAY): $(STAMP) constraints.txt
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[ray]'
-	touch $(RAY)
 
 test-slow: $(STAMP) $(LM_EVAL) $(RAY)
 	$(BIN)/python -m pytest -q -m slow

@@ -17,6 +17,7 @@ from runtime.files.atomic import atomic_folder
 from runtime.files.labelled import held_out
 from runtime.files.texts import text_lines
 from zoo.training.datasets import CITIES
+from zoo.training.topics import TopicSetOptions
 
 TRAIN, EVAL = "train.jsonl", "eval.jsonl"
 
@@ -40,12 +41,8 @@ def conversation(city: str, country: str) -> dict[str, list[dict[str, str]]]:
 
 
 @dataclass(frozen=True)
-class CitySetOptions:
-    out: Path = option(help="Folder for train.jsonl and eval.jsonl.", flags=("-o", "--out"),
-                       path="dir")
+class CitySetOptions(TopicSetOptions):  # the topic set's options, its held-out share by city
     eval_fraction: float = option(0.25, "Share of the cities held out.")
-    seed: int = option(0, "Seed of the split.")
-    force: bool = option(False, "Overwrite an existing folder.")
 
 
 def city_set_lines(options: CitySetOptions, source: Path = CITIES) -> list[str]:

@@ -13,16 +13,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.schema import validate
 from runtime.files.images import PREPROCESSOR_CONFIG, default_config, pixel_values, processor_from
-from runtime.scores import majority_baseline, scores
 from zoo.assemble import build_model
-from zoo.training import data
 from zoo.training.classify import EVAL_BATCH, carry_weights
 
 DIGITS = [str(digit) for digit in range(10)]
@@ -105,40 +102,3 @@ def check_options(card: Card, options: Any) -> None:
     if options.data is not None or options.eval is not None:
         raise ZooError(f"{card.name}: an image model trains on scikit-learn's digits; "
                        "--data and --eval (labelled text) are for text models")
-
-
-class ImageClassify:
-    """The training task (zoo/training/tasks.py's TrainingTask) for an image classifier."""
-
-    logged = ("accuracy", "macro_f1")  # the held-out scores metrics.jsonl gets, as classify's
-
-    def __init__(self, card: Card, options: Any) -> None:
-        check_options(card, options)
-        self.card, self.options = card, options
-        self.train_split, self.held = split_digits(card, options.eval_fraction, options.seed)
-        self.tokens_per_image = (card["image_size"] // card["patch_size"]) ** 2 + 1
-
-    def batch(self, step: int, rank: int) -> data.Batch:
-        generator = data.batch_generator(self.options.seed, step, rank)
-        chosen = torch.randint(0, len(self.train_split.labels), (self.options.batch_size,),
-                               generator=generator)
-        return data.Batch({"pixel_values": self.train_split.pixels[chosen]},
-                          self.train_split.labels[chosen],
-                          len(chosen) * self.tokens_per_image)
-
-    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
-        logits = model(batch.inputs["pixel_values"])["logits"]
-        return F.cross_entropy(logits, batch.labels, label_smoothing=self.options.label_smoothing)
-
-    def files(self) -> dict[str, bytes]:
-        """The preprocessing it was trained with, so its export runs image files the same way."""
-        import json
-
-        config = default_config(self.card["image_size"])
-        return {PREPROCESSOR_CONFIG: (json.dumps(config, indent=2) + "\n").encode()}
-
-    def evaluate(self, model: nn.Module) -> dict[str, Any]:
-        truth = self.held.labels.tolist()
-        return {**scores(truth, predict(model, self.held.pixels), DIGITS),
-                "majority_baseline": majority_baseline(self.train_split.labels.tolist(), truth,
-                                                       DIGITS)}

@@ -5,6 +5,7 @@ rows. The loop (train.py) only calls through them; `TASKS` is the one table of t
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
 from registry.stems import is_patch_card
+from runtime.files import images as image_files
 from runtime.files.conversations import ChatRenderer, chat_files
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
+from runtime.scores import majority_baseline, scores
 from zoo.blocks import lora as lora_blocks
-from zoo.training import chat, classify, data, reverse
-from zoo.training.images import ImageClassify
+from zoo.training import chat, classify, data, images, reverse
 from zoo.training.schedules import SCHEDULES
 from zoo.training.sharding import MIXED_PRECISION, SHARD_MODES
 
@@ -309,6 +311,43 @@ class Classify(TrainingTask):
         return classify.evaluate(model, self.labelled, self.card["pad_token_id"])
 
 
+class ImageClassify(TrainingTask):
+    """`--task classify` on an image model: the digits as images (zoo/training/images.py)."""
+
+    trains = Classify.trains
+    logged = Classify.logged
+
+    def __init__(self, card: Card, options: TrainOptions) -> None:
+        images.check_options(card, options)
+        super().__init__(card, options)
+        self.train_split, self.held = images.split_digits(card, options.eval_fraction,
+                                                           options.seed)
+        self.tokens_per_image = (card["image_size"] // card["patch_size"]) ** 2 + 1
+
+    def batch(self, step: int, rank: int) -> data.Batch:
+        generator = data.batch_generator(self.options.seed, step, rank)
+        chosen = torch.randint(0, len(self.train_split.labels), (self.options.batch_size,),
+                               generator=generator)
+        return data.Batch({"pixel_values": self.train_split.pixels[chosen]},
+                          self.train_split.labels[chosen],
+                          len(chosen) * self.tokens_per_image)
+
+    def loss(self, model: nn.Module, batch: data.Batch) -> torch.Tensor:
+        logits = model(batch.inputs["pixel_values"])["logits"]
+        return F.cross_entropy(logits, batch.labels, label_smoothing=self.options.label_smoothing)
+
+    def files(self) -> dict[str, bytes]:
+        """The preprocessing it was trained with, so its export runs image files the same way."""
+        config = image_files.default_config(self.card["image_size"])
+        return {image_files.PREPROCESSOR_CONFIG: (json.dumps(config, indent=2) + "\n").encode()}
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        truth = self.held.labels.tolist()
+        return {**scores(truth, images.predict(model, self.held.pixels), images.DIGITS),
+                "majority_baseline": majority_baseline(self.train_split.labels.tolist(), truth,
+                                                       images.DIGITS)}
+
+
 class Chat(TrainingTask):
     """Supervised fine-tuning on conversations in the model's chat template (chat.py)."""
 
@@ -366,7 +405,7 @@ def Task(card: Card, options: TrainOptions) -> TrainingTask:  # noqa: N802 (read
     """The run of `options.task` on `card` (options checked and resolved); an image model's
     classify task reads images (zoo/training/images.py)."""
     if options.task == "classify" and is_patch_card(card):
-        return ImageClassify(card, options)  # type: ignore[return-value]
+        return ImageClassify(card, options)
     return TASKS[options.task](card, options)
 
 

@@ -94,6 +94,7 @@ BLOCKS: dict[str, dict[str, BlockEntry]] = {
         (GELU, "feedforward:GeluFeedForward", two_matrices),
         (GELU_TANH, "feedforward:GeluTanhFeedForward", two_matrices),
         ("silu", "feedforward:SiluFeedForward", two_matrices),
+        ("quick_gelu", "feedforward:QuickGeluFeedForward", two_matrices),
         (SWIGLU, "feedforward:SwiGLUFeedForward", three_matrices),
         (GEGLU, "feedforward:GeGLUFeedForward", three_matrices),
         ("geglu_tanh", "feedforward:GeGLUTanhFeedForward", three_matrices)),

@@ -18,6 +18,9 @@ from typing import Any, Generic, TypeVar
 from registry.errors import ZooError
 
 POOLINGS = ("cls", "mean", "last", "pooler")
+# A dual encoder's text vector (registry/dual.py): the state at the first end token (CLIP's
+# `eos`) or at the last position (SigLIP's `last`).
+DUAL_POOLINGS = ("eos", "last")
 
 
 def _frozen(mapping: dict[str, Any] | None = None) -> Mapping[str, Any]:
@@ -74,7 +77,14 @@ ENCODER_DECODER = FamilySpec(
     generation_extras=_frozen({"num_beams": 1, "forced_eos_token_id": None}),
     default_generate=16)
 
-SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (ENCODER, DECODER, ENCODER_DECODER)}
+# A dual encoder (CLIP, SigLIP; registry/dual.py): a text tower and an image tower into one
+# space, compared by a scaled cosine. It encodes; its classes are named by their towers.
+DUAL_ENCODER = FamilySpec("dual-encoder", "dual-encoder", ("text", "vision"),
+                          poolings=DUAL_POOLINGS, default_pooling="eos", prompt_noun="a text",
+                          hf_architectures=("Model",))
+
+SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (ENCODER, DECODER, ENCODER_DECODER,
+                                                             DUAL_ENCODER)}
 
 
 def spec_of(card: Any) -> FamilySpec:

@@ -34,6 +34,7 @@ UNDO_SHAPES = {
     "split_qkv": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
     "row": lambda shapes: [(1, *shape) for shape in shapes],  # (1, n) -> (n,)
     "split_halves": lambda shapes: [(sum(shape[0] for shape in shapes), *shapes[0][1:])],
+    "batch": lambda shapes: [shape[1:] for shape in shapes],  # (...) -> (1, ...)
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import registry.dual as dual
 import registry.experts as experts
 import registry.stems as stems
 from registry.blocks import BLOCKS, effective_bias
@@ -59,6 +60,8 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     """Parameters per part (each tensor counted once, tied weights included once)."""
     d, vocab, n = card["d_model"], card["vocab_size"], card["n_layers"]
     family = card["family"]
+    if family == dual.DUAL:  # two towers, each counted as the card it is
+        return dual.dual_params(card, count_parameters, norm_params)
     norm = norm_params(card)
     encoder_layer = attention_params(card) + ffn_params(card) + 2 * norm
     if card.get("sandwich_norm"):  # a norm after attention and after the feed-forward too
@@ -68,6 +71,8 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     # the patch stem holds its own positions; the token stem's are the position block's
     embeddings = block_params("stem", card) + (
         0 if stems.is_patch_card(card) else position_params(card))
+    if card.get("stem_norm"):  # CLIP's pre_layrnorm after the patches
+        embeddings += norm
     if card["embedding_norm"]:
         embeddings += norm
     target = target_vocab_size(card)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import registry.dual as dual
 import registry.experts as experts
 import registry.stems as stems
 from registry.blocks import (
@@ -26,11 +27,11 @@ from registry.blocks import (
     field_owner,
 )
 from registry.errors import CardError, ZooError
-from registry.families import POOLINGS, SPECS
+from registry.families import DUAL_POOLINGS, POOLINGS, SPECS
 from registry.plugins import load_plugins
 from registry.sizes import attention_sizes
 
-FAMILIES = ("encoder", "decoder", "encoder-decoder")
+FAMILIES = ("encoder", "decoder", "encoder-decoder", dual.DUAL)
 REQUIRED = object()
 # Upper bounds on the sizes, generous (several times the largest published models), so that a
 # typo or a hostile file (`vocab_size: 10**15`) is refused here, not by torch's allocator.
@@ -60,7 +61,8 @@ def _blocks(kind: str) -> Callable[[], list[str]]:
 
 
 FIELDS: dict[str, Field] = {
-    "family": Field(str, help="encoder | decoder | encoder-decoder", choices=FAMILIES),
+    "family": Field(str, help="encoder | decoder | encoder-decoder | dual-encoder",
+                    choices=FAMILIES),
     "description": Field(str, "", help="one line shown by `zoo list`"),
     "vocab_size": Field(int, help="token vocabulary size", minimum=1, maximum=MAX_VOCAB),
     "max_positions": Field(int, help="longest sequence the model accepts", minimum=1,
@@ -138,8 +140,9 @@ FIELDS: dict[str, Field] = {
     "eos_token_id": Field(int, None, "end token", minimum=0, nullable=True),
     "mask_token_id": Field(int, None, "mask token for masked-LM (encoder)", minimum=0,
                            nullable=True),
-    "pooling": Field(str, None, "sentence vector: cls | mean | last | pooler (none: no vector)",
-                     choices=POOLINGS, nullable=True),
+    "pooling": Field(str, None, "sentence vector: cls | mean | last | pooler; a dual "
+                     "encoder's text vector: eos | last (none: no vector)",
+                     choices=tuple(dict.fromkeys((*POOLINGS, *DUAL_POOLINGS))), nullable=True),
     "normalize": Field(bool, False, "scale the sentence vector to unit length"),
     "num_labels": Field(int, 0, "classifier classes on the sentence vector (0 = none)",
                         minimum=0, maximum=MAX_LABELS),
@@ -163,6 +166,24 @@ FIELDS: dict[str, Field] = {
                               "shared, untied; null: as tie_embeddings)", nullable=True),
     "head_scale": Field(bool, False, "multiply the final states by d_model^-0.5 before a tied "
                         "output head (T5)"),
+    # the dual encoder's (registry/dual.py): its own fields are the text tower's
+    "vision": Field(dict, None, "dual-encoder: the image tower, a card of its own (family "
+                    "encoder, stem patch_embedding)", nullable=True),
+    "projection_dim": Field(int, None, "dual-encoder: size of the joint space both towers "
+                            "project into", minimum=1, maximum=MAX_D_MODEL, nullable=True),
+    "projection_bias": Field(bool, False, "dual-encoder: biases on the projections (SigLIP's "
+                             "text head)"),
+    "vision_projection": Field(bool, True, "dual-encoder: the image vector is projected "
+                               "(false: it is the pooled state, SigLIP's)"),
+    "vision_pooling": Field(str, "cls", "dual-encoder: the image vector: cls (the class token's "
+                            "state through the final norm, CLIP's) or map (the final norm, then "
+                            "an attention probe, SigLIP's)", choices=dual.VISION_POOLINGS),
+    "logit_scale": Field(float, 2.6592, "dual-encoder: the cosine is scaled by "
+                         "exp(logit_scale) (CLIP's init: log 1/0.07)", minimum=-100.0,
+                         maximum=100.0),
+    "logit_bias": Field(float, None, "dual-encoder: added to the scaled cosine (SigLIP's "
+                        "sigmoid; null: none, CLIP's softmax)", nullable=True),
+    "causal": Field(bool, False, "dual-encoder: the text tower attends causally (CLIP's)"),
 }
 ENCODER_ONLY = ("pooler", "mlm_head", "type_vocab_size", "embedding_norm")
 # The mixture-of-experts feed-forward, a built-in block with card fields of its own
@@ -354,6 +375,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
                                 f"not {card['family']}")
     _check_sequence_heads(card, where)
     stems.check_patches(card, where)
+    dual.check_dual(card, where, validate, {name: FIELDS[name].default for name in dual.FIELDS})
     if card["target_vocab_size"] is not None and card["family"] != "encoder-decoder":
         raise CardError(f"{where}: target_vocab_size applies only to family encoder-decoder")
     for token in ("bos_token_id", "eos_token_id"):  # tokens the decoder reads or writes

@@ -27,6 +27,12 @@ FIELDS: dict[str, dict[str, Any]] = {
                        "image_size", minimum=1, maximum=MAX_IMAGE_SIZE),
     "channels": dict(type=int, default=3, help="colour channels of the input (3: RGB)",
                      minimum=1, maximum=64),
+    "class_token": dict(type=bool, default=True, help="a learned class token before the "
+                        "patches, with a position of its own (SigLIP's vision tower has none)"),
+    "patch_bias": dict(type=bool, default=True, help="a bias on the patch projection (CLIP's "
+                       "has none)"),
+    "stem_norm": dict(type=bool, default=False, help="a norm over the embedded patches before "
+                      "the first layer (CLIP's pre_layrnorm)"),
 }
 
 
@@ -41,10 +47,11 @@ def token_stem_params(card: Mapping[str, Any]) -> int:
 
 def patch_stem_params(card: Mapping[str, Any]) -> int:
     """The projection (weight and bias), the class token and a position per patch and for the
-    class token."""
+    class token where the card has one (the stem's norm is counted with the norms)."""
     d, patch = card["d_model"], card["patch_size"]
-    projection = card["channels"] * patch * patch * d + d
-    return projection + d + (num_patches(card) + 1) * d
+    projection = card["channels"] * patch * patch * d + (d if card["patch_bias"] else 0)
+    tokens = 1 if card["class_token"] else 0
+    return projection + tokens * d + (num_patches(card) + tokens) * d
 
 
 def is_patch_card(card: Any) -> bool:
@@ -87,6 +94,9 @@ def check_patches(card: dict[str, Any], where: str) -> None:
         if card[name]:
             raise CardError(f"{where}: {name}={card[name]!r} applies only to stem "
                             f"{TOKEN_EMBEDDING} (a patch stem reads pixels, not tokens)")
+    if not card["class_token"] and card["pooling"] in ("cls", "pooler"):
+        raise CardError(f"{where}: pooling={card['pooling']} reads the class token, but "
+                        "class_token is false")
     if card["attention_pattern"][:card["n_layers"]].count("L"):
         raise CardError(f"{where}: stem={PATCH_EMBEDDING} attends globally: attention_pattern "
                         "should be G")

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from registry import Card, open_catalog
+from registry.dual import DUAL
 from registry.stems import is_patch_card
 
 pytest.register_assert_rewrite("tests.support")  # the helpers' asserts say what they compared
@@ -27,8 +28,11 @@ ALL_CARDS = CATALOG.names()
 # The tiny cards whose stem reads tokens: the text tests run each of them. An image card's
 # (a ViT's patch stem) tests are its own (tests/imports/test_vit.py, tests/runtime/test_images.py).
 IMAGE_CARDS = [name for name in CATALOG.names("*-tiny") if is_patch_card(CATALOG.get(name))]
-TINY_CARDS = [name for name in CATALOG.names("*-tiny") if name not in IMAGE_CARDS]
-FULL_CARDS = [name for name in ALL_CARDS if name not in TINY_CARDS + IMAGE_CARDS]
+# A dual encoder's (CLIP, SigLIP: a text and an image tower) tests are its own too
+# (tests/imports/test_clip.py).
+DUAL_CARDS = [name for name in CATALOG.names("*-tiny") if CATALOG.get(name).family == DUAL]
+TINY_CARDS = [name for name in CATALOG.names("*-tiny") if name not in IMAGE_CARDS + DUAL_CARDS]
+FULL_CARDS = [name for name in ALL_CARDS if name not in TINY_CARDS + IMAGE_CARDS + DUAL_CARDS]
 
 
 def on_shared(name: str) -> pytest.MarkDecorator:

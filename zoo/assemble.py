@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from registry.catalog import Card
+from registry.dual import DUAL
 from registry.schema import shared_embeddings, target_vocab_size
 from registry.stems import is_patch_card
 from zoo.blocks.classes import build_block
@@ -17,6 +18,7 @@ from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
 from zoo.blocks.layer import Layer
 from zoo.blocks.windows import LocalAttention
 from zoo.models.decoder import Decoder
+from zoo.models.dual_encoder import DualEncoder, ProbeHead, TextTower, VisionTower
 from zoo.models.encoder import Encoder
 from zoo.models.encoder_decoder import EncoderDecoder
 from zoo.models.image_encoder import ImageEncoder
@@ -66,9 +68,32 @@ class Parts:
                       scale=c["d_model"] ** -0.5 if c["head_scale"] else 1.0)
 
 
+def _dual_encoder(card: dict[str, Any]) -> DualEncoder:
+    """CLIP or SigLIP: the text tower from the card's own fields, the image tower from its
+    `vision` card, each of the blocks the other families use."""
+    text, vision = Parts(card), Parts(card["vision"])
+    head = None
+    if card["vision_pooling"] == "map":
+        v = card["vision"]
+        head = ProbeHead(v["d_model"], v["n_heads"], vision.norm(),
+                         build_block("activation", v, None))
+    dim, bias = card["projection_dim"], card["projection_bias"]
+    return DualEncoder(
+        TextTower(text.embeddings(text.position()), text.layers(), text.final_norm(),
+                  card["pooling"], card["eos_token_id"], card["causal"]),
+        VisionTower(build_block("stem", card["vision"], None), vision.layers(), vision.norm(),
+                    head),
+        nn.Linear(card["d_model"], dim, bias=bias),
+        nn.Linear(card["vision"]["d_model"], dim, bias=bias) if card["vision_projection"]
+        else None,
+        card["logit_scale"], card["logit_bias"])
+
+
 def _assemble(card: dict[str, Any]) -> nn.Module:
     parts = Parts(card)
     family = card["family"]
+    if family == DUAL:
+        return _dual_encoder(card)
     if family == "decoder":  # with a pooling: a sequence model, its heads instead of the LM's
         sequence = {spec.name: spec.build(card, parts) for spec in sequence_heads(card)}
         return Decoder(parts.embeddings(parts.position()), parts.layers(), parts.final_norm(),

@@ -38,6 +38,8 @@ FAMILIES = {
     "flan-t5-small": "encoder-decoder", "t5-small": "encoder-decoder",
     "t5-tiny": "encoder-decoder",
 }
+DUAL = {"clip-tiny": "dual-encoder", "clip-vit-base-patch32": "dual-encoder"}
+SHIPPED, FAMILIES = sorted([*SHIPPED, *DUAL]), {**FAMILIES, **DUAL}
 
 
 @pytest.fixture(autouse=True)
@@ -358,6 +360,7 @@ def test_list_shows_every_shipped_card() -> None:
     assert rows["bert-base"][1] == "110.1M"
     assert rows["modernbert-base"][1] == "149.7M"  # ModernBertForMaskedLM: 149,655,232
     assert rows["vit-base-patch16-224"][1] == "86.6M"  # ViTForImageClassification: 86,567,656
+    assert rows["clip-vit-base-patch32"][1] == "151.3M"  # CLIPModel: 151,277,313
 
 
 def test_list_pattern() -> None:

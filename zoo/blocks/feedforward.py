@@ -73,6 +73,17 @@ class GeluTanhFeedForward(FeedForward):
     activation = staticmethod(gelu_tanh)
 
 
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """CLIP's sigmoid approximation of GELU: x * sigmoid(1.702 x) (transformers' quick_gelu)."""
+    return x * torch.sigmoid(1.702 * x)
+
+
+class QuickGeluFeedForward(FeedForward):
+    """quick_gelu, as OpenAI's CLIP."""
+
+    activation = staticmethod(quick_gelu)
+
+
 class SiluFeedForward(FeedForward):
     """SiLU, "swish": x * sigmoid(x), as MarianMT."""
 

@@ -1,7 +1,8 @@
 """A ViT's input stem (Dosovitskiy et al. 2020; registry/stems.py declares it): the image cut
 into patches, each projected to d_model, a class token before them, a learned position added
 to each. Its tensors keep the shapes of transformers' ViTEmbeddings, so an import renames them
-and nothing else."""
+and nothing else. CLIP's stem has no projection bias and a norm after it (pre_layrnorm);
+SigLIP's has no class token."""
 
 from __future__ import annotations
 
@@ -12,31 +13,40 @@ import torch
 from torch import nn
 
 from registry.stems import num_patches
+from zoo.blocks.classes import build_block
 
 INIT_STD = 0.02
 
 
 class PatchEmbedding(nn.Module):
-    reads = ("d_model", "image_size", "patch_size", "channels", "dropout")
+    reads = ("d_model", "image_size", "patch_size", "channels", "dropout", "class_token",
+             "patch_bias", "stem_norm")
 
     @classmethod
     def from_card(cls, card: Mapping[str, Any], layer: int | None) -> PatchEmbedding:
+        norm = build_block("norm", card, None) if card["stem_norm"] else None
         return cls(card["d_model"], card["image_size"], card["patch_size"], card["channels"],
-                   card["dropout"])
+                   card["dropout"], card["class_token"], card["patch_bias"], norm)
 
     def __init__(self, d_model: int, image_size: int, patch_size: int, channels: int,
-                 dropout: float) -> None:
+                 dropout: float, class_token: bool = True, patch_bias: bool = True,
+                 norm: nn.Module | None = None) -> None:
         super().__init__()
         self.image_size, self.channels = image_size, channels
         # a stride of one patch: each output pixel is a linear map of one flattened patch
-        self.projection = nn.Conv2d(channels, d_model, patch_size, stride=patch_size)
-        self.class_token = nn.Parameter(torch.randn(1, 1, d_model) * INIT_STD)
+        self.projection = nn.Conv2d(channels, d_model, patch_size, stride=patch_size,
+                                    bias=patch_bias)
+        self.class_token = (nn.Parameter(torch.randn(1, 1, d_model) * INIT_STD)
+                            if class_token else None)
         patches = num_patches({"image_size": image_size, "patch_size": patch_size})
-        self.positions = nn.Parameter(torch.randn(1, patches + 1, d_model) * INIT_STD)
+        self.positions = nn.Parameter(torch.randn(1, patches + class_token, d_model) * INIT_STD)
         self.dropout = nn.Dropout(dropout)
+        self.norm = norm
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, channels, image_size, image_size) -> (B, 1 + patches, d_model)."""
-        patches = self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, N, d)
-        tokens = self.class_token.expand(patches.shape[0], -1, -1)
-        return self.dropout(torch.cat([tokens, patches], dim=1) + self.positions)
+        """(B, channels, image_size, image_size) -> (B, [1 +] patches, d_model)."""
+        x = self.projection(pixel_values).flatten(2).transpose(1, 2)  # (B, N, d)
+        if self.class_token is not None:
+            x = torch.cat([self.class_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.dropout(x + self.positions)
+        return x if self.norm is None else self.norm(x)

@@ -62,6 +62,7 @@ TRANSFORMS = {
     "split_qkv": lambda tensor: [part.contiguous() for part in tensor.chunk(3, dim=0)],
     "row": lambda tensor: [tensor.reshape(-1)],  # a (1, n) buffer -> (n,)
     "split_halves": lambda tensor: [part.contiguous() for part in tensor.chunk(2, dim=0)],
+    "batch": lambda tensor: [tensor.unsqueeze(0)],  # CLIP's class token (d,) -> (1, 1, d)
 }
 
 
@@ -217,7 +218,9 @@ def _local_base(key: str, value: Any, where: str) -> Any:
 
 
 def _converted(layout: LayoutMap, field: str, key: str, value: Any, where: str) -> Any:
-    """A config.json value in the card's terms, for the fields spelled otherwise there."""
+    """A config.json value in the card's terms, for the fields spelled otherwise there (a
+    nested card's field, `vision.activation`, as the field itself)."""
+    field = field.rpartition(".")[2]
     if field == "activation":
         return _activation(layout, key, value, where)
     if field == "rope_scaling":
@@ -264,10 +267,11 @@ def _token_id(spec: dict[str, Any], config: dict[str, Any],
     """The first usable candidate: from config.json or the tokenizer, then the map's fallbacks.
     An id outside the vocabulary (a tiny model with GPT-2's defaults) is skipped."""
     keys = spec.get("config", [])
-    found = next((config[key] for key in (keys if isinstance(keys, list) else [keys])
-                  if config.get(key) is not None), None)  # a list: the first key set
+    found = next((lookup(config, key) for key in (keys if isinstance(keys, list) else [keys])
+                  if lookup(config, key) not in (None, MISSING)), None)  # the first key set
     if "tokenizer" in spec and tokenizer is not None:
         found = tokenizer.backend.token_to_id(spec["tokenizer"])
+    found = spec.get("instead", {}).get(found, found)  # a value the file's class reads otherwise
     candidates = ([found] if found is not None else []) + list(spec.get("fallback", []))
     for candidate in candidates:
         if candidate is None:
@@ -338,13 +342,32 @@ def card_fields(layout: LayoutMap, config: dict[str, Any], names: list[str],
     return fields, origins
 
 
+def nested_fields(parent: Card, fields: dict[str, Any]) -> dict[str, Any]:
+    """`vision.d_model: 48` as the field `vision` (the parent's nested card) with d_model 48."""
+    out: dict[str, Any] = {}
+    for name, value in fields.items():
+        outer, dot, inner = name.partition(".")
+        if dot:
+            out.setdefault(outer, dict(parent[outer] or {}))[inner] = value
+        else:
+            out[name] = value
+    return out
+
+
+def _changed(before: Any, after: Any) -> Any:
+    """A nested card (a dual encoder's `vision`) as the fields that changed, else the value."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return {key: value for key, value in after.items() if before.get(key, MISSING) != value}
+    return after
+
+
 def make_card(parent: Card, name: str, fields: dict[str, Any], origins: dict[str, str],
               where: str) -> tuple[Card, dict[str, Any]]:
     """The parent card with `fields` over it, validated: (card, fields that differ)."""
-    resolved = validate({**parent.fields, **fields}, where, origins)
+    resolved = validate({**parent.fields, **nested_fields(parent, fields)}, where, origins)
     # a block's own fields (the experts') may be new to the parent
-    overrides = {key: value for key, value in resolved.items()
-                 if parent.fields.get(key, MISSING) != value}
+    overrides = {key: _changed(parent.fields.get(key, MISSING), value)
+                 for key, value in resolved.items() if parent.fields.get(key, MISSING) != value}
     all_origins = {key: origins.get(key, parent.origins.get(key, where)) for key in resolved}
     return Card(name, Path(where), resolved, all_origins), overrides
 

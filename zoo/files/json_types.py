@@ -90,6 +90,7 @@ def config_kinds(layout: LayoutMap) -> dict[str, str]:
     field's type), a rope scaling's kind, the token ids, and the keys of every layout."""
     kinds = dict(CONFIG)
     for field, keys in layout["config"].items():
+        field = field.rpartition(".")[2]  # a nested card's field (`vision.d_model`)
         kind = CARD_KINDS.get(FIELDS[field].type) if field in FIELDS else None
         kind = "pattern" if field == "attention_pattern" else kind
         if field == "rope_theta_local":  # a number, or rope_parameters' object (importers.py)

@@ -1,0 +1,140 @@
+"""CLIP (registry/maps/clip.yaml, registry/dual.py, cards clip-*): the counts against
+transformers' CLIPModel on the meta device, and a tiny random CLIPModel folder imported,
+computing transformers' image embeddings, text embeddings (a batch with padding) and
+logits_per_image in PyTorch. transformers is the reference: no download."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from registry.params import total_parameters
+from tests.conftest import card
+from tests.support.helpers import zoo_ok
+from tests.support.hf_decoders import assert_import_refused, changed_source, randomise
+from zoo.assemble import build_model
+from zoo.files.weights import load_built
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-4
+END = 98  # the tiny vocabulary's end token (and padding, as CLIP's tokenizer pads)
+TEXT = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+            intermediate_size=64, max_position_embeddings=16, bos_token_id=97,
+            eos_token_id=END, pad_token_id=END)
+VISION = dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
+              image_size=32, patch_size=8)
+
+
+def tiny_config() -> transformers.CLIPConfig:
+    return transformers.CLIPConfig(text_config=TEXT, vision_config=VISION, projection_dim=24)
+
+
+def test_counts_are_transformers() -> None:
+    """openai/clip-vit-base-patch32's sizes are CLIPConfig's defaults."""
+    with torch.device("meta"):
+        reference = transformers.CLIPModel(transformers.CLIPConfig())
+        model = build_model(card("clip-vit-base-patch32"), meta=True)
+    published = 151_277_313  # openai/clip-vit-base-patch32
+    assert sum(p.numel() for p in reference.parameters()) == published
+    assert sum(p.numel() for p in model.parameters()) == published
+    assert total_parameters(card("clip-vit-base-patch32").fields) == published
+
+
+def test_tiny_card_count_is_transformers() -> None:
+    with torch.device("meta"):
+        reference = transformers.CLIPModel(tiny_config())
+    assert total_parameters(card("clip-tiny").fields) == sum(
+        p.numel() for p in reference.parameters())
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    """A tiny random CLIPModel, every tensor far from its init (a norm or bias mapped wrong
+    shows), logit_scale kept near CLIP's so the logits stay in range."""
+    torch.manual_seed(0)
+    model = randomise(transformers.CLIPModel(tiny_config()))
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)
+    folder = tmp_path_factory.mktemp("clip") / "hf"
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def built(source: tuple[Path, torch.nn.Module]) -> Path:
+    folder, _ = source
+    out = folder.parent / "built"
+    zoo_ok("import", folder, "-o", out)
+    return out
+
+
+def texts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three texts right-padded with the end token, as CLIP's tokenizer pads: the end token
+    first at 4, 8 and 2. Rows 1 and 2 mask their padding; row 0 attends to all of it (a client
+    that sends no mask), so its vector is at the first end token, not the last one attended."""
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, END - 2, (3, 9), generator=generator)
+    mask = torch.ones_like(ids)
+    for row, length in enumerate([5, 9, 3]):
+        ids[row, length - 1:] = END
+        mask[row, length:] = 0 if row else 1
+    return ids, mask
+
+
+def pixels(batch: int) -> torch.Tensor:
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+
+
+def test_imported_embeddings_and_logits_are_transformers(
+        source: tuple[Path, torch.nn.Module], built: Path) -> None:
+    _, reference = source
+    model, imported = load_built(built)
+    assert imported["eos_token_id"] == END and imported["vision"]["d_model"] == 48
+    ids, mask = texts()
+    values = pixels(2)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask, pixel_values=values)
+        text = reference.text_model(input_ids=ids, attention_mask=mask)
+        image = reference.vision_model(pixel_values=values)
+        # CLIPTextModelWithProjection's and CLIPVisionModelWithProjection's embeds
+        text_embeds = reference.text_projection(text.pooler_output)
+        image_embeds = reference.visual_projection(image.pooler_output)
+        got = model(ids, mask, values)
+        got_text, got_image = model.encode_text(ids, mask), model.encode_image(values)
+    for name in ("logits_per_image", "logits_per_text", "text_embeds", "image_embeds"):
+        torch.testing.assert_close(got[name], getattr(expected, name), atol=ATOL, rtol=0)
+    torch.testing.assert_close(got_text["text_embeds"], text_embeds, atol=ATOL, rtol=0)
+    real = mask.bool()  # the padded positions' states are not compared: nothing reads them
+    torch.testing.assert_close(got_text["last_hidden_state"][real],
+                               text.last_hidden_state[real], atol=ATOL, rtol=0)
+    torch.testing.assert_close(got_image["image_embeds"], image_embeds, atol=ATOL, rtol=0)
+    torch.testing.assert_close(got_image["last_hidden_state"], image.last_hidden_state,
+                               atol=ATOL, rtol=0)
+
+
+def test_openai_end_token_two_means_the_highest_id(source: tuple[Path, torch.nn.Module],
+                                                   tmp_path: Path) -> None:
+    """openai's config.json says eos_token_id 2, which transformers reads as "pool at the
+    highest id": the import pools at the vocabulary's last id, the end token there."""
+    config = tiny_config().to_dict()
+    config["text_config"]["eos_token_id"] = 2
+    folder = changed_source(source[0], {"text_config": config["text_config"]}, tmp_path)
+    zoo_ok("import", folder, "-o", tmp_path / "out")
+    assert load_built(tmp_path / "out")[1]["eos_token_id"] == TEXT["vocab_size"] - 1
+
+
+def test_a_tower_alone_and_other_activations_are_refused(
+        source: tuple[Path, torch.nn.Module], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = tiny_config().to_dict()
+    config["vision_config"]["hidden_act"] = "relu6"
+    changed_source(source[0], {"vision_config": config["vision_config"]}, tmp_path)
+    assert_import_refused(tmp_path, "vision_config.hidden_act='relu6'", "not supported")
+    (tmp_path / "src" / "config.json").unlink()
+    transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**VISION)
+                                               ).save_pretrained(tmp_path / "src")
+    assert_import_refused(tmp_path, "CLIPVisionModelWithProjection", "not a known layout")

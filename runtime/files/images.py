@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from registry.dual import image_tower
 from registry.errors import ZooError
 from registry.paths import display_path, inside
-from registry.stems import is_patch_card
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 MAX_PIXELS = 64 * 2**20  # width x height an image may declare (8192 x 8192)
@@ -28,6 +28,10 @@ MAX_PIXELS = 64 * 2**20  # width x height an image may declare (8192 x 8192)
 RESAMPLES = {0: "NEAREST", 1: "LANCZOS", 2: "BILINEAR", 3: "BICUBIC", 4: "BOX", 5: "HAMMING"}
 IMAGENET_STANDARD = [0.5, 0.5, 0.5]  # ViTImageProcessor's mean and std
 PROCESSORS = ("ViTImageProcessor", "ViTImageProcessorFast", "ViTFeatureExtractor")
+# CLIP's (a shortest-edge bicubic resize and a center crop) and SigLIP's (a fixed-size resize)
+# are the same steps, with other settings in the file
+PROCESSORS += ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPFeatureExtractor",
+               "SiglipImageProcessor", "SiglipImageProcessorFast")
 
 
 class ImageError(ZooError):
@@ -224,12 +228,13 @@ def processor_file(folder: Path, card: Any) -> Path | None:
     """A model folder's preprocessor_config.json, kept inside the folder, read and checked
     against the card's image (size and channels); None where the folder has none or the card
     reads no pixels."""
-    if not is_patch_card(card):
+    tower = image_tower(card)
+    if tower is None:
         return None
     path = inside(Path(folder), PREPROCESSOR_CONFIG, display_path(folder), "preprocessor config")
     if not path.is_file():
         return None
-    check_fits(read_processor(path), card["image_size"], card["channels"], display_path(path))
+    check_fits(read_processor(path), tower["image_size"], tower["channels"], display_path(path))
     return path
 
 

@@ -128,6 +128,9 @@ class Family:
     # none refuses it, saying what to use instead
     dynamic_files: tuple[str, ...] = ()
     dynamic_alternative: str = "--quantize int8 (weight-only MatMulNBits)"
+    # each graph saved whole, its weights its own (transformers.js fetches `NAME.onnx_data` for
+    # a graph, never a data file several share): a dual encoder's towers and joint graph
+    standalone_graphs: bool = False
 
     @property
     def name(self) -> str:

@@ -19,6 +19,9 @@ from typing import Any
 MANIFEST = "manifest.json"
 # The encoder's and decoder's one graph, where transformers.js and Optimum look for it.
 MODEL_GRAPH = "onnx/model.onnx"
+# A dual encoder's towers (CLIP, SigLIP), as transformers.js's CLIPTextModelWithProjection and
+# CLIPVisionModelWithProjection and Optimum look for them; MODEL_GRAPH is its joint graph.
+TEXT_GRAPH, VISION_GRAPH = "onnx/text_model.onnx", "onnx/vision_model.onnx"
 FORMAT_VERSION = 1
 LAYOUT = "layout"  # manifest entry: graphs made for clients that look for other files
 # The encoder-decoder in Optimum's and transformers.js's layout (export/targets/seq2seq_layout.py)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from export.families.decoder import DecoderFamily
+from export.families.dual import DualEncoderFamily
 from export.families.encoder import EncoderFamily
 from export.families.seq2seq import Seq2SeqFamily
 from export.family import Family
@@ -13,7 +14,8 @@ from registry.errors import ZooError
 from registry.families import register_spec
 
 FAMILIES: dict[str, Family] = {
-    family.name: family for family in (DecoderFamily(), EncoderFamily(), Seq2SeqFamily())
+    family.name: family for family in (DecoderFamily(), EncoderFamily(), Seq2SeqFamily(),
+                                       DualEncoderFamily())
 }
 
 

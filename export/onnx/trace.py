@@ -19,10 +19,10 @@ from export.logs import quiet_loggers
 from export.onnx.forms import fast_forms
 from export.onnx.weights import INLINE, InlineWeights
 from registry.catalog import Card
+from registry.dual import image_tower
 from registry.errors import ZooError, first_line
 from registry.schema import target_vocab_size
 from registry.sizes import attention_sizes
-from registry.stems import is_patch_card
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
@@ -33,6 +33,8 @@ TRACE_SIZES = {"batch_size": 2, "sequence_length": 3, "past_sequence_length": 4,
                "encoder_sequence_length": 5}
 TRACE_SIZES["total_sequence_length"] = (TRACE_SIZES["past_sequence_length"]
                                         + TRACE_SIZES["sequence_length"])
+# a dual encoder's joint graph batches its texts and its images apart
+TRACE_SIZES.update(text_batch_size=2, image_batch_size=3)
 
 
 class ExportError(ZooError):
@@ -48,8 +50,9 @@ def check_opset(opset: int) -> None:
 
 def _sizes(card: Card) -> dict[str, int]:
     sizes = attention_sizes(card)
-    image = ({"num_channels": card["channels"], "height": card["image_size"],
-              "width": card["image_size"]} if is_patch_card(card) else {})
+    tower = image_tower(card)  # a ViT's card, or a dual encoder's vision card
+    image = ({"num_channels": tower["channels"], "height": tower["image_size"],
+              "width": tower["image_size"]} if tower is not None else {})
     return {**TRACE_SIZES, "kv_heads": sizes.kv_heads, "head_dim": sizes.head_dim,
             "d_model": card["d_model"], **image}
 

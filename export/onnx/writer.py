@@ -140,7 +140,12 @@ def export_onnx(
                                                    options.dtype))
         for proto in layout.values():
             weights.load(proto)
-        save_models(protos, staging, weights)
+        if family.standalone_graphs:  # each file whole: clients that fetch no shared data
+            for proto in protos.values():
+                weights.load(proto)
+            save_standalone(protos, staging)
+        else:
+            save_models(protos, staging, weights)
         save_standalone(layout, staging)
         weights.close()
         for file_name in [*protos, *layout]:

@@ -30,8 +30,8 @@ from typing import Any
 from export.onnx.files import data_file_name
 from export.targets.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
+from registry.dual import image_tower
 from registry.families import spec_of
-from registry.stems import is_patch_card
 from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype
 from runtime.files.images import PREPROCESSOR_CONFIG, default_config
 from zoo.files.hf_config import hf_config
@@ -83,9 +83,10 @@ def external_data_graphs(folder: Path, graphs: list[str], stored_as: dict[str, s
 def write_processor_config(folder: Path, card: Card) -> None:
     """An image model's preprocessor_config.json (transformers.js and Optimum read it beside
     config.json): the one copied from its source folder, else ViTImageProcessor's settings at
-    the card's image size."""
-    if is_patch_card(card) and not (folder / PREPROCESSOR_CONFIG).is_file():
-        _write_json(folder / PREPROCESSOR_CONFIG, default_config(card["image_size"]))
+    the card's image size (a dual encoder's: its vision tower's)."""
+    tower = image_tower(card)
+    if tower is not None and not (folder / PREPROCESSOR_CONFIG).is_file():
+        _write_json(folder / PREPROCESSOR_CONFIG, default_config(tower["image_size"]))
 
 
 def write_hf_files(folder: Path, card: Card, graphs: list[str],

@@ -1,16 +1,22 @@
 """CLIP (registry/maps/clip.yaml, registry/dual.py, cards clip-*): the counts against
-transformers' CLIPModel on the meta device, and a tiny random CLIPModel folder imported,
-computing transformers' image embeddings, text embeddings (a batch with padding) and
-logits_per_image in PyTorch. transformers is the reference: no download."""
+transformers' CLIPModel on the meta device, and a tiny random CLIPModel folder (with a tiny
+CLIP tokenizer and its CLIPImageProcessor) imported, computing transformers' image embeddings,
+text embeddings (a batch with padding) and logits_per_image in PyTorch, then exported in the
+clients' layout and computing them through ONNX Runtime (plain; --optimize is slow).
+transformers is the reference: no download."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 import torch
 
 from registry.params import total_parameters
+from runtime.exported import load
 from tests.conftest import card
 from tests.support.helpers import zoo_ok
 from tests.support.hf_decoders import assert_import_refused, changed_source, randomise
@@ -18,11 +24,19 @@ from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
+Image = pytest.importorskip("PIL.Image")
+tokenizers = pytest.importorskip("tokenizers")
 
 ATOL = 1e-4
-END = 98  # the tiny vocabulary's end token (and padding, as CLIP's tokenizer pads)
-TEXT = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
-            intermediate_size=64, max_position_embeddings=16, bos_token_id=97,
+# A CLIP tokenizer over the byte alphabet (each byte alone and word-final) and a few merges,
+# the start and end tokens last: 518 tokens.
+BYTES = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+MERGES = [("c", "a"), ("ca", "t</w>"), ("d", "o"), ("do", "g</w>")]
+VOCAB = [*BYTES, *(f"{byte}</w>" for byte in BYTES), "ca", "cat</w>", "do", "dog</w>",
+         "<|startoftext|>", "<|endoftext|>"]
+END = len(VOCAB) - 1  # the end token (and padding, as CLIP's tokenizer pads)
+TEXT = dict(vocab_size=len(VOCAB), hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
+            intermediate_size=64, max_position_embeddings=16, bos_token_id=END - 1,
             eos_token_id=END, pad_token_id=END)
 VISION = dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
               image_size=32, patch_size=8)
@@ -30,6 +44,17 @@ VISION = dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2, interm
 
 def tiny_config() -> transformers.CLIPConfig:
     return transformers.CLIPConfig(text_config=TEXT, vision_config=VISION, projection_dim=24)
+
+
+def tiny_tokenizer() -> transformers.CLIPTokenizer:
+    return transformers.CLIPTokenizer(vocab={token: i for i, token in enumerate(VOCAB)},
+                                      merges=MERGES)
+
+
+def tiny_processor() -> transformers.CLIPImageProcessorPil:
+    """CLIP's settings (bicubic, OpenAI's mean and std) at the tiny model's 32 pixels."""
+    return transformers.CLIPImageProcessorPil(size={"shortest_edge": 32},
+                                              crop_size={"height": 32, "width": 32})
 
 
 def test_counts_are_transformers() -> None:
@@ -60,6 +85,8 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mod
         model.logit_scale.fill_(2.0)
     folder = tmp_path_factory.mktemp("clip") / "hf"
     model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    tiny_processor().save_pretrained(folder)
     return folder, model
 
 
@@ -76,7 +103,7 @@ def texts() -> tuple[torch.Tensor, torch.Tensor]:
     first at 4, 8 and 2. Rows 1 and 2 mask their padding; row 0 attends to all of it (a client
     that sends no mask), so its vector is at the first end token, not the last one attended."""
     generator = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, END - 2, (3, 9), generator=generator)
+    ids = torch.randint(0, END - 1, (3, 9), generator=generator)
     mask = torch.ones_like(ids)
     for row, length in enumerate([5, 9, 3]):
         ids[row, length - 1:] = END
@@ -138,3 +165,83 @@ def test_a_tower_alone_and_other_activations_are_refused(
     transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**VISION)
                                                ).save_pretrained(tmp_path / "src")
     assert_import_refused(tmp_path, "CLIPVisionModelWithProjection", "not a known layout")
+
+
+@pytest.fixture(scope="module")
+def exports(built: Path) -> dict[str, Path]:
+    made = {}
+    for name, flags in (("plain", ()),):  # --optimize's: test_optimized_onnx_is_transformers
+        made[name] = built.parent / name
+        zoo_ok("export", built, "--onnx", "--out", made[name], *flags)
+    return made
+
+
+def test_export_is_in_the_clients_layout(exports: dict[str, Path]) -> None:
+    folder = exports["plain"]
+    reread = transformers.CLIPConfig.from_pretrained(folder)  # transformers reads it as CLIP
+    assert reread.architectures == ["CLIPModel"] and reread.projection_dim == 24
+    assert (reread.text_config.hidden_size, reread.vision_config.hidden_size) == (32, 48)
+    assert reread.text_config.eos_token_id == END and reread.vision_config.patch_size == 8
+    processor = json.loads((folder / "preprocessor_config.json").read_text())
+    assert processor["image_processor_type"] == "CLIPImageProcessor"
+    assert (folder / "tokenizer.json").is_file()
+    graphs = {name: onnx.load(str(folder / "onnx" / f"{name}.onnx")).graph
+              for name in ("text_model", "vision_model", "model")}
+    assert {name: ([i.name for i in g.input], [o.name for o in g.output])
+            for name, g in graphs.items()} == {
+        "text_model": (["input_ids", "attention_mask"], ["text_embeds", "last_hidden_state"]),
+        "vision_model": (["pixel_values"], ["image_embeds", "last_hidden_state"]),
+        "model": (["input_ids", "attention_mask", "pixel_values"],
+                  ["logits_per_image", "logits_per_text", "text_embeds", "image_embeds"])}
+    axes = [d.dim_param for d in graphs["model"].output[0].type.tensor_type.shape.dim]
+    assert axes == ["image_batch_size", "text_batch_size"]
+    assert sorted(p.name for p in (folder / "onnx").iterdir()) == [
+        "model.onnx", "text_model.onnx", "vision_model.onnx"]  # each whole: no shared data
+
+
+def onnx_matches_transformers(source: tuple[Path, torch.nn.Module], folder: Path) -> None:
+    """Each graph's outputs on tokenized texts (padded) and processed images: transformers'."""
+    hf_folder, reference = source
+    encoded = tiny_tokenizer()(["a photo of a cat", "a dog", "dog"], padding=True,
+                               return_tensors="np")
+    rng = np.random.default_rng(4)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+              for h, w in ((40, 32), (32, 57))]
+    values = tiny_processor()(images, return_tensors="np")["pixel_values"]
+    ids, mask = encoded["input_ids"].astype(np.int64), encoded["attention_mask"].astype(np.int64)
+    with torch.no_grad():
+        expected = reference(input_ids=torch.from_numpy(ids),
+                             attention_mask=torch.from_numpy(mask),
+                             pixel_values=torch.from_numpy(values))
+        text = reference.text_model(input_ids=torch.from_numpy(ids),
+                                    attention_mask=torch.from_numpy(mask))
+        text_embeds = reference.text_projection(text.pooler_output).numpy()
+        image = reference.vision_model(pixel_values=torch.from_numpy(values))
+        image_embeds = reference.visual_projection(image.pooler_output).numpy()
+    runtime = load(folder).runtime
+    joint = runtime.run("onnx/model.onnx", {"input_ids": ids, "attention_mask": mask,
+                                            "pixel_values": values})
+    for name in ("logits_per_image", "logits_per_text", "text_embeds", "image_embeds"):
+        np.testing.assert_allclose(joint[name], getattr(expected, name).numpy(), atol=ATOL,
+                                   rtol=0, err_msg=name)
+    got = runtime.run("onnx/text_model.onnx", {"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_allclose(got["text_embeds"], text_embeds, atol=ATOL, rtol=0)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(got["last_hidden_state"][real],
+                               text.last_hidden_state.numpy()[real], atol=ATOL, rtol=0)
+    got = runtime.run("onnx/vision_model.onnx", {"pixel_values": values})
+    np.testing.assert_allclose(got["image_embeds"], image_embeds, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got["last_hidden_state"], image.last_hidden_state.numpy(),
+                               atol=ATOL, rtol=0)
+
+
+def test_onnx_is_transformers(source: tuple[Path, torch.nn.Module],
+                              exports: dict[str, Path]) -> None:
+    onnx_matches_transformers(source, exports["plain"])
+
+
+@pytest.mark.slow  # an export of its own; the plain one is test_onnx_is_transformers
+def test_optimized_onnx_is_transformers(source: tuple[Path, torch.nn.Module], built: Path,
+                                        tmp_path: Path) -> None:
+    zoo_ok("export", built, "--onnx", "--optimize", "--out", tmp_path / "optimized")
+    onnx_matches_transformers(source, tmp_path / "optimized")

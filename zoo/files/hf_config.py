@@ -57,8 +57,19 @@ def _first_key(keys: str | list[str]) -> str:
     return next((key for key in keys if "." not in key), keys[0])
 
 
+def _put(config: dict[str, Any], key: str, value: Any) -> None:
+    """config[key] = value, a dotted key (`text_config.hidden_size`) into nested objects."""
+    *outer, last = key.split(".")
+    for part in outer:
+        config = config.setdefault(part, {})
+    config[last] = value
+
+
 def _value(layout: LayoutMap, card: Card, field: str) -> Any:
-    """The card's value as config.json spells it."""
+    """The card's value as config.json spells it (`vision.d_model`: the nested card's)."""
+    outer, dot, inner = field.partition(".")
+    if dot:
+        return _value(layout, card[outer], inner)
     sizes = attention_sizes(card)
     if field == "n_kv_heads":
         return sizes.kv_heads
@@ -85,7 +96,7 @@ def _labels(card: Card) -> list[str]:
 def _written(layout: LayoutMap, card: Card) -> dict[str, Any]:
     config: dict[str, Any] = {"model_type": layout.data["model_type"]}
     for field, keys in layout["config"].items():
-        config[_first_key(keys)] = _value(layout, card, field)
+        _put(config, _first_key(keys), _value(layout, card, field))
     config.update({key: value for key, value in layout["requires"].items()
                    if "." not in key})  # a dotted key checks inside an object transformers fills
     for key, other in layout["equal"].items():
@@ -98,7 +109,7 @@ def _written(layout: LayoutMap, card: Card) -> dict[str, Any]:
         config[EVERY_N] = len(pattern)
     for field, spec in layout["tokens"].items():
         if "config" in spec and card[field] is not None:
-            config[_first_key(spec["config"])] = card[field]
+            _put(config, _first_key(spec["config"]), card[field])
     for field in STANDARD_TOKENS:
         if card[field] is not None:
             config.setdefault(field, card[field])

@@ -235,7 +235,7 @@ RUN = "commands.run:RunRequest"
 
 @main.command()
 @click.argument("folder", type=click.Path())
-@fields("request", RUN, "provider id_lists texts chats images as_json")
+@fields("request", RUN, "provider id_lists texts chats images labels template as_json")
 @fields("options", "runtime.exported:GenerateOptions")
 @fields("request", RUN, "threads")
 def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
@@ -245,7 +245,7 @@ def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
     the pooled vector and the top predictions at masked positions. A model with a sentence
     vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
     size and norm, and the texts' cosine similarities. An image model's export (a ViT) prints
-    each --image's top labels.
+    each --image's top labels; a CLIP or SigLIP export each --image's scores for --labels.
     """
     from commands.run import RunRequest, run_export
     from runtime.exported import GenerateOptions
@@ -260,12 +260,13 @@ CORPUS_OPTIONS = "data out column truncate against provider threads force"
 
 @main.command()
 @click.argument("folder", metavar="EXPORT", type=click.Path())
-@fields("request", CORPUS, CORPUS_OPTIONS, out="The .npy file to write.")
+@fields("request", CORPUS, CORPUS_OPTIONS + " images", out="The .npy file to write.")
 def embed(folder: str, request: dict[str, Any]) -> None:
     """Every row's sentence vector, in row order, into a .npy file (rows x d, float32).
 
     Rows are batched by length; each row's vector is the one `zoo run --text` gives it.
     --against REFERENCE (the fp32 export beside an int8 one, say): every row's cosine to it.
+    A CLIP or SigLIP export: --data's texts or --images' files, unit vectors in one space.
     """
     from commands.corpus import CorpusRequest, embed_command
 

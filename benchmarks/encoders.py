@@ -218,7 +218,7 @@ def minilm_rows(work: Path, text: Path, lines: int, rounds: int) -> list[dict]:
 
     def zoo_embed(name: str) -> None:
         out = scratch / f"{name}.npy"
-        embed_command(CorpusRequest(zoo[name], data, out, force=True))
+        embed_command(CorpusRequest(zoo[name], data=data, out=out, force=True))
         vectors[f"zoo {name}"] = np.load(out)
 
     def st_encode(name: str, model: SentenceTransformer) -> None:

@@ -304,7 +304,7 @@ def embed_rows(cli: Path, work: Path, texts: list[str], rounds: int, threads: in
 
     def zoo_embed(name: str, kind: str) -> None:
         out = work / f"embed-{kind}.npy"
-        embed_command(CorpusRequest(zoo[kind], data, out, force=True, threads=threads))
+        embed_command(CorpusRequest(zoo[kind], data=data, out=out, force=True, threads=threads))
         vectors[name] = np.load(out)
 
     def st_encode(name: str, model: object) -> None:

@@ -26,12 +26,14 @@ from runtime.classify import cosines, label_names
 from runtime.corpus import CorpusOutputs, run_corpus, token_budget
 from runtime.exported import Exported, load
 from runtime.files.atomic import output_file, write_file
+from runtime.files.images import image_files
 from runtime.files.labelled import Example, Rows, label_ids
 from runtime.files.texts import TextRow, read_labels, read_texts
 from runtime.files.tokenizer import sequence_ids
 from runtime.prompts import check_ids
 from runtime.sessions import PROVIDERS
 
+IMAGE_BATCH = 32  # images decoded and run at once (CLIP-B at 224 pixels: 19 MB of pixels)
 # (rows done, rows in all, rows per second so far)
 RowsProgress = Callable[[int, int, float], None]
 
@@ -39,10 +41,13 @@ RowsProgress = Callable[[int, int, float], None]
 @dataclass(frozen=True)
 class CorpusRequest:
     folder: Path
-    data: Path = option(help="One text a line, or .jsonl / .csv with a text column.",
-                        path="file")
     out: Path = option(help="The file to write (embed: .npy; classify: JSONL).",
                        flags=("-o", "--out"), path="file")
+    data: Path | None = option(None, "One text a line, or .jsonl / .csv with a text column.",
+                               path="file")
+    images: Path | None = option(  # a dual encoder's images, in its texts' space
+        None, "A folder of image files (a CLIP or SigLIP export): each image's vector, in "
+        "file-name order, in the space of its texts' (--data) vectors.", path="dir")
     column: str = option("text", "The JSONL field or CSV column holding the text.")
     truncate: bool = option(False, "Cut rows past max_positions instead of refusing them.")
     force: bool = option(False, "Overwrite an existing output file.")
@@ -74,6 +79,11 @@ def embed_command(request: CorpusRequest, progress: RowsProgress = lambda *a: No
                   ) -> list[str]:
     if request.label_column is not None:
         raise ZooError("--label-column scores a classifier: it is an option of `zoo classify`")
+    if (request.data is None) == (request.images is None):
+        raise ZooError("give the texts with --data FILE or the images with --images DIR "
+                       "(one of them)")
+    if request.images is not None:
+        return _embed_images(request, progress)
     with output_file(request.out, request.force):
         reference, run = _runs(request, progress, None)
         buffer = io.BytesIO()
@@ -86,6 +96,8 @@ def embed_command(request: CorpusRequest, progress: RowsProgress = lambda *a: No
 
 def classify_command(request: CorpusRequest, progress: RowsProgress = lambda *a: None
                      ) -> list[str]:
+    if request.data is None:
+        raise ZooError("give the rows with --data FILE")
     with output_file(request.out, request.force):
         truth = _truth(request) if request.label_column is not None else None
         reference, run = _runs(request, progress, truth, classifier=True)
@@ -93,6 +105,32 @@ def classify_command(request: CorpusRequest, progress: RowsProgress = lambda *a:
         write_file(request.out, ("\n".join(lines) + "\n").encode("utf-8"), request.force)
     return [f"wrote {request.out} ({len(lines)} rows: label and probabilities, row order; "
             f"{run.rows_per_second:.1f} rows/s)"] + _side_by_side(request, reference, run, truth)
+
+
+def _embed_images(request: CorpusRequest, progress: RowsProgress) -> list[str]:
+    """A folder's images (in file-name order) to a dual encoder's unit vectors, IMAGE_BATCH a
+    batch; --against and --truncate are the texts' options."""
+    assert request.images is not None
+    if request.against is not None or request.truncate:
+        raise ZooError("--against and --truncate are for texts (--data), not --images")
+    with output_file(request.out, request.force):
+        paths = image_files(request.images)  # refused before the export is opened
+        exported = load(request.folder, request.provider, request.threads)
+        if not exported.runtime.spec.joint_space:
+            raise ZooError(f"{display_path(request.folder)}: --images needs a dual encoder's "
+                           "export (CLIP, SigLIP), whose images and texts share a space")
+        start, vectors = time.perf_counter(), []
+        for first in range(0, len(paths), IMAGE_BATCH):
+            vectors.append(exported.images(paths[first:first + IMAGE_BATCH]).embeddings)
+            done = first + len(vectors[-1])
+            progress(done, len(paths), done / max(time.perf_counter() - start, 1e-9))
+        embeddings = np.concatenate(vectors)
+        buffer = io.BytesIO()
+        np.save(buffer, embeddings, allow_pickle=False)
+        write_file(request.out, buffer.getvalue(), request.force)
+    rate = len(paths) / max(time.perf_counter() - start, 1e-9)
+    return [f"wrote {request.out} ({len(paths)} x {embeddings.shape[1]} float32 image vectors, "
+            f"file-name order; {rate:.1f} images/s)"]
 
 
 def _labelled(run: Run) -> list[str]:

@@ -32,6 +32,11 @@ class RunRequest:
     images: tuple[Path, ...] = option((), "An image file (PNG, JPEG, ...) for an image "
                                       "model's export (a ViT): its top labels; repeat for a "
                                       "batch.", flags=("--image",), path="file")
+    labels: str | None = option(None, "A dual encoder's export (CLIP, SigLIP): score each "
+                                "--image against these labels, separated by commas "
+                                "(zero-shot).", metavar="A,B,...")
+    template: str | None = option(None, "With --labels: the text each label is put in, at "
+                                  "{} (CLIP's: 'a photo of a {}.').", metavar="TEXT")
     as_json: bool = option(False, "Classifiers and embedding models: print the raw numbers as "
                            "JSON.", flags=("--json",))
     options: GenerateOptions = GenerateOptions()
@@ -51,7 +56,12 @@ def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: 
             raise ZooError("--image cannot be combined with --text or --ids")
         exported = load(request.folder, request.provider, request.threads)
         shown = [str(path) for path in request.images]
-        return _sequence_lines(exported.images(request.images), shown, request.as_json)
+        result = (exported.images(request.images) if request.labels is None else
+                  exported.zero_shot(request.images, request.labels.split(","),
+                                     request.template))
+        return _sequence_lines(result, shown, request.as_json)
+    if request.labels is not None or request.template is not None:
+        raise ZooError("--labels and --template score images: give them with --image FILE")
     texts = tuple(check_text(text) for text in request.texts)
     if not texts and not request.id_lists:
         raise ZooError("give token ids with --ids 1,2,3 (or --text)")

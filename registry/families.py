@@ -50,6 +50,7 @@ class FamilySpec:
     inputs_noun: str = "token ids"  # what its graph reads, in errors
     # the ending of the transformers class name of its classifiers
     hf_classifier: str = "ForSequenceClassification"
+    joint_space: bool = False  # texts and images into one space (a dual encoder's towers)
 
     def generated_length(self, prompt_length: int, new_tokens: int) -> int:
         """Positions the generated sequence occupies (checked against max_positions): the
@@ -81,7 +82,7 @@ ENCODER_DECODER = FamilySpec(
 # space, compared by a scaled cosine. It encodes; its classes are named by their towers.
 DUAL_ENCODER = FamilySpec("dual-encoder", "dual-encoder", ("text", "vision"),
                           poolings=DUAL_POOLINGS, default_pooling="eos", prompt_noun="a text",
-                          hf_architectures=("Model",))
+                          hf_architectures=("Model",), joint_space=True)
 
 SPECS: dict[str, FamilySpec] = {spec.name: spec for spec in (ENCODER, DECODER, ENCODER_DECODER,
                                                              DUAL_ENCODER)}

@@ -10,6 +10,7 @@ import numpy as np
 
 from registry.errors import ZooError
 from runtime.contract import MODEL_GRAPH
+from runtime.dual import image_vectors, text_vectors
 from runtime.encode import encoder_feeds
 from runtime.engine import Engine
 from runtime.prompts import check_ids
@@ -70,8 +71,11 @@ def right_padded(prompts: list[list[int]], pad: int) -> tuple[np.ndarray, np.nda
 
 
 def run_sequences(engine: Engine, prompts: list[list[int]]) -> SequenceOutputs:
-    """One batch through model.onnx: the vectors and, for a classifier, the probabilities."""
+    """One batch through model.onnx: the vectors and, for a classifier, the probabilities (a
+    dual encoder's: its text tower's unit vectors)."""
     card = engine.card
+    if engine.spec.joint_space:
+        return SequenceOutputs(text_vectors(engine, prompts), None, [])
     check_ids(card, prompts)
     ids, mask = right_padded(prompts, card["pad_token_id"])
     outputs = engine.run(MODEL_GRAPH, encoder_feeds(card, ids, mask))
@@ -80,8 +84,11 @@ def run_sequences(engine: Engine, prompts: list[list[int]]) -> SequenceOutputs:
 
 
 def run_images(engine: Engine, pixel_values: np.ndarray) -> SequenceOutputs:
-    """One batch of (B, channels, H, W) pixel values through model.onnx (an image model)."""
+    """One batch of (B, channels, H, W) pixel values through model.onnx (an image model; a
+    dual encoder's: its vision tower's unit vectors)."""
     card = engine.card
+    if engine.spec.joint_space:
+        return SequenceOutputs(image_vectors(engine, pixel_values), None, [])
     outputs = engine.run(MODEL_GRAPH, {"pixel_values": pixel_values})
     probabilities = softmax(outputs["logits"]) if card["num_labels"] else None
     return SequenceOutputs(outputs["sentence_embedding"], probabilities, label_names(card))

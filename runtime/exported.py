@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from registry.catalog import Card
+from registry.dual import image_tower
 from registry.errors import ZooError, first_line
 from registry.options import option
 from registry.paths import display_path, inside
 from registry.stems import is_patch_card
 from runtime.classify import SequenceOutputs, run_images, run_sequences
+from runtime.dual import image_vectors, prompts_for, zero_shot
 from runtime.encode import MaskedPrediction, encode
 from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.chat_worker import render_chat
@@ -191,14 +193,37 @@ class Exported:
 
     def images(self, paths: Sequence[str | Path]) -> SequenceOutputs:
         """An image model (a ViT): each image file's class-token vector and, for a classifier,
-        its label probabilities, the files run through the export's preprocessor_config.json."""
-        if not is_patch_card(self.card):
+        its label probabilities, the files run through the export's preprocessor_config.json.
+        A dual encoder (CLIP): each image's unit vector, in its texts' space."""
+        return run_images(self.runtime, self._pixels(paths))
+
+    def _pixels(self, paths: Sequence[str | Path]) -> np.ndarray:
+        if image_tower(self.card) is None:
             raise ZooError(f"{display_path(self.folder)}: not an image model (its card's stem "
                            "reads tokens); give it text or ids")
         if not paths:
             raise ZooError("no image given")
         processor = export_processor(self.folder, self.card)
-        return run_images(self.runtime, load_pixels([Path(p) for p in paths], processor))
+        return load_pixels([Path(p) for p in paths], processor)
+
+    def zero_shot(self, paths: Sequence[str | Path], labels: Sequence[str],
+                  template: str | None = None) -> SequenceOutputs:
+        """A dual encoder (CLIP, SigLIP): each image's vector and its score for each label
+        (the label's text put in `template` at `{}`; runtime/dual.py says how scored)."""
+        where = display_path(self.folder)
+        if not self.runtime.spec.joint_space:
+            raise ZooError(f"{where}: --labels needs a dual encoder (CLIP, SigLIP), not a "
+                           f"{self.runtime.spec.kind}")
+        labels = [check_text(label.strip()) for label in labels]
+        if not labels or not all(labels) or len(set(labels)) != len(labels):
+            raise ZooError(f"--labels {','.join(labels)!r} should name two or more different "
+                           "labels, separated by commas")
+        if template is not None and "{}" not in template:
+            raise ZooError(f"--template {template!r} should hold {{}} where the label goes")
+        pixels = self._pixels(paths)
+        prompts = self.tokens(prompts_for(labels, template), "--labels", whole=True)
+        scores = zero_shot(self.runtime, pixels, prompts)
+        return SequenceOutputs(image_vectors(self.runtime, pixels), scores, labels)
 
     def embed(self, prompts: Prompt | Sequence[Prompt]) -> np.ndarray:
         """(batch, d) sentence vectors, normalised where the card says so."""

@@ -218,6 +218,22 @@ def pixel_values(image: Any, processor: Processor, where: str) -> np.ndarray:
     return np.ascontiguousarray(values.transpose(2, 0, 1))
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+def image_files(folder: Path) -> list[Path]:
+    """The image files directly in `folder` (by suffix), in name order; none is an error, as
+    is a symlink out of the folder (a hostile folder must not make a command read beside it)."""
+    where = display_path(folder)
+    if not Path(folder).is_dir():
+        raise ImageError(f"{where}: no such folder")
+    names = sorted(path.name for path in Path(folder).iterdir()
+                   if path.suffix.lower() in IMAGE_SUFFIXES)
+    if not names:
+        raise ImageError(f"{where}: no image files ({', '.join(IMAGE_SUFFIXES)})")
+    return [inside(folder, name, where, "image") for name in names]
+
+
 def load_pixels(paths: list[Path], processor: Processor) -> np.ndarray:
     """(batch, 3, H, W) float32 for image files, each refused by name where unreadable."""
     return np.stack([pixel_values(open_rgb(Path(path)), processor, display_path(path))

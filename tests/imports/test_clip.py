@@ -18,7 +18,7 @@ import torch
 from registry.params import total_parameters
 from runtime.exported import load
 from tests.conftest import card
-from tests.support.helpers import zoo_ok
+from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
 from tests.support.hf_decoders import assert_import_refused, changed_source, randomise
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
@@ -245,3 +245,81 @@ def test_optimized_onnx_is_transformers(source: tuple[Path, torch.nn.Module], bu
                                         tmp_path: Path) -> None:
     zoo_ok("export", built, "--onnx", "--optimize", "--out", tmp_path / "optimized")
     onnx_matches_transformers(source, tmp_path / "optimized")
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three images of other sizes and modes than the model's (the processor's resize, crop
+    and RGB conversion all act), named so that name order is not creation order."""
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(5)
+    for name, mode, (width, height) in (("b.png", "RGB", (40, 50)), ("a.jpg", "RGB", (64, 33)),
+                                        ("c.png", "RGBA", (33, 33))):
+        array = rng.integers(0, 256, (height, width, len(mode)), dtype=np.uint8)
+        Image.fromarray(array, mode).save(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def transformers_vectors(reference: torch.nn.Module, texts: list[str], images: list[Path]
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(unit text vectors, unit image vectors, logits_per_image) from transformers' tokenizer,
+    processor and CLIPModel."""
+    encoded = tiny_tokenizer()(texts, padding=True, return_tensors="pt")
+    values = tiny_processor()([Image.open(path) for path in images],
+                              return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        out = reference(**encoded, pixel_values=values)
+    return out.text_embeds.numpy(), out.image_embeds.numpy(), out.logits_per_image.numpy()
+
+
+def test_zoo_embed_images_and_texts_are_transformers(source: tuple[Path, torch.nn.Module],
+                                                     exports: dict[str, Path],
+                                                     image_folder: Path, tmp_path: Path
+                                                     ) -> None:
+    texts = ["a photo of a cat", "a dog", "dog dog dog"]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    zoo_ok("embed", exports["plain"], "--images", image_folder, "-o", tmp_path / "images.npy")
+    zoo_ok("embed", exports["plain"], "--data", tmp_path / "texts.txt", "-o",
+           tmp_path / "texts.npy")
+    images = sorted(p for p in image_folder.iterdir() if p.suffix != ".txt")  # a, b, c
+    text_vectors, image_vectors, _ = transformers_vectors(source[1], texts, images)
+    np.testing.assert_allclose(np.load(tmp_path / "images.npy"), image_vectors, atol=ATOL,
+                               rtol=0)
+    np.testing.assert_allclose(np.load(tmp_path / "texts.npy"), text_vectors, atol=ATOL, rtol=0)
+
+
+def test_zoo_run_zero_shot_prints_transformers_scores(source: tuple[Path, torch.nn.Module],
+                                                      exports: dict[str, Path],
+                                                      image_folder: Path) -> None:
+    """Each image's labels: the softmax over the labels' texts (in the template) of
+    transformers' logits_per_image, to the 3 decimals printed, most likely first."""
+    labels = ["cat", "dog", "do cat"]
+    images = [image_folder / "b.png", image_folder / "c.png"]
+    output = zoo_ok("run", exports["plain"], *[a for p in images for a in ("--image", p)],
+                    "--labels", ",".join(labels), "--template", "a {}.")
+    _, _, logits = transformers_vectors(source[1], [f"a {x}." for x in labels],
+                                        images)
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    printed = [line.strip() for line in output.splitlines() if line.startswith("    ")]
+    assert len(printed) == 2
+    for row, line in enumerate(printed):
+        order = np.argsort(-probabilities[row], kind="stable")
+        assert line == ", ".join(f"{labels[i]} {probabilities[row, i]:.3f}" for i in order)
+
+
+def test_embed_and_zero_shot_refusals(exports: dict[str, Path], image_folder: Path,
+                                      tmp_path: Path) -> None:
+    folder = exports["plain"]
+    assert_one_line_error(zoo("embed", folder, "-o", tmp_path / "x.npy"), "--data", "--images")
+    assert_one_line_error(zoo("embed", folder, "--images", tmp_path, "-o", tmp_path / "x.npy"),
+                          "no image files")
+    assert_one_line_error(zoo("run", folder, "--text", "a dog", "--labels", "a,b"),
+                          "--image FILE")
+    image = str(image_folder / "b.png")
+    assert_one_line_error(zoo("run", folder, "--image", image, "--labels", "a,a"),
+                          "two or more different labels")
+    assert_one_line_error(zoo("run", folder, "--image", image, "--labels", "a,b", "--template",
+                              "no slot"), "{}")
+    assert not (tmp_path / "x.npy").exists()

@@ -26,14 +26,17 @@ def unit(vectors: np.ndarray) -> np.ndarray:
 
 def text_feeds(engine: Engine, prompts: list[list[int]]) -> dict[str, np.ndarray]:
     """Token ids right-padded with the card's pad token (CLIP's is its end token, after the
-    text's own). A tower pooled at the last position (SigLIP's) reads texts padded to
-    max_positions, as its processor pads them."""
+    text's own), the padding masked. A tower pooled at the last position (SigLIP's) reads
+    texts padded to max_positions, as its processor pads them, and attends to the padding."""
     card = engine.card
     check_ids(card, prompts)
-    width = card["max_positions"] if card["pooling"] == "last" else max(map(len, prompts))
+    fixed = card["pooling"] == "last"
+    width = card["max_positions"] if fixed else max(map(len, prompts))
     pad = card["pad_token_id"]
     ids = np.array([p + [pad] * (width - len(p)) for p in prompts], np.int64)
-    mask = np.array([[1] * len(p) + [0] * (width - len(p)) for p in prompts], np.int64)
+    # SigLIP's processor gives no mask: its padding is attended, as it was in training
+    mask = np.array([[1] * (width if fixed else len(p)) + [0] * (0 if fixed else width - len(p))
+                     for p in prompts], np.int64)
     return {"input_ids": ids, "attention_mask": mask}
 
 

@@ -38,7 +38,8 @@ FAMILIES = {
     "flan-t5-small": "encoder-decoder", "t5-small": "encoder-decoder",
     "t5-tiny": "encoder-decoder",
 }
-DUAL = {"clip-tiny": "dual-encoder", "clip-vit-base-patch32": "dual-encoder"}
+DUAL = {name: "dual-encoder" for name in ("clip-tiny", "clip-vit-base-patch32", "siglip-tiny",
+                                          "siglip-base-patch16-224")}
 SHIPPED, FAMILIES = sorted([*SHIPPED, *DUAL]), {**FAMILIES, **DUAL}
 
 
@@ -361,6 +362,7 @@ def test_list_shows_every_shipped_card() -> None:
     assert rows["modernbert-base"][1] == "149.7M"  # ModernBertForMaskedLM: 149,655,232
     assert rows["vit-base-patch16-224"][1] == "86.6M"  # ViTForImageClassification: 86,567,656
     assert rows["clip-vit-base-patch32"][1] == "151.3M"  # CLIPModel: 151,277,313
+    assert rows["siglip-base-patch16-224"][1] == "203.2M"  # SiglipModel: 203,155,970
 
 
 def test_list_pattern() -> None:

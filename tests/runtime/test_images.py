@@ -115,7 +115,8 @@ def test_not_an_image_is_refused(export: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "expected"), [
     ({"resample": 9}, "resample=9"),
-    ({"image_processor_type": "CLIPImageProcessor"}, "image_processor_type='CLIPImageProcessor'"),
+    ({"image_processor_type": "ConvNextImageProcessor"},
+     "image_processor_type='ConvNextImageProcessor'"),
     ({"size": {"height": 30, "width": 30}}, "the model reads 32 x 32"),
     ({"image_std": [0.5, 0.0, 0.5]}, "image_std"),
 ])

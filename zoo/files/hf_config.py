@@ -68,8 +68,8 @@ def _put(config: dict[str, Any], key: str, value: Any) -> None:
 def _value(layout: LayoutMap, card: Card, field: str) -> Any:
     """The card's value as config.json spells it (`vision.d_model`: the nested card's)."""
     outer, dot, inner = field.partition(".")
-    if dot:
-        return _value(layout, card[outer], inner)
+    if dot:  # None on a card without the nested one (its family is not the layout's)
+        return None if card[outer] is None else _value(layout, card[outer], inner)
     sizes = attention_sizes(card)
     if field == "n_kv_heads":
         return sizes.kv_heads

@@ -38,6 +38,13 @@ def image_tower(card: Any) -> Any:
         return None
 
 
+def takes_text_mask(card: Any) -> bool:
+    """Whether the text tower reads an attention mask: CLIP's masks its padding; SigLIP's texts
+    are padded to max_positions and attend to the padding, as in training, so its graphs take
+    input_ids alone (as Optimum's and transformers.js's SigLIP)."""
+    return card["pooling"] != "last"
+
+
 def text_card(card: dict[str, Any]) -> dict[str, Any]:
     """The text tower as an encoder card (its count and blocks are an encoder's)."""
     return {**card, "family": "encoder", "vision": None, "pooling": None}

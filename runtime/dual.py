@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from registry.dual import takes_text_mask
 from runtime.contract import MODEL_GRAPH, TEXT_GRAPH, VISION_GRAPH
 from runtime.engine import Engine
 from runtime.prompts import check_ids
@@ -26,17 +27,17 @@ def unit(vectors: np.ndarray) -> np.ndarray:
 
 def text_feeds(engine: Engine, prompts: list[list[int]]) -> dict[str, np.ndarray]:
     """Token ids right-padded with the card's pad token (CLIP's is its end token, after the
-    text's own), the padding masked. A tower pooled at the last position (SigLIP's) reads
-    texts padded to max_positions, as its processor pads them, and attends to the padding."""
+    text's own), the padding masked. A tower with no mask (SigLIP's) reads texts padded to
+    max_positions, as its processor pads them, and attends to the padding."""
     card = engine.card
     check_ids(card, prompts)
-    fixed = card["pooling"] == "last"
-    width = card["max_positions"] if fixed else max(map(len, prompts))
+    masked = takes_text_mask(card)
+    width = max(map(len, prompts)) if masked else card["max_positions"]
     pad = card["pad_token_id"]
     ids = np.array([p + [pad] * (width - len(p)) for p in prompts], np.int64)
-    # SigLIP's processor gives no mask: its padding is attended, as it was in training
-    mask = np.array([[1] * (width if fixed else len(p)) + [0] * (0 if fixed else width - len(p))
-                     for p in prompts], np.int64)
+    if not masked:
+        return {"input_ids": ids}
+    mask = np.array([[1] * len(p) + [0] * (width - len(p)) for p in prompts], np.int64)
     return {"input_ids": ids, "attention_mask": mask}
 
 

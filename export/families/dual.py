@@ -16,6 +16,7 @@ from export.checks.cases import random_ids
 from export.family import Case, Family, GraphIO, Input
 from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
+from registry.dual import takes_text_mask
 from registry.errors import ZooError
 from registry.families import DUAL_ENCODER
 from runtime.contract import MODEL_GRAPH, TEXT_GRAPH, VISION_GRAPH
@@ -30,6 +31,13 @@ class TextGraph(Wrapper):
             self.model.encode_text(input_ids, attention_mask).values()))
 
 
+class UnmaskedTextGraph(Wrapper):
+    """SigLIP's: every position attended (registry/dual.py takes_text_mask)."""
+
+    def forward(self, input_ids):  # noqa: ANN001
+        return self.outputs(lambda: tuple(self.model.encode_text(input_ids).values()))
+
+
 class VisionGraph(Wrapper):
     def forward(self, pixel_values):  # noqa: ANN001
         return self.outputs(lambda: tuple(self.model.encode_image(pixel_values).values()))
@@ -41,21 +49,29 @@ class JointGraph(Wrapper):
             self.model(input_ids, attention_mask, pixel_values).values()))
 
 
+class UnmaskedJointGraph(Wrapper):
+    def forward(self, input_ids, pixel_values):  # noqa: ANN001
+        return self.outputs(lambda: tuple(self.model(input_ids, None, pixel_values).values()))
+
+
 class DualEncoderFamily(Family):
     spec = DUAL_ENCODER
     optimizer_model_type = "clip"
     standalone_graphs = True
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
-        ids, mask = Input("input_ids", TEXTS, "ids"), Input("attention_mask", TEXTS, "ones")
+        masked = takes_text_mask(card)
+        texts = (Input("input_ids", TEXTS, "ids"),
+                 *([Input("attention_mask", TEXTS, "ones")] if masked else []))
         pixels = Input("pixel_values", IMAGES, "pixels")
         return {
-            TEXT_GRAPH: GraphIO((ids, mask), ("text_embeds", "last_hidden_state"), TextGraph),
+            TEXT_GRAPH: GraphIO(texts, ("text_embeds", "last_hidden_state"),
+                                TextGraph if masked else UnmaskedTextGraph),
             VISION_GRAPH: GraphIO((pixels,), ("image_embeds", "last_hidden_state"),
                                   VisionGraph),
-            MODEL_GRAPH: GraphIO((ids, mask, pixels), ("logits_per_image", "logits_per_text",
-                                                       "text_embeds", "image_embeds"),
-                                 JointGraph),
+            MODEL_GRAPH: GraphIO((*texts, pixels), ("logits_per_image", "logits_per_text",
+                                                    "text_embeds", "image_embeds"),
+                                 JointGraph if masked else UnmaskedJointGraph),
         }
 
     def check_quantization(self, card: Card, choice: str | None) -> None:
@@ -73,9 +89,7 @@ class DualEncoderFamily(Family):
                  (random_ids(reference, rng, 1, longest), None), padded_texts(reference, rng)]
         cases = [Case(f"text b{ids.shape[0]} s{ids.shape[1]}" + (" padded" if mask is not None
                                                                else ""),
-                      TEXT_GRAPH, {"input_ids": ids,
-                                   "attention_mask": np.ones_like(ids) if mask is None else mask})
-                 for ids, mask in texts]
+                      TEXT_GRAPH, text_feeds(card, ids, mask)) for ids, mask in texts]
         side, channels = vision["image_size"], vision["channels"]
 
         def images(batch: int) -> np.ndarray:
@@ -85,8 +99,16 @@ class DualEncoderFamily(Family):
                   for batch in (1, 3)]
         ids, mask = padded_texts(reference, rng, batch=2)
         cases.append(Case("joint 2 texts 3 images", MODEL_GRAPH, {
-            "input_ids": ids, "attention_mask": mask, "pixel_values": images(3)}))
+            **text_feeds(card, ids, mask), "pixel_values": images(3)}))
         return cases
+
+
+def text_feeds(card: Card, ids: np.ndarray, mask: np.ndarray | None
+               ) -> dict[str, np.ndarray]:
+    """The text inputs the card's graphs take (no mask for SigLIP's)."""
+    if not takes_text_mask(card):
+        return {"input_ids": ids}
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids) if mask is None else mask}
 
 
 def padded_texts(reference: Any, rng: np.random.Generator, batch: int = 3

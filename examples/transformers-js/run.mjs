@@ -7,6 +7,8 @@
 //   node run.mjs FOLDER translation --text A --text B [--max-new-tokens 32]
 //   node run.mjs FOLDER fill-mask --text "A <|mask|> B"
 //   node run.mjs FOLDER image-classification --image a.png --image b.jpg
+//   node run.mjs FOLDER zero-shot-image-classification --image a.png --label cat --label dog
+//                [--template "a photo of a {}."]
 //
 // `--dtype q4` (or q8, int8, fp32) is handed to transformers.js, which then opens
 // onnx/model_q4.onnx (a translation model: onnx/encoder_model_q4.onnx and
@@ -19,7 +21,8 @@
 // (its new ids, from AutoModelForSeq2SeqLM.generate) and `texts` (the `translation` pipeline's);
 // fill-mask's `tokens` and `scores` (each text's five likeliest ids at the mask, best first);
 // image-classification's `labels` (each image's best) and `scores` (every label's probability,
-// by label), the images read and preprocessed by transformers.js from preprocessor_config.json.
+// by label), the images read and preprocessed by transformers.js from preprocessor_config.json;
+// zero-shot-image-classification's the same, over the --label texts (a CLIP or SigLIP export).
 // Errors: one line on stderr, exit 1.
 
 import { basename, dirname, resolve } from 'node:path';
@@ -28,26 +31,29 @@ import {
 } from '@huggingface/transformers';
 
 const TASKS = ['text-generation', 'feature-extraction', 'text-classification', 'translation',
-               'fill-mask', 'image-classification'];
+               'fill-mask', 'image-classification', 'zero-shot-image-classification'];
 
 function parse(argv) {
   const [folder, task, ...rest] = argv;
   if (!folder || !TASKS.includes(task)) {
     throw new Error(`usage: node run.mjs FOLDER (${TASKS.join('|')}) --text TEXT ...`);
   }
-  const args = { folder: resolve(folder), task, texts: [], images: [], maxNewTokens: 32,
-                 pooling: 'mean', normalize: false, options: {} };
+  const args = { folder: resolve(folder), task, texts: [], images: [], labels: [],
+                 template: '{}', maxNewTokens: 32, pooling: 'mean', normalize: false,
+                 options: {} };
   for (let i = 0; i < rest.length; i++) {
     const flag = rest[i];
     if (flag === '--text') args.texts.push(rest[++i]);
     else if (flag === '--image') args.images.push(resolve(rest[++i]));
+    else if (flag === '--label') args.labels.push(rest[++i]);
+    else if (flag === '--template') args.template = rest[++i];
     else if (flag === '--max-new-tokens') args.maxNewTokens = Number(rest[++i]);
     else if (flag === '--pooling') args.pooling = rest[++i];
     else if (flag === '--normalize') args.normalize = true;
     else if (flag === '--dtype') args.options.dtype = rest[++i];
     else throw new Error(`unknown option ${flag}`);
   }
-  if (task === 'image-classification') {
+  if (task.endsWith('image-classification')) {
     if (args.images.length === 0) throw new Error('give at least one --image');
   } else if (args.texts.length === 0) throw new Error('give at least one --text');
   return args;
@@ -97,6 +103,18 @@ async function classifyImages(id, { images, options }) {
   return { labels, scores };
 }
 
+async function zeroShot(id, { images, labels, template, options }) {
+  const classifier = await pipeline('zero-shot-image-classification', id, options);
+  const best = [];
+  const scores = [];
+  for (const image of images) {
+    const ranked = await classifier(image, labels, { hypothesis_template: template });
+    best.push(ranked[0].label);
+    scores.push(Object.fromEntries(ranked.map(({ label, score }) => [label, score])));
+  }
+  return { labels: best, scores };
+}
+
 async function fillMask(id, { texts, options }) {
   const unmasker = await pipeline('fill-mask', id, options);
   const tokens = [];
@@ -135,7 +153,8 @@ async function main() {
   const id = basename(args.folder);
   const run = { 'text-generation': generate, 'feature-extraction': embed,
                'text-classification': classify, translation: translate,
-               'fill-mask': fillMask, 'image-classification': classifyImages }[args.task];
+               'fill-mask': fillMask, 'image-classification': classifyImages,
+               'zero-shot-image-classification': zeroShot }[args.task];
   const result = await run(id, args);
   process.stdout.write(`${JSON.stringify(result)}\n`);
 }

@@ -18,43 +18,23 @@ import torch
 from registry.params import total_parameters
 from runtime.exported import load
 from tests.conftest import card
+from tests.support.clip_folders import (
+    END,
+    TEXT,
+    VISION,
+    tiny_clip_folder,
+    tiny_config,
+    tiny_processor,
+    tiny_tokenizer,
+)
 from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
-from tests.support.hf_decoders import assert_import_refused, changed_source, randomise
+from tests.support.hf_decoders import assert_import_refused, changed_source
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
 transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
-tokenizers = pytest.importorskip("tokenizers")
-
 ATOL = 1e-4
-# A CLIP tokenizer over the byte alphabet (each byte alone and word-final) and a few merges,
-# the start and end tokens last: 518 tokens.
-BYTES = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
-MERGES = [("c", "a"), ("ca", "t</w>"), ("d", "o"), ("do", "g</w>")]
-VOCAB = [*BYTES, *(f"{byte}</w>" for byte in BYTES), "ca", "cat</w>", "do", "dog</w>",
-         "<|startoftext|>", "<|endoftext|>"]
-END = len(VOCAB) - 1  # the end token (and padding, as CLIP's tokenizer pads)
-TEXT = dict(vocab_size=len(VOCAB), hidden_size=32, num_attention_heads=4, num_hidden_layers=2,
-            intermediate_size=64, max_position_embeddings=16, bos_token_id=END - 1,
-            eos_token_id=END, pad_token_id=END)
-VISION = dict(hidden_size=48, num_attention_heads=4, num_hidden_layers=2, intermediate_size=96,
-              image_size=32, patch_size=8)
-
-
-def tiny_config() -> transformers.CLIPConfig:
-    return transformers.CLIPConfig(text_config=TEXT, vision_config=VISION, projection_dim=24)
-
-
-def tiny_tokenizer() -> transformers.CLIPTokenizer:
-    return transformers.CLIPTokenizer(vocab={token: i for i, token in enumerate(VOCAB)},
-                                      merges=MERGES)
-
-
-def tiny_processor() -> transformers.CLIPImageProcessorPil:
-    """CLIP's settings (bicubic, OpenAI's mean and std) at the tiny model's 32 pixels."""
-    return transformers.CLIPImageProcessorPil(size={"shortest_edge": 32},
-                                              crop_size={"height": 32, "width": 32})
 
 
 def test_counts_are_transformers() -> None:
@@ -77,16 +57,8 @@ def test_tiny_card_count_is_transformers() -> None:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
-    """A tiny random CLIPModel, every tensor far from its init (a norm or bias mapped wrong
-    shows), logit_scale kept near CLIP's so the logits stay in range."""
-    torch.manual_seed(0)
-    model = randomise(transformers.CLIPModel(tiny_config()))
-    with torch.no_grad():
-        model.logit_scale.fill_(2.0)
     folder = tmp_path_factory.mktemp("clip") / "hf"
-    model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    tiny_processor().save_pretrained(folder)
+    model = tiny_clip_folder(folder)
     return folder, model
 
 

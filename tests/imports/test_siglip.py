@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from registry.params import total_parameters
 from runtime.dual import zero_shot
 from runtime.exported import load
 from tests.conftest import card
+from tests.support.contract_doc import documented_contract
 from tests.support.helpers import zoo_ok
 from tests.support.hf_decoders import randomise
 from zoo.assemble import build_model
@@ -105,6 +107,10 @@ def test_onnx_and_sigmoid_zero_shot_are_transformers(source: tuple[Path, torch.n
     with torch.no_grad():
         expected = reference(input_ids=ids, pixel_values=values)
     runtime = load(tmp_path / "export").runtime
+    graphs = {file: (onnx.load(str(tmp_path / "export" / file)).graph, file)
+              for file in documented_contract(card("siglip-tiny"))}
+    assert {file: ([i.name for i in g.input], [o.name for o in g.output])
+            for file, (g, _) in graphs.items()} == documented_contract(card("siglip-tiny"))
     joint = runtime.run("onnx/model.onnx", {"input_ids": ids.numpy(),  # no mask: SigLIP's
                                             "pixel_values": values.numpy()})
     np.testing.assert_allclose(joint["logits_per_image"], expected.logits_per_image.numpy(),

@@ -4,9 +4,9 @@ not come from the writer (export/family.py names the graphs; a test comparing th
 
 Section 3's tables list, per graph file, the inputs and then (`→`) the outputs; a row may hold
 per-layer names (`{i}`, a second name shortened to its suffix: `.encoder.value`) or apply only
-to some cards (**only when `card.FIELD`**, or `card.FIELD > 0`). Per-layer rows that follow one
-another interleave per layer, as the graphs order them. The attention-maps table adds
-`--attentions`' outputs after every other output, group by group."""
+to some cards (**only when `card.FIELD`**, `card.FIELD > 0`, or `card.FIELD == VALUE`).
+Per-layer rows that follow one another interleave per layer, as the graphs order them. The
+attention-maps table adds `--attentions`' outputs after every other output, group by group."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from typing import Any
 DOC = Path(__file__).resolve().parents[2] / "docs" / "onnx-contract.md"
 LAYOUT = "layout"  # the encoder-decoder's seq2seq layout, apart from the contract graphs
 FAMILY_HEADINGS = {"### encoder (": "encoder", "### decoder (": "decoder",
-                   "### encoder-decoder (": "encoder-decoder",
+                   "### encoder-decoder (": "encoder-decoder", "### dual-encoder (": "dual-encoder",
                    "### encoder-decoder in the seq2seq layout": LAYOUT}
-CONDITION = re.compile(r"\*\*only when `card\.(\w+)( > 0)?`\*\*")
+CONDITION = re.compile(r"\*\*only when `card\.(\w+)( > 0| == \w+)?`\*\*")
 NAME = re.compile(r"`([^`]+)`")
 
 
@@ -46,6 +46,8 @@ def _sections(text: str) -> dict[tuple[str, str], list[str]]:
 
 def _applies(cell: str, card: Any) -> bool:
     found = CONDITION.search(cell)
+    if found is not None and (found.group(2) or "").startswith(" == "):  # a field's one value
+        return str(card[found.group(1)]) == found.group(2).removeprefix(" == ")
     return found is None or bool(card[found.group(1)])
 
 

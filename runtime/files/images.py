@@ -148,12 +148,17 @@ def check_fits(processor: Processor, image_size: int, channels: int, where: str)
 def open_rgb(path: Path) -> Any:
     """The image at `path` as a decoded RGB Pillow image, refused in one line naming the file
     where it is missing, not an image, truncated or larger than MAX_PIXELS."""
+    return decoded_rgb(path, display_path(path))
+
+
+def decoded_rgb(source: Any, where: str) -> Any:
+    """An image file's path or an open binary file (`zoo serve`'s base64 images) decoded as
+    open_rgb decodes it, refused in one line naming `where`."""
     from PIL import Image, UnidentifiedImageError
 
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS  # Pillow refuses twice this itself; we refuse it here
-    where = display_path(path)
     try:
-        with Image.open(path) as image:  # reads the header only
+        with Image.open(source) as image:  # reads the header only
             width, height = image.size
             if width * height > MAX_PIXELS:
                 raise ImageError(f"{where}: {width} x {height} pixels is more than the "

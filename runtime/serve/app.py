@@ -361,9 +361,13 @@ STREAM_FAULT = sse(internal_error().body())
 async def embeddings(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
     body = await read_body(request, "embeddings")
     served = model_of(request, body, models, "embeddings")
-    prompts = await asyncio.to_thread(served.embed_tokens, bodies.inputs(body))
+    items = bodies.multimodal_inputs(body)
+    if items is not None:
+        prompts, vectors = await multimodal_vectors(served, items)
+    else:
+        prompts = await asyncio.to_thread(served.embed_tokens, bodies.inputs(body))
+        vectors = await served.embed_batched(prompts)
     tokens = sum(len(row) for row in prompts)
-    vectors = await served.embed_batched(prompts)
     request.app.state.metrics.counted(served.name, tokens, 0)
     if body.get("encoding_format") == "base64":  # the openai client's default: float32 bytes
         vectors = [base64.b64encode(np.asarray(row, np.float32).tobytes()).decode()
@@ -372,6 +376,22 @@ async def embeddings(request: Request, models: dict[str, Served]) -> tuple[Respo
             for index, vector in enumerate(vectors)]
     return JSONResponse({"object": "list", "data": data, "model": served.name,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}), tokens
+
+
+async def multimodal_vectors(served: Served, items: list[tuple[str, Any]]
+                             ) -> tuple[list[list[int]], list[list[float]]]:
+    """(the texts' token ids, every item's vector in input order): the texts batched as other
+    requests' texts are, the images run in the worker thread."""
+    if not served.exported.runtime.spec.joint_space:
+        raise ApiError(400, f"model: {served.name} reads no images (a CLIP or SigLIP export "
+                       "embeds {\"image\": ...} inputs)", "model", "invalid_value")
+    texts = [value for kind, value in items if kind == "text"]
+    images = [(index, value) for index, (kind, value) in enumerate(items) if kind == "image"]
+    prompts = await asyncio.to_thread(served.embed_tokens, texts) if texts else []
+    text_vectors = iter(await served.embed_batched(prompts) if prompts else [])
+    image_vectors = iter(await served.embed_images(images))
+    return prompts, [next(text_vectors if kind == "text" else image_vectors)
+                     for kind, _ in items]
 
 
 async def classify(request: Request, models: dict[str, Served]) -> tuple[Response, int]:

@@ -4,7 +4,10 @@ rather than ignored (a client asking for `n=3` or `tools` would get something el
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,6 +261,44 @@ def inputs(body: dict[str, Any]) -> list[str] | list[list[int]]:
             for row in given)):
         return given
     raise wrong("input", "a string, a list of strings, or token ids")
+
+
+DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,")
+
+
+def multimodal_inputs(body: dict[str, Any]) -> list[tuple[str, Any]] | None:
+    """/v1/embeddings' input as Jina AI's embeddings API takes texts and images for its CLIP
+    models (jina-clip): a list whose items are strings or objects {"text": ...} or {"image":
+    base64, or a data:image/...;base64, URL}: [("text", str) | ("image", bytes)], in order.
+    None where no item is an object (OpenAI's plain input). The server fetches nothing: an
+    http URL is refused."""
+    given = body.get("input")
+    if not isinstance(given, list) or not any(isinstance(item, dict) for item in given):
+        return None
+    items: list[tuple[str, Any]] = []
+    for index, item in enumerate(given):
+        name = f"input[{index}]"
+        if isinstance(item, str):
+            item = {"text": item}
+        if not isinstance(item, dict) or len(item) != 1 or not set(item) <= {"text", "image"}:
+            raise wrong(name, 'a string, {"text": ...} or {"image": base64}')
+        (kind, value), = item.items()
+        if not isinstance(value, str) or not value:
+            raise wrong(f"{name}.{kind}", "a non-empty string")
+        if kind == "image":
+            value = _image_bytes(value, f"{name}.image")
+        items.append((kind, value))
+    return items
+
+
+def _image_bytes(value: str, name: str) -> bytes:
+    if value.startswith(("http://", "https://")):
+        raise ApiError(400, f"{name}: the server fetches no URL; give the image's bytes as "
+                       "base64 (or a data:image/...;base64, URL)", name, "invalid_value")
+    try:
+        return base64.b64decode(DATA_URL.sub("", value, count=1), validate=True)
+    except (ValueError, binascii.Error):
+        raise wrong(name, "an image's bytes as base64") from None
 
 
 def texts(body: dict[str, Any]) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import io
 import logging
 import re
 import secrets
@@ -22,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from registry.errors import ZooError
 from registry.paths import display_path
-from runtime.classify import SequenceOutputs, label_names
+from runtime.classify import SequenceOutputs, label_names, run_images
 from runtime.exported import Exported, GenerateOptions, load
+from runtime.files.images import decoded_rgb, export_processor, pixel_values
 from runtime.files.tokenizer import sequence_ids
 from runtime.grammar.engine import Constraint, Grammar
 from runtime.prompts import check_text
@@ -203,6 +207,28 @@ class Served:
             return (await asyncio.wrap_future(self.embedder.submit(prompts))).embeddings.tolist()
         finally:
             self.admitted -= 1
+
+    async def embed_images(self, images: list[tuple[int, bytes]]) -> list[list[float]]:
+        """A dual encoder's unit vectors of encoded images ((input index, bytes)), decoded as
+        `zoo embed --images` decodes files, in the worker thread; a bad one is a 400 naming
+        its input."""
+        if not images:
+            return []
+        self.admit()
+        try:
+            return await asyncio.wrap_future(self.worker.submit(self._image_vectors, images))
+        finally:
+            self.admitted -= 1
+
+    def _image_vectors(self, images: list[tuple[int, bytes]]) -> list[list[float]]:
+        try:
+            processor = export_processor(self.exported.folder, self.exported.card)
+            pixels = np.stack([pixel_values(decoded_rgb(io.BytesIO(data), f"input[{i}].image"),
+                                            processor, f"input[{i}].image")
+                               for i, data in images])
+        except ZooError as exc:
+            raise ApiError(400, str(exc), "input", "invalid_value") from None
+        return run_images(self.exported.runtime, pixels).embeddings.tolist()
 
     async def classify_batched(self, prompts: list[list[int]]) -> list[dict[str, float]]:
         """Per tokenized prompt, {label: probability}, the most likely first, as

@@ -7,6 +7,7 @@ transformers is the reference: no download."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.support.clip_folders import (
 from tests.support.contract_doc import documented_contract
 from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
 from tests.support.hf_decoders import assert_import_refused, changed_source
+from tests.support.serve import KEY, Server
 from zoo.assemble import build_model
 from zoo.files.weights import load_built
 
@@ -292,3 +294,35 @@ def test_embed_and_zero_shot_refusals(exports: dict[str, Path], image_folder: Pa
     assert_one_line_error(zoo("run", folder, "--image", image, "--labels", "a,b", "--template",
                               "no slot"), "{}")
     assert not (tmp_path / "x.npy").exists()
+
+
+def test_serve_embeds_images_and_texts_as_jina_clip_inputs(
+        source: tuple[Path, torch.nn.Module], exports: dict[str, Path], image_folder: Path,
+        tmp_path: Path) -> None:
+    """`zoo serve`'s /v1/embeddings takes Jina AI's multimodal input (strings, {"text"},
+    {"image": base64 or a data URL}) for a dual encoder: every item's unit vector in order,
+    transformers'; an image that is not one, a URL, bad base64: a 400 naming the input."""
+    images = [image_folder / "b.png", image_folder / "a.jpg"]
+    encoded = [base64.b64encode(path.read_bytes()).decode() for path in images]
+    texts = ["a dog", "a photo of a cat"]
+    text_vectors, image_vectors, _ = transformers_vectors(source[1], texts, images)
+    server = Server([exports["plain"]], tmp_path / "serve.log", "--api-key", KEY)
+    try:
+        status, reply = server.request("/v1/embeddings", {"model": "plain", "input": [
+            {"text": texts[0]}, {"image": encoded[0]}, texts[1],
+            {"image": "data:image/jpeg;base64," + encoded[1]}]})
+        assert status == 200, reply
+        got = np.array([row["embedding"] for row in reply["data"]])
+        expected = np.stack([text_vectors[0], image_vectors[0], text_vectors[1],
+                             image_vectors[1]])
+        np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
+        for image, field, words in (
+                (base64.b64encode(b"not an image").decode(), "input[0].image", "not an image"),
+                ("https://example.com/cat.png", "input[0].image", "fetches no URL"),
+                ("%%%", "input[0].image", "base64")):
+            status, reply = server.request("/v1/embeddings", {"model": "plain",
+                                                              "input": [{"image": image}]})
+            assert status == 400 and field in reply["error"]["message"], reply
+            assert words in reply["error"]["message"], reply
+    finally:
+        assert server.stop() == 0

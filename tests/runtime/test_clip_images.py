@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from runtime.files.images import load_pixels, processor_from
+from tests.support.image_files import write_images
 
 transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
@@ -32,20 +33,7 @@ def processors() -> dict[str, tuple[type, dict]]:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    folder = tmp_path_factory.mktemp("images")
-    rng = np.random.default_rng(3)
-    paths = []
-    for index, (mode, width, height, kind) in enumerate(FILES):
-        bands = {"RGB": 3, "RGBA": 4}.get(mode, 1)
-        array = rng.integers(0, 256, (height, width, bands), dtype=np.uint8)
-        image = Image.fromarray(array[..., 0] if bands == 1 else array,
-                                "L" if mode == "P" else mode)
-        if mode == "P":  # a palette with a transparent index
-            image = image.convert("P")
-            image.info["transparency"] = 0
-        paths.append(folder / f"{index}-{mode}.{kind}")
-        image.save(paths[-1])
-    return paths
+    return write_images(tmp_path_factory.mktemp("images"), FILES, seed=3)
 
 
 @pytest.mark.parametrize("name", ["CLIPImageProcessor", "SiglipImageProcessor"])

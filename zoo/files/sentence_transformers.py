@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
+from registry.families import spec_of
 from registry.paths import display_path, inside
 from zoo.files.json_types import check_types, read_json
 
@@ -87,10 +88,11 @@ def read_modules(folder: Path) -> SentenceModules | None:
 def modules_files(card: Any) -> dict[str, dict[str, Any] | list[dict[str, Any]]] | None:
     """The files that make a folder holding `card`'s body a sentence-transformers folder, read
     back by `read_modules` as the card's pooling and normalize ({path: JSON}); None where
-    sentence-transformers has no module for the card's sentence vector (`pooler`) or none."""
+    sentence-transformers has no module for the card's sentence vector (`pooler`, a dual
+    encoder's) or none."""
     modes = {mode: key for key, mode in POOLING_MODES.items()}
-    if card["pooling"] not in modes or card["num_labels"]:
-        return None
+    if card["pooling"] not in modes or card["num_labels"] or spec_of(card).joint_space:
+        return None  # a dual encoder's text vector is its tower's projection, not a pooling
     pooling = {"word_embedding_dimension": card["d_model"],
                **{key: key == modes[card["pooling"]] for key in (*POOLING_MODES,
                                                                  *UNSUPPORTED_MODES)},

@@ -33,6 +33,7 @@ from runtime.files.atomic import atomic_write_bytes
 SAMPLE_RATE = 16000  # what Whisper reads
 MAX_AUDIO_SECONDS = 2 * 60 * 60  # 2 hours: 240 windows of 30 s
 RATES = (1000, 768000)  # the sample rates a file may declare (Hz, both included)
+MAX_DECODED_RATE = 48000  # above it, a file may last less (max_frames)
 BLOCK_FRAMES = 1 << 16  # frames decoded at a time (channels averaged block by block)
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 FEATURE_EXTRACTOR = "WhisperFeatureExtractor"
@@ -61,27 +62,34 @@ def decode_audio(data: bytes, name: str) -> np.ndarray:
 
 def _decoded(source: Any, where: str) -> np.ndarray:
     soundfile = needs_package("soundfile", where)
-    blocks = []
     try:
         with soundfile.SoundFile(source) as sound:  # opening reads the header only
-            rate, channels = sound.samplerate, sound.channels
-            _check_header(rate, channels, sound.frames, where)
-            limit = MAX_AUDIO_SECONDS * rate
+            rate, channels, frames = sound.samplerate, sound.channels, sound.frames
+            _check_header(rate, channels, frames, where)
+            samples = np.empty(frames, np.float32)  # at most max_frames(rate): checked
             read = 0
-            for block in sound.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
+            for block in sound.blocks(max(1, BLOCK_FRAMES // channels), dtype="float32",
+                                      always_2d=True):
+                if read + len(block) > frames:  # more than the header said
+                    raise AudioError(f"{where}: more samples than its header declares")
+                samples[read:read + len(block)] = block.mean(axis=1, dtype=np.float32)
                 read += len(block)
-                if read > limit:  # a header that understated its length
-                    raise AudioError(f"{where}: longer than {_limit_text()}")
-                blocks.append(block.mean(axis=1, dtype=np.float32))
     except soundfile.SoundFileError as exc:  # not audio, truncated, corrupt, 0 channels
         reason = getattr(exc, "error_string", None) or first_line(exc)  # without the path
         raise AudioError(f"{where}: not audio soundfile can read ({reason})") from None
-    samples = np.concatenate(blocks) if blocks else np.zeros(0, np.float32)
+    samples = samples[:read]
     if samples.size == 0:
         raise AudioError(f"{where}: no samples (empty audio)")
     if not np.isfinite(samples).all():
         raise AudioError(f"{where}: a sample is NaN or infinite")
     return resample(samples, rate, SAMPLE_RATE)
+
+
+def max_frames(rate: int) -> int:
+    """The frames a file at `rate` Hz may hold: MAX_AUDIO_SECONDS, and above 48 kHz the
+    samples of MAX_AUDIO_SECONDS at 48 kHz (the decoded samples' memory is bounded too:
+    1.4 GB of float32, where a FLAC of silence at 768 kHz claiming 2 hours is a few MB)."""
+    return MAX_AUDIO_SECONDS * min(rate, MAX_DECODED_RATE)
 
 
 def _check_header(rate: int, channels: int, frames: int, where: str) -> None:
@@ -90,13 +98,10 @@ def _check_header(rate: int, channels: int, frames: int, where: str) -> None:
     if not RATES[0] <= rate <= RATES[1]:
         raise AudioError(f"{where}: a sample rate of {rate} Hz (expected {RATES[0]} to "
                          f"{RATES[1]} Hz)")
-    if frames > MAX_AUDIO_SECONDS * rate:
-        raise AudioError(f"{where}: {frames / rate / 3600:.1f} hours is longer than "
-                         f"{_limit_text()} (refused before decoding)")
-
-
-def _limit_text() -> str:
-    return f"the {MAX_AUDIO_SECONDS / 3600:g} hours an audio file may last"
+    if frames > max_frames(rate):
+        raise AudioError(f"{where}: {frames / rate / 3600:.1f} hours at {rate} Hz is longer "
+                         f"than the {max_frames(rate) / rate / 3600:.3g} hours an audio file "
+                         "may last (refused before decoding)")
 
 
 # --- resampling ----------------------------------------------------------------------------
@@ -112,7 +117,7 @@ def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.nd
         return np.asarray(samples, dtype=np.float32)
     half_len = 10 * max(up, down)
     taps = _lowpass(2 * half_len + 1, 1.0 / max(up, down)) * up
-    return _polyphase(np.asarray(samples, dtype=np.float64), taps, up, down, half_len)
+    return _polyphase(np.asarray(samples, dtype=np.float32), taps, up, down, half_len)
 
 
 def _lowpass(length: int, cutoff: float) -> np.ndarray:
@@ -135,9 +140,10 @@ def _polyphase(samples: np.ndarray, taps: np.ndarray, up: int, down: int,
     phases[:len(taps)] = taps
     phases = phases.reshape(width, up).T[:, ::-1]  # phases[p] reversed: oldest sample first
     last = ((count - 1) * down + half_len) // up
-    padded = np.concatenate([np.zeros(width), samples, np.zeros(max(0, last + 1 - len(samples)))])
+    tail = max(0, last + 1 - len(samples))
+    padded = np.concatenate([np.zeros(width, np.float32), samples, np.zeros(tail, np.float32)])
     windows = sliding_window_view(padded, width)  # windows[s + 1] ends at samples[s]
-    out = np.empty(count)
+    out = np.empty(count, np.float32)  # each block summed in float64, the taps' type
     rows = max(1, BLOCK_FRAMES // width)
     for first in range(min(up, count)):
         start = first * down + half_len
@@ -145,7 +151,7 @@ def _polyphase(samples: np.ndarray, taps: np.ndarray, up: int, down: int,
         ends = windows[start // up + 1::down][:len(outputs)]
         for row in range(0, len(outputs), rows):
             out[outputs[row:row + rows]] = ends[row:row + rows] @ phases[start % up]
-    return out.astype(np.float32)
+    return out
 
 
 # --- features ------------------------------------------------------------------------------

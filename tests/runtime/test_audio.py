@@ -151,12 +151,12 @@ def wav_header(channels: int, rate: int, bits: int, data_bytes: int) -> bytes:
             + b"data" + struct.pack("<I", data_bytes))
 
 
-def ten_hour_flac(tmp_path: Path) -> bytes:
-    """A short FLAC whose STREAMINFO says 10 hours (its 36-bit total-samples field)."""
-    soundfile.write(tmp_path / "short.flac", np.zeros(1600), 16000)
+def long_flac(tmp_path: Path, rate: int, hours: float) -> bytes:
+    """A short FLAC whose STREAMINFO says `hours` (its 36-bit total-samples field)."""
+    soundfile.write(tmp_path / "short.flac", np.zeros(1600), rate)
     data = bytearray((tmp_path / "short.flac").read_bytes())
     fields = int.from_bytes(data[18:26], "big")  # rate, channels, bits, total samples
-    fields = (fields >> 36 << 36) | 16000 * 3600 * 10
+    fields = (fields >> 36 << 36) | int(rate * 3600 * hours)
     data[18:26] = fields.to_bytes(8, "big")
     return bytes(data)
 
@@ -183,7 +183,11 @@ def refused_files(tmp_path: Path) -> dict[str, tuple[bytes, str]]:
         "inf.wav": ((tmp_path / "inf.wav").read_bytes(), "NaN or infinite"),
         "empty.wav": (wav_header(1, 16000, 16, 0), "no samples"),
         "slow.wav": (wav_header(1, 10, 16, 20) + bytes(20), "sample rate of 10 Hz"),
-        "ten-hours.flac": (ten_hour_flac(tmp_path), "10.0 hours is longer than the 2 hours"),
+        "ten-hours.flac": (long_flac(tmp_path, 16000, 10),
+                           "10.0 hours at 16000 Hz is longer than the 2 hours"),
+        # above 48 kHz, the samples of 2 hours at 48 kHz: a FLAC of silence is a few MB
+        "fast.flac": (long_flac(tmp_path, 96000, 1.5),
+                      "1.5 hours at 96000 Hz is longer than the 1 hours"),
     }
 
 
@@ -216,6 +220,6 @@ def test_a_ten_hour_wav_is_refused_from_its_header(tmp_path: Path,
 
     monkeypatch.setattr(soundfile.SoundFile, "blocks", no_decoding)
     monkeypatch.setattr(soundfile.SoundFile, "read", no_decoding)
-    with pytest.raises(AudioError, match=r"ten-hours.wav: 10.0 hours is longer than the 2 "
-                                         r"hours an audio file may last \(refused before"):
+    with pytest.raises(AudioError, match=r"ten-hours.wav: 10.0 hours at 8000 Hz is longer "
+                                         r"than the 2 hours an audio file may last \(refused"):
         read_audio(path)

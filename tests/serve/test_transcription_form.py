@@ -18,7 +18,7 @@ from runtime.serve.transcriptions import FIELD_BYTES, read_transcription_form
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx2")
-pytest.importorskip("multipart")  # python-multipart, which Starlette's form parser needs
+pytest.importorskip("python_multipart")  # python-multipart, which Starlette's form parser needs
 from starlette.applications import Starlette  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402

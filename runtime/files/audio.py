@@ -176,11 +176,13 @@ def default_mel_settings(n_mels: int) -> MelSettings:
 
 
 def _whole(config: dict[str, Any], key: str, default: int, where: str, low: int,
-           high: int) -> int:
+           high: int, rule: str = "") -> int:
+    """config[key] (default where absent), a whole number from low to high; `rule` says
+    where a key has one value only (the one the others make)."""
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise AudioError(f"{where}: {key}={value!r} should be a whole number from {low} to "
-                         f"{high}")
+        wanted = f"{low} ({rule})" if rule else f"a whole number from {low} to {high}"
+        raise AudioError(f"{where}: {key}={value!r} should be {wanted}")
     return value
 
 
@@ -203,9 +205,10 @@ def mel_settings(config: Any, where: str) -> MelSettings:
     n_fft = _whole(config, "n_fft", 400, where, 2, 8192)
     hop = _whole(config, "hop_length", 160, where, 1, n_fft)
     chunk = _whole(config, "chunk_length", 30, where, 1, 300)
-    n_samples = _whole(config, "n_samples", chunk * rate, where, chunk * rate, chunk * rate)
+    n_samples = _whole(config, "n_samples", chunk * rate, where, chunk * rate, chunk * rate,
+                       "chunk_length x sampling_rate")
     frames = _whole(config, "nb_max_frames", n_samples // hop, where, n_samples // hop,
-                    n_samples // hop)
+                    n_samples // hop, "n_samples // hop_length")
     padding = config.get("padding_value", 0.0)
     if isinstance(padding, bool) or not isinstance(padding, int | float) or not math.isfinite(
             padding):

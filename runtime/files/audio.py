@@ -228,6 +228,15 @@ def read_mel_settings(path: Path) -> MelSettings:
     return mel_settings(config, where)
 
 
+def export_mel_settings(folder: Path) -> MelSettings:
+    """The settings an export's audio is featurized with (its preprocessor_config.json)."""
+    path = Path(folder) / PREPROCESSOR_CONFIG
+    if not path.is_file():
+        raise AudioError(f"{display_path(folder)}: no {PREPROCESSOR_CONFIG} (a speech model's "
+                         "export has one)")
+    return read_mel_settings(path)
+
+
 def preprocessor_config(settings: MelSettings) -> dict[str, Any]:
     """preprocessor_config.json's object as WhisperFeatureExtractor.save_pretrained writes it
     (transformers.js and Optimum read it)."""

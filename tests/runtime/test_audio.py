@@ -21,6 +21,7 @@ from runtime.files.audio import (
     audio_windows,
     decode_audio,
     default_mel_settings,
+    export_mel_settings,
     log_mel,
     mel_settings,
     read_audio,
@@ -125,6 +126,9 @@ def test_preprocessor_config_is_transformers(tmp_path: Path,
     name = "preprocessor_config.json"
     assert json.loads((ours / name).read_text()) == json.loads((theirs / name).read_text())
     assert read_mel_settings(theirs / name) == default_mel_settings(128)
+    assert export_mel_settings(ours) == default_mel_settings(128)
+    with pytest.raises(AudioError, match="no preprocessor_config.json"):
+        export_mel_settings(tmp_path)
     loaded = whisper_features.WhisperFeatureExtractor.from_pretrained(ours)
     assert (loaded.feature_size, loaded.nb_max_frames, loaded.n_samples) == (128, 3000, 480000)
 

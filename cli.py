@@ -348,8 +348,8 @@ def bench(source: str, json_path: str | None, force: bool, registries: tuple[str
 @registry_option
 def attention(source: str, out: str, json_path: str | None, force: bool,
               registries: tuple[str, ...], request: dict[str, Any]) -> None:
-    """Draw the attention maps of one prompt: heads of a layer, or layers x heads, tokens on
-    both axes (source tokens on the cross-attention's key axis)."""
+    """Draw the attention maps of one prompt in an about-square grid: heads of a layer, or
+    layers x heads, tokens on both axes (source tokens on the cross-attention's key axis)."""
     from export.inspect.attention import Request, attention_command
 
     echo(attention_command(Request(source, **request, registries=registries), Path(out),

@@ -32,7 +32,7 @@ from runtime.generate import generate
 from runtime.prompts import check_ids, check_text
 from zoo.files.sources import load_source
 from zoo.files.weights import load_built
-from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid
+from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid, square_columns
 
 ENGINES = ("torch", "onnx")
 
@@ -187,8 +187,9 @@ def draw_attention(request: Request, target: Path, json_path: Path | None = None
         looked = look(request)
         title = (f"{looked.card.name}: {looked.group.name} "
                  f"({'ONNX Runtime' if looked.engine == 'onnx' else 'PyTorch'})")
-        drawn = heatmap_grid(panels(looked), target, force=force, title=title,
-                             columns=len(looked.heads))
+        drawn_panels = panels(looked)  # layer by layer, head by head, in an about-square grid
+        drawn = heatmap_grid(drawn_panels, target, force=force, title=title,
+                             columns=square_columns(len(drawn_panels)))
         if json_path is not None:
             write_file(json_path, (json.dumps(as_json(looked)) + "\n").encode("utf-8"), force)
     return looked, drawn

@@ -231,3 +231,38 @@ def test_an_export_without_attentions_and_an_unwritable_path_are_refused(
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, \
         result.output
     assert not (tmp_path / "a.png").exists()
+
+
+def coloured_runs(mask: np.ndarray, least: int) -> list[tuple[int, int]]:
+    """(start, end) of the runs of True in `mask` at least `least` long."""
+    edges = np.diff(np.concatenate([[0], mask.astype(int), [0]]))
+    return [(start, end) for start, end in zip(np.flatnonzero(edges == 1),
+                                               np.flatnonzero(edges == -1), strict=True)
+            if end - start >= least]
+
+
+@pytest.mark.parametrize("heads, grid", [(9, (3, 3)), (12, (4, 3))])
+def test_a_layers_heads_are_drawn_as_an_about_square_grid(heads: int, grid: tuple[int, int],
+                                                          tmp_path: Path) -> None:
+    """Read from the PNG itself (Pillow): one heatmap per head, `grid` = (columns, rows) of
+    them, and the picture's proportions those of the grid, not one long row."""
+    from PIL import Image
+
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "gpt-heads.yaml").write_text(f"extends: gpt-tiny\nd_model: {8 * heads}\n"
+                                          f"n_heads: {heads}\n")
+    png = tmp_path / "map.png"
+    result = CliRunner().invoke(main, ["attention", "gpt-heads", "--registry", str(cards),
+                                       "--ids", "5,6,7,8,9", "--layer", "0", "-o", str(png)])
+    assert result.exit_code == 0, result.output
+    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    columns, rows = grid
+    assert pixels.shape[1] / pixels.shape[0] == pytest.approx(
+        columns * 4.0 / (rows * 3.5), rel=0.02)
+    coloured = pixels.max(axis=2) - pixels.min(axis=2) > 60  # viridis; text and paper are grey
+    wide = coloured_runs(coloured.sum(axis=0) > 20, least=60)  # heatmaps, not colour bars
+    tall = coloured_runs(coloured.sum(axis=1) > 20, least=60)
+    assert (len(wide), len(tall)) == grid
+    assert sum(coloured[top:bottom, left:right].mean() > 0.9
+               for top, bottom in tall for left, right in wide) == heads

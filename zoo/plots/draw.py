@@ -105,6 +105,12 @@ def save_png(figure: Figure, target: Path, force: bool) -> tuple[int, int]:
     return round(width), round(height)
 
 
+def square_columns(count: int) -> int:
+    """Columns of an about-square grid of `count` panels (9: 3 x 3, 12: 4 columns x 3 rows):
+    a long row of panels is shrunk by a screen into an unreadable strip."""
+    return math.ceil(math.sqrt(count))
+
+
 def heatmap_grid(panels: Sequence[Panel], target: Path, *, force: bool = False,
                  title: str = "", columns: int | None = None,
                  shared_scale: bool = False) -> Drawn:

@@ -339,7 +339,7 @@ def bench(source: str, json_path: str | None, force: bool, registries: tuple[str
 @main.command()
 @click.argument("source", metavar="NAME|DIR|OUT")
 @fields("request", "export.inspect.attention:Request",
-        "text ids layer head engine kind generate")
+        "text ids image layer head engine kind generate")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
               help="The PNG to write.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),

@@ -199,6 +199,7 @@ def test_torch_and_onnx_engines_draw_the_same_cross_attention(attention_exports:
     (["--head", "-1"], "--head -1: the model has heads 0..3"),
     (["--ids", "99999"], "--ids: token id 99999 is not in the vocabulary"),
     (["--kind", "cross"], "--kind cross: this model has attentions"),
+    (["--image", "cat.png"], "--image: gpt-tiny reads tokens, not images"),
 ])
 def test_bad_requests_are_one_line_and_write_nothing(args: list[str], message: str,
                                                      attention_exports: dict,

@@ -77,10 +77,15 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mod
 
 
 @pytest.fixture(scope="module")
-def exports(source: tuple[Path, torch.nn.Module]) -> dict[str, Path]:
+def built(source: tuple[Path, torch.nn.Module]) -> Path:
     folder, _ = source
-    built = folder.parent / "built"
-    zoo_ok("import", folder, "-o", built)
+    zoo_ok("import", folder, "-o", folder.parent / "built")
+    return folder.parent / "built"
+
+
+@pytest.fixture(scope="module")
+def exports(source: tuple[Path, torch.nn.Module], built: Path) -> dict[str, Path]:
+    folder, _ = source
     made = {"built": built}
     for name, flags in (("plain", ()), ("optimize", ("--optimize",))):
         made[name] = folder.parent / name
@@ -188,3 +193,73 @@ def test_quantizing_an_image_model_is_refused_before_tracing(tmp_path: Path) -> 
                                            "--out", tmp_path / "out"))
     assert "--quantize is not supported for an image encoder" in line
     assert not (tmp_path / "out").exists()
+
+
+def class_token_maps(reference: torch.nn.Module, folder: Path, image: Path) -> np.ndarray:
+    """transformers' attention probabilities, (layers, heads, tokens, tokens), of the image as
+    its own processor prepares it."""
+    processor = transformers.ViTImageProcessorPil.from_pretrained(folder)
+    values = processor(Image.open(image), return_tensors="pt")["pixel_values"]
+    reference.vit.set_attn_implementation("eager")  # the probabilities themselves
+    with torch.no_grad():
+        maps = reference.vit(pixel_values=values, output_attentions=True).attentions
+    return np.stack([layer[0].double().numpy() for layer in maps])
+
+
+def paper_rollout(maps: np.ndarray) -> np.ndarray:
+    """Abnar & Zuidema (2020), eq. 1: A = 0.5 W_att + 0.5 I per layer (W_att: the heads'
+    mean), and rollout(l_i) = A(l_i) rollout(l_(i-1)) from the first layer up."""
+    tokens = maps.shape[-1]
+    flow = np.eye(tokens)
+    for layer in maps:
+        flow = (0.5 * layer.mean(axis=0) + 0.5 * np.eye(tokens)) @ flow
+    return flow
+
+
+def test_attention_over_an_image_and_its_rollout_are_transformers(
+        source: tuple[Path, torch.nn.Module], built: Path, tmp_path: Path) -> None:
+    """`zoo attention --image`: the class token's row per head of the layer asked for, and the
+    rollout across layers, on the patch grid (4 x 4: 32 pixels in patches of 8)."""
+    folder, reference = source
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (37, 45, 3), dtype=np.uint8)
+                    ).save(image)
+    numbers = tmp_path / "map.json"
+    output = zoo_ok("attention", built, "--image", image, "--layer", "0", "-o",
+                    tmp_path / "map.png", "--json", numbers)
+    assert "5 panels" in output  # 4 heads and the rollout
+    drawn = json.loads(numbers.read_text())
+    maps = class_token_maps(reference, folder, image)
+    assert drawn["grid"] == [4, 4] and [p["head"] for p in drawn["panels"]] == [0, 1, 2, 3]
+    for panel in drawn["panels"]:
+        np.testing.assert_allclose(panel["weights"], maps[0, panel["head"], 0, 1:].reshape(4, 4),
+                                   atol=1e-5)
+    np.testing.assert_allclose(drawn["rollout"], paper_rollout(maps)[0, 1:].reshape(4, 4),
+                               atol=1e-5)
+    assert Image.open(tmp_path / "map.png").size == (1200, 700)  # 3 x 2 panels
+
+
+def test_attention_of_an_image_model_asks_for_an_image(built: Path, tmp_path: Path) -> None:
+    png = tmp_path / "map.png"
+    assert_one_line_error(zoo("attention", built, "--ids", "1,2", "-o", png),
+                          "reads images: give --image FILE")
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    assert_one_line_error(zoo("attention", built, "--image", broken, "-o", png), "broken.png")
+    assert not png.exists()
+
+
+@pytest.mark.slow  # the engines' shared path runs in the transformers test above (PyTorch)
+def test_an_attentions_export_draws_the_same_image_maps(built: Path, tmp_path: Path) -> None:
+    zoo_ok("export", built, "--onnx", "--attentions", "--out", tmp_path / "out")
+    image = tmp_path / "a.png"
+    Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(image)
+    drawn = {}
+    for engine, source in (("onnx", tmp_path / "out"), ("torch", built)):
+        zoo_ok("attention", source, "--image", image, "-o", tmp_path / f"{engine}.png",
+               "--json", tmp_path / f"{engine}.json")
+        drawn[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
+    assert drawn["onnx"]["engine"] == "onnx"
+    np.testing.assert_allclose(drawn["onnx"]["rollout"], drawn["torch"]["rollout"], atol=1e-5)
+    for a, b in zip(drawn["onnx"]["panels"], drawn["torch"]["panels"], strict=True):
+        np.testing.assert_allclose(a["weights"], b["weights"], atol=1e-5)

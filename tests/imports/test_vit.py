@@ -188,11 +188,72 @@ def test_text_for_an_image_model_is_refused(exports: dict[str, Path]) -> None:
     assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"), "reads images")
 
 
-def test_quantizing_an_image_model_is_refused_before_tracing(tmp_path: Path) -> None:
-    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--quantize", "int8",
-                                           "--out", tmp_path / "out"))
-    assert "--quantize is not supported for an image encoder" in line
+def test_a_quantization_without_an_image_check_is_refused_before_tracing(tmp_path: Path
+                                                                        ) -> None:
+    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--quantize",
+                                           "int8-dynamic", "--out", tmp_path / "out"))
+    assert "--quantize int8-dynamic is not supported for an image encoder; use --quantize " \
+        "int8 or int4" in line
     assert not (tmp_path / "out").exists()
+
+
+def smooth_images(count: int, seed: int) -> list:
+    """Colour fields with structure at the patches' scale (not the check's own images)."""
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (3, 5, 3), dtype=np.uint8)).resize(
+        (50, 40), Image.Resampling.BILINEAR) for _ in range(count)]
+
+
+# (top-1 agreement, largest logit error): the thresholds of the text families' weight-only
+# agreement; the errors measured are 0.059 (int8) and 0.46 (int4) on logits up to 1.86
+@pytest.mark.parametrize("quantize, top1, logit_error", [
+    ("int8", 0.9, 0.1),
+    pytest.param("int4", 0.5, 0.75, marks=pytest.mark.slow),  # int8's path, with 4 bits
+])
+def test_a_quantized_export_agrees_with_transformers_labels(
+        source: tuple[Path, torch.nn.Module], built: Path, tmp_path: Path, quantize: str,
+        top1: float, logit_error: float) -> None:
+    """The export's own agreement check passed (written in its manifest), and on other images,
+    through transformers' processor, its labels are transformers' ViTForImageClassification's
+    and its logits within a stated error."""
+    folder, reference = source
+    out = tmp_path / quantize
+    output = zoo_ok("export", built, "--onnx", "--quantize", quantize, "--optimize", "--out", out)
+    assert f"agreement ({quantize} vs fp32" in output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"]["agreement"]["passed"]
+    processor = transformers.ViTImageProcessorPil.from_pretrained(folder)
+    values = processor(smooth_images(48, seed=7), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        expected = reference(pixel_values=values).logits.numpy()
+    got = load(out).runtime.run("onnx/model.onnx", {"pixel_values": values.numpy()})
+    agreeing = (got["logits"].argmax(-1) == expected.argmax(-1)).mean()
+    error = np.abs(got["logits"] - expected).max()
+    assert agreeing >= top1, (agreeing, error)
+    assert error < logit_error, (agreeing, error)
+
+
+def test_the_image_agreement_check_catches_swapped_labels() -> None:
+    """A candidate whose logits are the reference's with two labels swapped fails the gate."""
+    from export.checks.agreement import THRESHOLDS, AgreementReport, image_agreement
+    from export.opening import open_model
+
+    tiny = card("vit-tiny")
+    reference = open_model(build_model(tiny, seed=0), tiny)
+
+    class Swapped:
+        def run(self, graph: str, feeds: dict) -> dict:
+            logits = reference.run(graph, feeds)["logits"]
+            order = np.argsort(-logits, axis=-1)
+            rows = np.arange(len(logits))
+            swapped = logits.copy()  # each image's best and second-best labels swapped
+            swapped[rows, order[:, 0]] = logits[rows, order[:, 1]]
+            swapped[rows, order[:, 1]] = logits[rows, order[:, 0]]
+            return {"logits": swapped}
+
+    row = image_agreement(reference, Swapped(), seed=0)
+    assert (row.positions, row.agreeing, row.within_top5) == (32, 0, 32)
+    assert not AgreementReport("int8", THRESHOLDS["int8"], [row]).passed
 
 
 def class_token_maps(reference: torch.nn.Module, folder: Path, image: Path) -> np.ndarray:

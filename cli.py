@@ -85,8 +85,13 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
 @click.option("--adapter", type=click.Path(file_okay=False, path_type=Path),
               help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) "
               "for DIR: kept beside the base's weights; OUT loads and exports merged.")
+@click.option("--image-size", type=Parsed(whole_number),
+              help="An image model (a ViT): import it for images this many pixels a side, its "
+              "learned patch positions interpolated bicubically (as transformers' "
+              "interpolate_pos_encoding) and its processor's size rewritten.")
 @force_option()
-def import_command(source: str, out: str, force: bool, adapter: Path | None) -> None:
+def import_command(source: str, out: str, force: bool, adapter: Path | None,
+                  image_size: int | None) -> None:
     """Import a Hugging Face GPT-2, BERT, MarianMT, Llama, Mistral, Qwen2 or Qwen3 folder, a
     BertForSequenceClassification folder or a sentence-transformers folder (config.json +
     model.safetensors), or a Llama, Mistral, Qwen2 or Qwen3 GGUF file (dequantized to float32).
@@ -98,7 +103,7 @@ def import_command(source: str, out: str, force: bool, adapter: Path | None) -> 
     """
     from zoo.commands import import_command as run_import
 
-    echo(run_import(Path(source), Path(out), force, adapter))
+    echo(run_import(Path(source), Path(out), force, adapter, image_size))
 
 
 @main.command()

@@ -59,7 +59,9 @@ def build_command(name: str, out: Path, seed: int = 0, overrides: dict[str, Any]
 
 
 def import_command(source: Path, out: Path, force: bool = False,
-                   adapter: Path | None = None) -> list[str]:
+                   adapter: Path | None = None, image_size: int | None = None) -> list[str]:
+    if image_size is not None and (source.suffix == ".gguf" or is_sharded(source)):
+        raise ZooError("--image-size applies to a Hugging Face image model's folder (a ViT)")
     if is_sharded(source):  # a --shard full checkpoint: consolidated, streamed
         if adapter is not None:
             raise ZooError(f"{display_path(adapter)}: --adapter is read over a Hugging Face "
@@ -73,7 +75,8 @@ def import_command(source: Path, out: Path, force: bool = False,
                            "folder, not a GGUF file")
         return _gguf_lines(import_gguf(source, out, force), out)
     record = import_checkpoint(source, out, force,
-                               None if adapter is None else partial(_add_adapter, adapter))
+                               None if adapter is None else partial(_add_adapter, adapter),
+                               image_size)
     changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
                        if key != "description")
     lines = [f"imported {record['architecture']} as {record['extends']} with {changed}"]

@@ -260,3 +260,25 @@ def model_processor(folder: Path | None, card: Any) -> Processor:
     if path is None:
         return processor_from(default_config(card["image_size"]), PREPROCESSOR_CONFIG)
     return read_processor(path)
+
+
+def resized_processor(folder: Path, card: Any, trained_size: int) -> dict[str, Any] | None:
+    """A folder's preprocessor_config.json (checked against the size its positions were
+    trained at) rewritten for the card's image_size: the crop set to it where the processor
+    crops (the resize before it scaled alike), else the resize. None where it has none."""
+    path = inside(Path(folder), PREPROCESSOR_CONFIG, display_path(folder), "preprocessor config")
+    if not path.is_file():
+        return None
+    where, side = display_path(path), card["image_size"]
+    check_fits(read_processor(path), trained_size, card["channels"], where)
+    config = dict(json.loads(path.read_text(encoding="utf-8")))
+    if config.get("do_center_crop", False):
+        scale = side / trained_size
+        size = _pair(config.get("size", 224), where, "size", shortest=True)
+        config["size"] = ({"shortest_edge": round(size * scale)} if isinstance(size, int) else
+                          {"height": round(size[0] * scale), "width": round(size[1] * scale)})
+        config["crop_size"] = {"height": side, "width": side}
+    else:
+        config["size"] = {"height": side, "width": side}
+    check_fits(processor_from(config, where), side, card["channels"], where)
+    return config

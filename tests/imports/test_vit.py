@@ -324,3 +324,32 @@ def test_an_attentions_export_draws_the_same_image_maps(built: Path, tmp_path: P
     np.testing.assert_allclose(drawn["onnx"]["rollout"], drawn["torch"]["rollout"], atol=1e-5)
     for a, b in zip(drawn["onnx"]["panels"], drawn["torch"]["panels"], strict=True):
         np.testing.assert_allclose(a["weights"], b["weights"], atol=1e-5)
+
+
+def test_an_import_at_another_image_size_interpolates_as_transformers(
+        source: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
+    """Weights trained at 32 x 32 (a 4 x 4 patch grid) imported for 48 x 48 (6 x 6): the
+    logits are transformers' with interpolate_pos_encoding=True on the same 48 x 48 pixels;
+    the processor now resizes to 48."""
+    folder, reference = source
+    out = tmp_path / "at48"
+    zoo_ok("import", folder, "-o", out, "--image-size", "48")
+    model, built = load_built(out)
+    assert built["image_size"] == 48 and model.embeddings.positions.shape == (1, 37, 32)
+    values = torch.from_numpy(np.random.default_rng(4).standard_normal((2, 3, 48, 48))
+                              .astype(np.float32))
+    with torch.no_grad():
+        expected = reference(pixel_values=values, interpolate_pos_encoding=True).logits
+        got = model(values)["logits"]
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    processor = json.loads((out / "preprocessor_config.json").read_text())
+    assert processor["size"] == {"height": 48, "width": 48}
+    assert json.loads((out / "source.json").read_text())["positions"]["trained_at"] == 32
+
+
+def test_an_image_size_the_patches_do_not_divide_is_refused(
+        source: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
+    folder, _ = source
+    assert_one_line_error(zoo("import", folder, "-o", tmp_path / "out", "--image-size", "50"),
+                          "image_size=50 is not a multiple of patch_size=8")
+    assert not (tmp_path / "out").exists()

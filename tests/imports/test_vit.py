@@ -353,3 +353,37 @@ def test_an_image_size_the_patches_do_not_divide_is_refused(
     assert_one_line_error(zoo("import", folder, "-o", tmp_path / "out", "--image-size", "50"),
                           "image_size=50 is not a multiple of patch_size=8")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_image_bench_times_torch_transformers_and_onnx_runtime(
+        exports: dict[str, Path]) -> None:
+    """Every figure present (no timing asserted): PyTorch, transformers' class and ONNX Runtime
+    at batch 1 and 8, images per second the batch over the median. Given limits stand in for
+    the machine's probes (the slow test below runs the whole command)."""
+    from export.bench.context import Context
+    from export.bench.image import bench_image, image_summary
+    from export.opening import open_export
+
+    model, built = load_built(exports["built"])
+    limits = {"torch_flops_per_s": 1e9, "ort_flops_per_s": 1e9}
+    context = Context(open_export(exports["plain"]), model.eval(), built, "cpu", 1, limits,
+                      lambda message: None)
+    measurements = bench_image(context)
+    assert list(measurements) == ["forward_b1_32px", "forward_b8_32px"]
+    for name, batch in zip(measurements, (1, 8), strict=True):
+        assert set(measurements[name]) == {"torch", "transformers", "ort"}
+        for figure in measurements[name].values():
+            assert figure["images_per_s"] == pytest.approx(batch * 1000 / figure["median_ms"])
+    assert {"forward_b8_32px_transformers_images_per_s", "forward_b8_32px_ort_images_per_s",
+            "forward_b1_32px_ort_over_transformers_latency"} <= set(image_summary(measurements))
+
+
+@pytest.mark.slow  # the machine's probes; the figures: the test above
+def test_zoo_bench_on_a_vit_export_writes_its_figures(exports: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    output = zoo_ok("bench", exports["optimize"], "--repeats", "1", "--threads", "1", "--json",
+                    out)
+    assert "forward_b8_32px_ort_images_per_s" in output
+    result = json.loads(out.read_text())
+    assert set(result["measurements"]["forward_b8_32px"]) == {"torch", "transformers", "ort"}

@@ -84,9 +84,10 @@ def image_panels(looked: ImageLooked) -> list[Panel]:
 
 
 def image_json(looked: ImageLooked) -> dict[str, Any]:
+    flow = looked.rollout()
     return {"model": looked.card.name, "family": looked.card.family, "engine": looked.engine,
             "attention": "class token over patches", "image": display_path(looked.image),
-            "grid": list(looked.rollout().shape),
+            "grid": list(flow.shape),
             "panels": [{"layer": looked.layer, "head": head,
                         "weights": looked.class_token(head).tolist()} for head in looked.heads],
-            "rollout": looked.rollout().tolist()}
+            "rollout": flow.tolist()}

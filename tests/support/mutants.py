@@ -364,6 +364,21 @@ MUTANTS = [
     Mutant("transcription-upload-unbounded", "runtime/serve/transcriptions.py",
            "if received > limit:", "if received > limit * 1000:",
            ("tests/serve/test_transcription_form.py",)),
+    Mutant("clip-pools-the-last-real-token", "zoo/models/dual_encoder.py",
+           "first_end = (input_ids == self.eos_token_id).to(torch.int32).argmax(dim=-1)",
+           "first_end = attention_mask.sum(-1) - 1",
+           ("tests/imports/test_clip.py::test_imported_embeddings_and_logits_are_transformers",)),
+    Mutant("clip-scored-by-sigmoid", "runtime/dual.py",
+           'if engine.card["logit_bias"] is not None:', "if True:",
+           ("tests/imports/test_clip.py::test_zoo_run_zero_shot_prints_transformers_scores",)),
+    Mutant("siglip-probe-without-residual", "zoo/models/dual_encoder.py",
+           "return (pooled + self.mlp(self.layernorm(pooled)))[:, 0]",
+           "return self.mlp(self.layernorm(pooled))[:, 0]",
+           ("tests/imports/test_siglip.py::test_imported_embeddings_and_logits_are_transformers",)),
+    Mutant("center-crop-rounds-up", "runtime/files/images.py",
+           "top, left = (height - crop_height) // 2, (width - crop_width) // 2",
+           "top, left = (height - crop_height + 1) // 2, (width - crop_width + 1) // 2",
+           ("tests/runtime/test_clip_images.py",)),
 ]
 
 

@@ -68,6 +68,10 @@ def export_and_verify(
     family.check_quantization(card, options.quantize)
     if options.optimize:
         family.check_optimize(card)
+    if options.attentions and not any(io.attention_groups for io in family.graphs(card).values()):
+        raise ZooError(f"{card.name}: --attentions: a {family.spec.kind}'s graphs have no "
+                       "attention maps to add (zoo attention reads them from an encoder, a "
+                       "decoder, an encoder-decoder or a ViT)")
     if options.dtype == FP16:
         check_weights_fit(model, card.name)
     gguf = _gguf_weights(model, card, options, source_folder)

@@ -29,7 +29,7 @@ from tests.support.clip_folders import (
     tiny_tokenizer,
 )
 from tests.support.contract_doc import documented_contract
-from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
+from tests.support.helpers import assert_error_after_progress, assert_one_line_error, zoo, zoo_ok
 from tests.support.hf_decoders import assert_import_refused, changed_source
 from tests.support.serve import KEY, Server
 from zoo.assemble import build_model
@@ -326,3 +326,14 @@ def test_serve_embeds_images_and_texts_as_jina_clip_inputs(
             assert words in reply["error"]["message"], reply
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize(("flag", "words"), [
+    (("--quantize", "int8"), "--quantize is not supported for a dual encoder"),
+    (("--attentions",), "--attentions: a dual-encoder's graphs have no attention maps")])
+def test_what_a_dual_export_cannot_do_is_refused_before_tracing(
+        flag: tuple[str, ...], words: str, tmp_path: Path) -> None:
+    line = assert_error_after_progress(zoo("export", "clip-tiny", "--onnx", *flag, "--out",
+                                           tmp_path / "out"))
+    assert words in line
+    assert not (tmp_path / "out").exists()

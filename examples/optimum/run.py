@@ -10,6 +10,8 @@ optimum-onnx needs an older transformers than the zoo's own environment has.
     .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
     .venv/bin/python run.py FOLDER translation --text A --text B [--max-new-tokens 32]
     .venv/bin/python run.py FOLDER image-classification --image a.png --image b.jpg
+    .venv/bin/python run.py FOLDER zero-shot-image-classification --image a.png --label cat \
+        --label dog
 
 causal-lm-head-dim is causal-lm with Optimum's empty cache sized by config.json's `head_dim`:
 optimum-onnx 0.1.0's ORTModelForCausalLM sizes it hidden_size // num_attention_heads for every
@@ -24,7 +26,10 @@ text) for sequence-classification; `vectors` for sentence-transformers; `inputs`
 source ids), `tokens` (its new ids, from ORTModelForSeq2SeqLM.generate) and `texts`
 (`pipeline("translation")`'s) for translation; `labels` and `scores` ({label: probability}
 per image, ORTModelForImageClassification on the folder's preprocessor_config.json through
-transformers' AutoImageProcessor) for image-classification.
+transformers' AutoImageProcessor) for image-classification; the same for
+zero-shot-image-classification, each image's softmax over the --label texts
+(ORTModelForZeroShotImageClassification on onnx/model.onnx, a CLIP export: the folder's
+tokenizer pads the labels, its processor reads the images).
 
     .venv/bin/python run.py --jobs JOBS.json
 
@@ -136,15 +141,40 @@ def image_classification(folder: str, images: list[str]) -> dict[str, Any]:
     return {"labels": labels, "scores": scores}
 
 
+def zero_shot(folder: str, images: list[str], labels: list[str]) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForZeroShotImageClassification
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor = AutoImageProcessor.from_pretrained(folder)
+    model = ORTModelForZeroShotImageClassification.from_pretrained(folder)
+    texts = tokenizer(labels, padding=True, return_tensors="pt")
+    best, scores = [], []
+    for path in images:
+        with Image.open(path) as image:
+            pixels = processor(image, return_tensors="pt")["pixel_values"]
+        logits = model(input_ids=texts["input_ids"], attention_mask=texts["attention_mask"],
+                       pixel_values=pixels).logits_per_image[0]
+        probabilities = logits.softmax(-1).tolist()
+        best.append(labels[max(range(len(labels)), key=probabilities.__getitem__)])
+        scores.append(dict(zip(labels, probabilities, strict=True)))
+    return {"labels": best, "scores": scores}
+
+
 TASKS = {"causal-lm": causal_lm, "causal-lm-head-dim": partial(causal_lm, head_dim=True),
          "feature-extraction": feature_extraction, "masked-lm": masked_lm,
          "sequence-classification": sequence_classification,
          "sentence-transformers": sentence_transformers, "translation": translation,
-         "image-classification": image_classification}
+         "image-classification": image_classification,
+         "zero-shot-image-classification": zero_shot}
 GENERATING = ("causal-lm", "causal-lm-head-dim", "translation")
 
 
-def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32) -> dict[str, Any]:
+def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32,
+        labels: list[str] | None = None) -> dict[str, Any]:
+    if task == "zero-shot-image-classification":
+        return zero_shot(folder, texts, labels or [])
     if task in GENERATING:
         return TASKS[task](folder, texts, max_new_tokens)
     return TASKS[task](folder, texts)
@@ -171,12 +201,13 @@ def main() -> int:
     parser.add_argument("task", choices=list(TASKS))
     parser.add_argument("--text", action="append")
     parser.add_argument("--image", action="append", dest="text")  # image-classification's
+    parser.add_argument("--label", action="append")  # zero-shot-image-classification's
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args()
     if not args.text:
         parser.error("give at least one --text (or --image)")
     try:
-        result = run(args.folder, args.task, args.text, args.max_new_tokens)
+        result = run(args.folder, args.task, args.text, args.max_new_tokens, args.label)
     except Exception as exc:  # the libraries raise many types: one line, exit 1
         print(error_line(exc), file=sys.stderr)
         return 1

@@ -12,8 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from export.checks.agreement import IMAGES as CHECK_IMAGES
+from export.checks.agreement import Agreement, check_images
 from export.checks.cases import random_ids
 from export.family import Case, Family, GraphIO, Input
+from export.onnx.quantize import BITS
 from export.onnx.wrappers import Wrapper
 from registry.catalog import Card
 from registry.dual import takes_text_mask
@@ -22,6 +25,7 @@ from registry.families import DUAL_ENCODER
 from runtime.contract import MODEL_GRAPH, TEXT_GRAPH, VISION_GRAPH
 
 TEXTS = ("text_batch_size", "sequence_length")
+AGREEMENT_TEXTS = 16  # the texts each check image is matched against
 IMAGES = ("image_batch_size", "num_channels", "height", "width")
 
 
@@ -75,9 +79,31 @@ class DualEncoderFamily(Family):
         }
 
     def check_quantization(self, card: Card, choice: str | None) -> None:
-        if choice is not None:  # no agreement check reads image-text pairs yet
-            raise ZooError(f"{card.name}: --quantize is not supported for a dual encoder (no "
-                           "agreement check over images and texts yet); export it in float32")
+        """int8 and int4 (weight-only) are checked by zero-shot agreement over images and
+        texts; the others' checks read text alone (int8-dynamic's gate) or a GGUF file."""
+        if choice not in (None, *BITS):
+            raise ZooError(f"{card.name}: --quantize {choice} is not supported for a dual "
+                           f"encoder; use --quantize {' or '.join(BITS)}")
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
+        """Each of the check's images matched to the likeliest of its texts (the joint graph's
+        logits_per_image), as zero-shot labels are: the fp32 text among the candidate's top 5."""
+        from runtime.files.images import model_processor
+
+        card, vision = reference.card, reference.card["vision"]
+        rng = np.random.default_rng(seed)
+        processor = model_processor(getattr(candidate, "folder", None), vision)
+        ids, mask = padded_texts(reference, rng, batch=AGREEMENT_TEXTS)
+        feeds = {**text_feeds(card, ids, mask),
+                 "pixel_values": check_images(vision, processor, CHECK_IMAGES, seed)}
+        e = reference.run(MODEL_GRAPH, feeds)["logits_per_image"]
+        a = candidate.run(MODEL_GRAPH, feeds)["logits_per_image"]
+        agreeing = int((e.argmax(-1) == a.argmax(-1)).sum())
+        top5 = int(sum(row in np.argsort(-a[i])[:5] for i, row in enumerate(e.argmax(-1))))
+        side = vision["image_size"]
+        return Agreement(f"zero-shot top-1, {CHECK_IMAGES} images {side}x{side} x "
+                         f"{AGREEMENT_TEXTS} texts", len(e), agreeing, top5,
+                         float(np.abs(a - e).max()))
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         """Texts of one token, of the longest length, and three right-padded with the end

@@ -16,6 +16,7 @@ import onnx
 import pytest
 import torch
 
+from export.families.dual import DualEncoderFamily
 from registry.params import total_parameters
 from runtime.exported import load
 from tests.conftest import card
@@ -329,7 +330,8 @@ def test_serve_embeds_images_and_texts_as_jina_clip_inputs(
 
 
 @pytest.mark.parametrize(("flag", "words"), [
-    (("--quantize", "int8"), "--quantize is not supported for a dual encoder"),
+    (("--quantize", "int8-dynamic"), "--quantize int8-dynamic is not supported for a dual "
+                                     "encoder; use --quantize int8 or int4"),
     (("--attentions",), "--attentions: a dual-encoder's graphs have no attention maps")])
 def test_what_a_dual_export_cannot_do_is_refused_before_tracing(
         flag: tuple[str, ...], words: str, tmp_path: Path) -> None:
@@ -337,3 +339,42 @@ def test_what_a_dual_export_cannot_do_is_refused_before_tracing(
                                            tmp_path / "out"))
     assert words in line
     assert not (tmp_path / "out").exists()
+
+
+class Reversed:
+    """A candidate engine whose texts come out in reverse order: each image's likeliest text is
+    another one (the agreement check must count it as disagreeing)."""
+
+    def __init__(self, runtime: object) -> None:
+        self.runtime, self.card = runtime, runtime.card
+
+    def run(self, file: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self.runtime.run(file, feeds)
+        return {**out, "logits_per_image": out["logits_per_image"][:, ::-1]}
+
+
+def test_the_quantization_check_counts_images_matched_to_other_texts(
+        exports: dict[str, Path]) -> None:
+    runtime = load(exports["plain"]).runtime
+    family = DualEncoderFamily()
+    same = family.agreement(runtime, runtime, 0, 0)
+    assert same.positions == 32 and same.agreeing == same.within_top5 == 32
+    assert same.max_logit_diff == 0
+    reversed_texts = family.agreement(runtime, Reversed(runtime), 0, 0)
+    assert reversed_texts.agreeing < 32 and reversed_texts.max_logit_diff > 0
+
+
+@pytest.mark.slow  # an export of its own; the check's counting is the test above
+def test_an_int8_export_gives_transformers_top_labels(source: tuple[Path, torch.nn.Module],
+                                                      built: Path, image_folder: Path,
+                                                      tmp_path: Path) -> None:
+    zoo_ok("export", built, "--onnx", "--quantize", "int8", "--out", tmp_path / "int8")
+    assert (tmp_path / "int8" / "onnx" / "model_int8.onnx").is_file()
+    labels = ["cat", "dog", "do cat"]
+    images = sorted(p for p in image_folder.iterdir() if p.suffix != ".txt")
+    output = zoo_ok("run", tmp_path / "int8", *[a for p in images for a in ("--image", p)],
+                    "--labels", ",".join(labels))
+    _, _, logits = transformers_vectors(source[1], labels, images)
+    best = [line.strip().split(", ")[0].rsplit(" ", 1)[0] for line in output.splitlines()
+            if line.startswith("    ")]  # "do cat 0.412, dog 0.299, ...": the first label
+    assert best == [labels[i] for i in logits.argmax(-1)]

@@ -32,6 +32,9 @@ PROCESSORS = ("ViTImageProcessor", "ViTImageProcessorFast", "ViTFeatureExtractor
 # are the same steps, with other settings in the file
 PROCESSORS += ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPFeatureExtractor",
                "SiglipImageProcessor", "SiglipImageProcessorFast")
+# CLIP's read a whole-number `size` as the shortest edge (transformers' default_to_square=False),
+# where ViT's make it a square
+SHORTEST_EDGE_INT = ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPFeatureExtractor")
 
 
 class ImageError(ZooError):
@@ -109,7 +112,11 @@ def processor_from(config: Any, where: str) -> Processor:
     if resample not in RESAMPLES or isinstance(resample, bool):
         raise ImageError(f"{where}: resample={resample!r} should be one of "
                          + ", ".join(f"{k} ({v})" for k, v in RESAMPLES.items()))
-    size = (_pair(config.get("size", 224), where, "size", shortest=True)
+    size_value = config.get("size", 224)
+    if kind in SHORTEST_EDGE_INT and isinstance(size_value, int) and not isinstance(size_value,
+                                                                                   bool):
+        size_value = {"shortest_edge": size_value}  # openai's CLIP files: "size": 224
+    size = (_pair(size_value, where, "size", shortest=True)
             if config.get("do_resize", True) else None)
     crop = (_pair(config.get("crop_size", 224), where, "crop_size")
             if config.get("do_center_crop", False) else None)

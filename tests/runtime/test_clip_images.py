@@ -48,3 +48,21 @@ def test_pixel_values_are_transformers(images: list[Path], name: str, tmp_path: 
             expected = reference(image, return_tensors="np")["pixel_values"][0]
         assert ours[row].shape == expected.shape == (3, 32, 32)
         np.testing.assert_allclose(ours[row], expected, atol=1e-6, rtol=0, err_msg=path.name)
+
+
+def test_openai_files_whole_number_size_is_the_shortest_edge(images: list[Path],
+                                                             tmp_path: Path) -> None:
+    """openai/clip-vit-base-patch32's preprocessor_config.json (a CLIPFeatureExtractor with
+    `size: 224`, `crop_size: 224`), at 32: transformers reads the size as the shortest edge,
+    not a square, and so does the zoo."""
+    config = {"feature_extractor_type": "CLIPFeatureExtractor", "size": 32, "crop_size": 32,
+              "do_resize": True, "do_center_crop": True, "do_normalize": True, "resample": 3,
+              "image_mean": [0.48145466, 0.4578275, 0.40821073],
+              "image_std": [0.26862954, 0.26130258, 0.27577711]}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    reference = transformers.AutoImageProcessor.from_pretrained(tmp_path)
+    ours = load_pixels(images, processor_from(config, "test"))
+    for row, path in enumerate(images):
+        with Image.open(path) as image:
+            expected = reference(image, return_tensors="np")["pixel_values"][0]
+        np.testing.assert_allclose(ours[row], expected, atol=1e-6, rtol=0, err_msg=path.name)

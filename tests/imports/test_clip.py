@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from export.families.dual import DualEncoderFamily
 from registry.params import total_parameters
@@ -118,15 +119,23 @@ def test_imported_embeddings_and_logits_are_transformers(
                                atol=ATOL, rtol=0)
 
 
-def test_openai_end_token_two_means_the_highest_id(source: tuple[Path, torch.nn.Module],
-                                                   tmp_path: Path) -> None:
+def test_an_openai_style_file_imports(source: tuple[Path, torch.nn.Module],
+                                      tmp_path: Path) -> None:
     """openai's config.json says eos_token_id 2, which transformers reads as "pool at the
-    highest id": the import pools at the vocabulary's last id, the end token there."""
+    highest id": the import pools at the vocabulary's last id, the end token there. Its
+    weights carry the position_ids buffers older transformers saved: left out, and named."""
     config = tiny_config().to_dict()
     config["text_config"]["eos_token_id"] = 2
     folder = changed_source(source[0], {"text_config": config["text_config"]}, tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["text_model.embeddings.position_ids"] = torch.arange(16)[None]
+    tensors["vision_model.embeddings.position_ids"] = torch.arange(17)[None]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     zoo_ok("import", folder, "-o", tmp_path / "out")
     assert load_built(tmp_path / "out")[1]["eos_token_id"] == TEXT["vocab_size"] - 1
+    record = json.loads((tmp_path / "out" / "source.json").read_text())
+    assert record["ignored"] == ["text_model.embeddings.position_ids",
+                                 "vision_model.embeddings.position_ids"]
 
 
 def test_a_tower_alone_and_other_activations_are_refused(

@@ -10,7 +10,7 @@ from typing import Any
 
 import registry.experts as experts
 import registry.stems as stems
-from registry.blocks import BLOCKS, effective_bias
+from registry.blocks import BLOCKS, effective_bias, key_bias
 from registry.families import SPECS
 from registry.schema import shared_embeddings, target_vocab_size
 from registry.sizes import attention_sizes
@@ -43,7 +43,8 @@ def attention_params(card: dict[str, Any]) -> int:
     d, sizes = card["d_model"], attention_sizes(card)
     weights = 2 * d * sizes.query_width + 2 * d * sizes.kv_width
     qkv_bias = effective_bias(card, "attention_bias")
-    projections = sizes.query_width + 2 * sizes.kv_width if qkv_bias else 0
+    projections = sizes.query_width + sizes.kv_width if qkv_bias else 0
+    projections += sizes.kv_width if key_bias(card) else 0
     qk_norms = 2 * norm_params({**card, "d_model": sizes.head_dim}) if card.get("qk_norm") else 0
     if card.get("qk_norm") and card.get("qk_norm_scope") == "projection":  # OLMoE's
         qk_norms = (norm_params({**card, "d_model": sizes.query_width})
@@ -68,6 +69,8 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
     # the patch stem holds its own positions; the token stem's are the position block's
     embeddings = block_params("stem", card) + (
         0 if stems.is_patch_card(card) else position_params(card))
+    if stems.is_mel_card(card):  # the decoder's tokens, beside the audio stem
+        embeddings += vocab * d
     if card["embedding_norm"]:
         embeddings += norm
     target = target_vocab_size(card)

@@ -25,9 +25,11 @@ from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
+from registry.stems import is_mel_card
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.images import processor_file
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
+from runtime.speech_tokens import GENERATION_CONFIG, SpeechTokens, read_speech_tokens
 from zoo.assemble import build_model
 from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
 from zoo.files.plausible import check_sizes
@@ -521,10 +523,22 @@ def import_checkpoint(source: Path, out: Path, force: bool = False,
         "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),
     }
     processor = processor_file(source, card)  # an image model's, checked against its card
+    if is_mel_card(card):  # Whisper's languages, tasks and timestamps, written checked
+        extra = _with_speech_tokens(read_speech_tokens(source, card["vocab_size"]), extra)
     copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files + (
         [processor.name] if processor is not None else [])
     _land(out, force, model, card, [source / name for name in copied], record, extra)
     return record
+
+
+def _with_speech_tokens(tokens: SpeechTokens, extra: Extra | None) -> Extra:
+    """`extra`, after writing the built folder's generation_config.json from `tokens`."""
+    def write(model: torch.nn.Module, card: Card, staging: Path) -> None:
+        (staging / GENERATION_CONFIG).write_text(
+            json.dumps(tokens.generation_config(), indent=2) + "\n", encoding="utf-8")
+        if extra is not None:
+            extra(model, card, staging)
+    return write
 
 
 def _land(out: Path, force: bool, model: torch.nn.Module, card: Card, copied: list[Path],

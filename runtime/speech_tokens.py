@@ -1,0 +1,155 @@
+"""Whisper's special tokens of generation, as transformers' WhisperForConditionalGeneration
+reads them from generation_config.json (older checkpoints: some in config.json): the decoder's
+start (<|startoftranscript|>), the end, a token per language (`lang_to_id`) and per task
+(`task_to_id`), <|notimestamps|> and the timestamps after it, the tokens never generated
+(`suppress_tokens`) and those not generated first (`begin_suppress_tokens`).
+
+The import reads them from the Hugging Face folder and writes them, checked, as the built
+folder's generation_config.json; the export writes them into its own; transcription reads them
+back from there. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from registry.errors import ZooError
+from registry.paths import display_path
+
+GENERATION_CONFIG = "generation_config.json"
+TASKS = ("transcribe", "translate")
+SECONDS_PER_TIMESTAMP = 0.02  # Whisper's timestamp tokens are 20 ms apart
+
+
+class SpeechTokensError(ZooError):
+    """A generation_config.json whose Whisper tokens are missing or out of the vocabulary."""
+
+
+@dataclass(frozen=True)
+class SpeechTokens:
+    start: int  # decoder_start_token_id: <|startoftranscript|>
+    end: int  # eos_token_id: <|endoftext|>
+    no_timestamps: int  # <|notimestamps|>; the timestamps are the ids after it
+    languages: dict[str, int]  # "en": <|en|>'s id
+    tasks: dict[str, int]  # "transcribe", "translate": their ids
+    suppress: tuple[int, ...] = ()
+    begin_suppress: tuple[int, ...] = ()
+    max_initial_timestamp_index: int | None = None
+
+    @property
+    def timestamp_begin(self) -> int:
+        """<|0.00|>'s id: the first timestamp, right after <|notimestamps|>."""
+        return self.no_timestamps + 1
+
+    def prompt(self, language: str | None, task: str, timestamps: bool) -> list[int]:
+        """The forced start of a transcript: <|startoftranscript|>, the language's token
+        (where one is given: none lets a multilingual model's first step say it), the task's,
+        and <|notimestamps|> unless timestamps are asked for."""
+        ids = [self.start]
+        if language is not None:
+            ids.append(self.language_id(language))
+        ids.append(self.tasks[task])
+        return ids if timestamps else [*ids, self.no_timestamps]
+
+    def language_id(self, language: str) -> int:
+        code = language.strip("<|>").lower()
+        if code not in self.languages:
+            known = ", ".join(sorted(self.languages)) or "none"
+            raise SpeechTokensError(f"language {language!r} is not one of the model's ({known})")
+        return self.languages[code]
+
+    def generation_config(self) -> dict[str, Any]:
+        """What transformers' Whisper generation reads, for generation_config.json."""
+        return {"decoder_start_token_id": self.start, "eos_token_id": self.end,
+                "no_timestamps_token_id": self.no_timestamps,
+                "lang_to_id": {f"<|{code}|>": token for code, token in self.languages.items()},
+                "task_to_id": dict(self.tasks), "is_multilingual": len(self.languages) > 1,
+                "suppress_tokens": list(self.suppress),
+                "begin_suppress_tokens": list(self.begin_suppress),
+                "max_initial_timestamp_index": self.max_initial_timestamp_index}
+
+
+def _read_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise SpeechTokensError(f"{display_path(path)}: not a readable JSON file "
+                                f"({type(exc).__name__})") from None
+    if not isinstance(value, dict):
+        raise SpeechTokensError(f"{display_path(path)}: should hold a JSON object")
+    return value
+
+
+class _Checked:
+    """Values read from generation_config.json, then config.json, each checked to be a token
+    id of the vocabulary, errors naming the file and key."""
+
+    def __init__(self, files: list[tuple[str, dict[str, Any]]], vocab_size: int) -> None:
+        self.files, self.vocab_size = files, vocab_size
+
+    def find(self, key: str) -> tuple[str, Any]:
+        return next(((where, data[key]) for where, data in self.files
+                     if data.get(key) is not None), (self.files[0][0], None))
+
+    def token(self, key: str, where: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+                0 <= value < self.vocab_size):
+            raise SpeechTokensError(f"{where}: {key}={value!r} should be a token id below "
+                                    f"vocab_size={self.vocab_size}")
+        return value
+
+    def required(self, key: str) -> int:
+        where, value = self.find(key)
+        if value is None:
+            raise SpeechTokensError(f"{where}: no {key} (a Whisper model's generation needs it)")
+        return self.token(key, where, value)
+
+    def ids(self, key: str) -> tuple[int, ...]:
+        where, value = self.find(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            raise SpeechTokensError(f"{where}: {key} should be a list of token ids")
+        return tuple(self.token(key, where, item) for item in value)
+
+    def names(self, key: str, strip: bool) -> dict[str, int]:
+        where, value = self.find(key)
+        if not isinstance(value or {}, dict):
+            raise SpeechTokensError(f"{where}: {key} should map names to token ids")
+        return {(name.strip("<|>") if strip else name): self.token(key, where, token)
+                for name, token in (value or {}).items()}
+
+
+def read_speech_tokens(folder: Path, vocab_size: int) -> SpeechTokens:
+    """The tokens from `folder`'s generation_config.json (required) and config.json (where the
+    folder has one, for what older checkpoints keep there)."""
+    folder = Path(folder)
+    path = folder / GENERATION_CONFIG
+    if not path.is_file():
+        raise SpeechTokensError(f"{display_path(folder)}: no {GENERATION_CONFIG} (a Whisper "
+                                "folder keeps its languages, tasks and timestamps there)")
+    files = [(display_path(path), _read_object(path))]
+    if (folder / "config.json").is_file():
+        files.append((display_path(folder / "config.json"), _read_object(folder / "config.json")))
+    checked = _Checked(files, vocab_size)
+    tasks = checked.names("task_to_id", strip=False)
+    missing = [task for task in TASKS if task not in tasks]
+    if missing:
+        raise SpeechTokensError(f"{files[0][0]}: task_to_id has no {', '.join(missing)}")
+    where, initial = checked.find("max_initial_timestamp_index")
+    if initial is not None and (isinstance(initial, bool) or not isinstance(initial, int)
+                                or initial < 0):
+        raise SpeechTokensError(f"{where}: max_initial_timestamp_index={initial!r} should be "
+                                "a whole number of 0 or more")
+    no_timestamps = checked.required("no_timestamps_token_id")
+    if no_timestamps + 1 >= vocab_size:
+        raise SpeechTokensError(f"{files[0][0]}: no_timestamps_token_id={no_timestamps} leaves "
+                                f"no timestamp tokens below vocab_size={vocab_size}")
+    return SpeechTokens(checked.required("decoder_start_token_id"),
+                        checked.required("eos_token_id"), no_timestamps,
+                        checked.names("lang_to_id", strip=True), tasks,
+                        checked.ids("suppress_tokens"), checked.ids("begin_suppress_tokens"),
+                        initial)

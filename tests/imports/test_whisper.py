@@ -1,0 +1,182 @@
+"""Whisper (registry/maps/whisper.yaml, registry/stems.py's mel stem, cards whisper-*): the counts
+against transformers' WhisperForConditionalGeneration on the meta device, the stem's sinusoids
+against transformers' formula, and a tiny random WhisperForConditionalGeneration folder
+(tests/support/whisper_folder.py) imported: teacher-forced logits and greedy transcript tokens
+(language and task forced, with and without timestamps) equal to transformers' in PyTorch.
+transformers is the reference: no download."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from registry.params import total_parameters
+from runtime.speech_rules import next_token
+from runtime.speech_tokens import SpeechTokens, read_speech_tokens
+from tests.conftest import card
+from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
+from tests.support.whisper_folder import N_MELS, SECONDS, whisper_folder
+from zoo.assemble import build_model
+from zoo.blocks.mel_frames import whisper_sinusoids
+from zoo.files.weights import load_built
+
+transformers = pytest.importorskip("transformers")
+modeling = pytest.importorskip("transformers.models.whisper.modeling_whisper")
+
+ATOL = 1e-4
+BASE = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+            decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048)
+
+
+@pytest.mark.parametrize(("name", "sizes", "published"), [
+    ("whisper-tiny", {}, 37_760_640), ("whisper-base", BASE, 72_593_920)])
+def test_counts_are_transformers(name: str, sizes: dict[str, int], published: int) -> None:
+    """openai/whisper-tiny and -base (transformers' defaults are tiny's sizes)."""
+    with torch.device("meta"):
+        reference = transformers.WhisperForConditionalGeneration(
+            transformers.WhisperConfig(**sizes))
+        model = build_model(card(name), meta=True)
+    assert sum(p.numel() for p in reference.parameters()) == published
+    assert sum(p.numel() for p in model.parameters()) == published
+    assert total_parameters(card(name).fields) == published
+
+
+def test_the_test_card_counts_as_transformers(source: tuple[Path, torch.nn.Module]) -> None:
+    _, reference = source
+    assert total_parameters(card("whisper-tiny-test").fields) == sum(
+        p.numel() for p in reference.parameters())
+
+
+@pytest.mark.parametrize(("length", "channels"), [(1500, 384), (250, 64)])
+def test_sinusoids_are_transformers(length: int, channels: int) -> None:
+    """The stem's table is Whisper's (its timescales over channels/2 - 1, not Vaswani's);
+    transformers computes its angles (up to 1500 radians) in float32, the stem in float64,
+    hence 2e-4."""
+    expected = modeling.sinusoids(length, channels)
+    torch.testing.assert_close(whisper_sinusoids(length, channels), expected, atol=2e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    return whisper_folder(tmp_path_factory.mktemp("whisper"))
+
+
+@pytest.fixture(scope="module")
+def built(source: tuple[Path, torch.nn.Module]) -> Path:
+    folder, _ = source
+    out = folder.parent / "built"
+    zoo_ok("import", folder, "-o", out)
+    return out
+
+
+def features(batch: int, seed: int = 0) -> torch.Tensor:
+    """Log-mel-like frames of whisper-tiny-test's 5 s (transformers' encoder reads only that)."""
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.standard_normal((batch, N_MELS, SECONDS * 100))
+                            .astype(np.float32))
+
+
+def test_imported_logits_are_transformers(source: tuple[Path, torch.nn.Module],
+                                          built: Path) -> None:
+    _, reference = source
+    model, _ = load_built(built)
+    values = features(2)
+    targets = torch.tensor([[257, 258, 261, 265, 40, 41, 300], [257, 259, 260, 266, 90, 91, 92]])
+    with torch.no_grad():
+        expected = reference(input_features=values, decoder_input_ids=targets).logits
+        got = model(values, targets)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+def test_imported_sinusoids_are_the_formula(built: Path) -> None:
+    """transformers saves the encoder's positions as a weight; the import reads it, and it is
+    the stem's own formula."""
+    model, _ = load_built(built)
+    torch.testing.assert_close(model.source_embeddings.positions,
+                               whisper_sinusoids(SECONDS * 50, 64), atol=1e-4, rtol=0)
+
+
+def test_special_tokens_are_read_from_generation_config(built: Path) -> None:
+    tokens = read_speech_tokens(built, 1767)
+    assert (tokens.start, tokens.end, tokens.no_timestamps) == (257, 256, 265)
+    assert tokens.languages == {"en": 258, "fr": 259}
+    assert tokens.tasks == {"translate": 260, "transcribe": 261}
+    assert tokens.begin_suppress == (220, 256) and tokens.suppress == (262, 263, 264)
+    assert tokens.prompt("fr", "translate", timestamps=False) == [257, 259, 260, 265]
+
+
+def greedy(model: torch.nn.Module, values: torch.Tensor, tokens: SpeechTokens, prompt: list[int],
+           timestamps: bool, max_length: int) -> list[int]:
+    """The zoo's model step by step with both caches, under runtime/speech_rules.py."""
+    with torch.no_grad():
+        cross = model.cross_cache(model.encode(values))
+        logits, past = model.decode(torch.tensor([prompt]), cross)
+        generated: list[int] = []
+        while len(prompt) + len(generated) < max_length:
+            token = next_token(logits[0, -1].numpy(), generated, tokens, timestamps)
+            generated.append(token)
+            if token == tokens.end:
+                break
+            logits, past = model.decode(torch.tensor([[token]]), cross, None, past)
+    return generated
+
+
+@pytest.mark.parametrize(("language", "task", "timestamps"), [
+    ("en", "transcribe", False), ("fr", "translate", False), ("en", "transcribe", True)])
+def test_greedy_tokens_are_transformers_generate(source: tuple[Path, torch.nn.Module],
+                                                 built: Path, language: str, task: str,
+                                                 timestamps: bool) -> None:
+    _, reference = source
+    model, _ = load_built(built)
+    tokens = read_speech_tokens(built, 1767)
+    for seed in (len(language) + len(task) + timestamps,):  # one clip each, a different one
+        values = features(1, seed=seed)
+        with torch.no_grad():
+            output = reference.generate(values, language=language, task=task,
+                                        return_timestamps=timestamps,
+                                        return_dict_in_generate=True)
+        prompt = tokens.prompt(language, task, timestamps)
+        got = greedy(model, values, tokens, prompt, timestamps, max_length=64)
+        if not timestamps:
+            returned = output["sequences"][0].tolist()
+            assert returned[:len(prompt)] == prompt and got == returned[len(prompt):]
+            continue
+        # with timestamps transformers returns the text up to the last whole segment; the
+        # tokens its one generate call chose are the segments' `result`
+        raw = output["segments"][0][-1]["result"]["sequences"].tolist()
+        assert raw[:len(prompt)] == prompt and got == raw[len(prompt):]
+        returned = output["sequences"][0].tolist()
+        assert got[:len(returned)] == returned
+        assert sum(token > tokens.no_timestamps for token in got) >= 2
+
+
+def test_a_setting_the_blocks_do_not_compute_is_refused(source: tuple[Path, torch.nn.Module],
+                                                        tmp_path: Path) -> None:
+    folder, _ = source
+    config = json.loads((folder / "config.json").read_text())
+    changed = tmp_path / "hf"
+    changed.mkdir()
+    for name in ("model.safetensors", "generation_config.json", "tokenizer.json"):
+        (changed / name).write_bytes((folder / name).read_bytes())
+    (changed / "config.json").write_text(json.dumps({**config, "scale_embedding": True}))
+    assert_one_line_error(zoo("import", changed, "-o", tmp_path / "out"), "scale_embedding=True")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_its_special_tokens_is_refused(source: tuple[Path, torch.nn.Module],
+                                                        tmp_path: Path) -> None:
+    folder, _ = source
+    changed = tmp_path / "hf"
+    changed.mkdir()
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        (changed / name).write_bytes((folder / name).read_bytes())
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (changed / "generation_config.json").write_text(json.dumps(
+        {**generation, "no_timestamps_token_id": 5000}))
+    assert_one_line_error(zoo("import", changed, "-o", tmp_path / "out"),
+                          "no_timestamps_token_id=5000 should be a token id below")
+    assert not (tmp_path / "out").exists()

@@ -158,6 +158,12 @@ class Family:
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
         raise NotImplementedError
 
+    def generation_check(self, reference: Any, candidate: Any, steps: int, seed: int
+                         ) -> tuple[str, bool, int] | None:
+        """The parity grid's greedy comparison where the family's own differs from generating
+        after token ids: (what, same tokens, steps); None: the generic one, if it generates."""
+        return None
+
     def check_quantization(self, card: Card, choice: str | None) -> None:
         """Refuse, before any tracing, a quantization this family's graphs are not made for."""
         if choice == "int8-dynamic" and not self.dynamic_files:

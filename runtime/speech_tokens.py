@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
-from registry.paths import display_path
+from registry.paths import display_path, inside
+from registry.stems import is_mel_card
 
 GENERATION_CONFIG = "generation_config.json"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"  # WhisperFeatureExtractor's settings
 TASKS = ("transcribe", "translate")
 SECONDS_PER_TIMESTAMP = 0.02  # Whisper's timestamp tokens are 20 ms apart
 
@@ -153,3 +155,33 @@ def read_speech_tokens(folder: Path, vocab_size: int) -> SpeechTokens:
                         checked.names("lang_to_id", strip=True), tasks,
                         checked.ids("suppress_tokens"), checked.ids("begin_suppress_tokens"),
                         initial)
+
+
+def speech_files(folder: Path, card: Any) -> list[Path]:
+    """A Whisper folder's files that travel with it (import to built folder to export): its
+    generation_config.json (read and checked) and its feature extractor's
+    preprocessor_config.json where it has one (its mel bins checked against the card's); none
+    for another card."""
+    if not is_mel_card(card):
+        return []
+    folder = Path(folder)
+    where = display_path(folder)
+    tokens = inside(folder, GENERATION_CONFIG, where, "generation config")
+    read_speech_tokens(folder, card["vocab_size"])
+    processor = inside(folder, PREPROCESSOR_CONFIG, where, "preprocessor config")
+    if not processor.is_file():
+        return [tokens]
+    bins = _read_object(processor).get("feature_size")
+    if bins != card["n_mels"]:
+        raise SpeechTokensError(f"{display_path(processor)}: feature_size={bins!r}, but the "
+                                f"model reads n_mels={card['n_mels']} mel bins")
+    return [tokens, processor]
+
+
+def speech_generation(folder: Path, card: Any) -> dict[str, Any]:
+    """The Whisper entries of an export's generation_config.json, from the one its built folder
+    brought (`speech_files`); none for another card or a folder without one (a card built
+    from seed has no languages)."""
+    if not is_mel_card(card) or not (Path(folder) / GENERATION_CONFIG).is_file():
+        return {}
+    return read_speech_tokens(folder, card["vocab_size"]).generation_config()

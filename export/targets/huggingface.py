@@ -34,6 +34,7 @@ from registry.families import spec_of
 from registry.stems import is_patch_card
 from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype
 from runtime.files.images import PREPROCESSOR_CONFIG, default_config
+from runtime.speech_tokens import speech_generation
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
@@ -114,7 +115,8 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
               "transformers.js_config": client}
     _write_json(folder / CONFIG_JSON, config)
     if spec.generates:
-        _write_json(folder / GENERATION_CONFIG, generation_config(card))
+        _write_json(folder / GENERATION_CONFIG,
+                    {**generation_config(card), **speech_generation(folder, card)})
     for name, content in (modules_files(card) or {}).items():
         if name == SENTENCE_CONFIG and MODEL_GRAPH in stored_as:
             # sentence-transformers opens onnx/model.onnx unless told: its Transformer module

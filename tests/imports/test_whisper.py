@@ -2,7 +2,9 @@
 against transformers' WhisperForConditionalGeneration on the meta device, the stem's sinusoids
 against transformers' formula, and a tiny random WhisperForConditionalGeneration folder
 (tests/support/whisper_folder.py) imported: teacher-forced logits and greedy transcript tokens
-(language and task forced, with and without timestamps) equal to transformers' in PyTorch.
+(language and task forced, with and without timestamps) equal to transformers' in PyTorch, and
+exported: the same logits through ONNX Runtime (plain; --optimize is slow), in the layout the
+clients read, the decoder's steps never reading the audio's states.
 transformers is the reference: no download."""
 
 from __future__ import annotations
@@ -11,14 +13,22 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from registry.params import total_parameters
+from runtime.contract import LAYOUT_DECODER, LAYOUT_ENCODER
+from runtime.exported import load
 from runtime.speech_rules import next_token
 from runtime.speech_tokens import SpeechTokens, read_speech_tokens
 from tests.conftest import card
-from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
+from tests.support.helpers import (
+    assert_error_after_progress,
+    assert_one_line_error,
+    zoo,
+    zoo_ok,
+)
 from tests.support.whisper_folder import N_MELS, SECONDS, whisper_folder
 from zoo.assemble import build_model
 from zoo.blocks.mel_frames import whisper_sinusoids
@@ -71,6 +81,21 @@ def built(source: tuple[Path, torch.nn.Module]) -> Path:
     out = folder.parent / "built"
     zoo_ok("import", folder, "-o", out)
     return out
+
+
+@pytest.fixture(scope="module")
+def exports(built: Path) -> dict[str, Path]:
+    """The export of each variant, made when a test first asks for it."""
+
+    class Exports(dict):
+        def __missing__(self, variant: str) -> Path:
+            flags = ("--optimize",) if variant == "optimize" else ()
+            out = built.parent / variant
+            zoo_ok("export", built, "--onnx", "--out", out, *flags)
+            self[variant] = out
+            return out
+
+    return Exports()
 
 
 def features(batch: int, seed: int = 0) -> torch.Tensor:
@@ -179,4 +204,76 @@ def test_a_folder_without_its_special_tokens_is_refused(source: tuple[Path, torc
         {**generation, "no_timestamps_token_id": 5000}))
     assert_one_line_error(zoo("import", changed, "-o", tmp_path / "out"),
                           "no_timestamps_token_id=5000 should be a token id below")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variant", ["plain", pytest.param("optimize", marks=pytest.mark.slow)])
+def test_onnx_logits_are_transformers(source: tuple[Path, torch.nn.Module],
+                                      exports: dict[str, Path], variant: str) -> None:
+    """encoder.onnx's memory and decoder.onnx's teacher-forced logits (over encoder.onnx's
+    cross cache), and the clients' encoder_model.onnx's memory, against transformers'."""
+    _, reference = source
+    values = features(2, seed=3)
+    targets = np.array([[257, 258, 261, 265, 40, 41], [257, 259, 260, 300, 90, 91]])
+    with torch.no_grad():
+        expected = reference(input_features=values, decoder_input_ids=torch.from_numpy(targets))
+    runtime = load(exports[variant]).runtime
+    encoded = runtime.run("encoder.onnx", {"input_features": values.numpy()})
+    memory = expected.encoder_last_hidden_state.numpy()
+    np.testing.assert_allclose(encoded["last_hidden_state"], memory, atol=ATOL, rtol=0)
+    layout = runtime.run(LAYOUT_ENCODER, {"input_features": values.numpy()})
+    np.testing.assert_allclose(layout["last_hidden_state"], memory, atol=ATOL, rtol=0)
+    cross = {name.replace("present", "past_key_values"): value
+             for name, value in encoded.items() if name.startswith("present")}
+    empty = {f"past_key_values.{i}.decoder.{kind}": np.zeros((2, 4, 0, 16), np.float32)
+             for i in range(2) for kind in ("key", "value")}
+    logits = runtime.run("decoder.onnx", {"input_ids": targets, **cross, **empty})["logits"]
+    np.testing.assert_allclose(logits, expected.logits.numpy(), atol=ATOL, rtol=0)
+
+
+def test_export_is_in_the_clients_layout(exports: dict[str, Path]) -> None:
+    """Optimum's and transformers.js's Whisper graphs: input_features alone into the encoder,
+    no mask into the merged decoder; config.json a WhisperConfig, the generation tokens
+    beside it."""
+    folder = exports["plain"]
+    names = {}
+    for file in (LAYOUT_ENCODER, LAYOUT_DECODER):
+        graph = onnx.load(str(folder / file), load_external_data=False).graph
+        names[file] = ([i.name for i in graph.input], [o.name for o in graph.output])
+    assert names[LAYOUT_ENCODER] == (["input_features"], ["last_hidden_state"])
+    inputs, outputs = names[LAYOUT_DECODER]
+    assert inputs[:2] == ["input_ids", "encoder_hidden_states"]
+    assert inputs[-1] == "use_cache_branch" and "encoder_attention_mask" not in inputs
+    assert outputs[:3] == ["logits", "present.0.decoder.key", "present.0.decoder.value"]
+    config = transformers.WhisperConfig.from_pretrained(folder)
+    assert (config.num_mel_bins, config.max_source_positions, config.d_model) == (N_MELS, 250, 64)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["lang_to_id"] == {"<|en|>": 258, "<|fr|>": 259}
+    assert generation["no_timestamps_token_id"] == 265 and generation["decoder_start_token_id"] \
+        == 257
+    assert json.loads((folder / "preprocessor_config.json").read_text())["feature_size"] == N_MELS
+
+
+def test_the_decoder_steps_never_read_the_audio_states(exports: dict[str, Path]) -> None:
+    """Why a step's time is flat in the audio's length: decoder.onnx takes the cross keys and
+    values as inputs (computed once, by encoder.onnx) and has no input of the encoder's states;
+    the merged decoder's later steps (use_cache_branch true) have no node that reads
+    encoder_hidden_states (its first step projects them, once)."""
+    folder = exports["plain"]
+    decoder = onnx.load(str(folder / "decoder.onnx"), load_external_data=False).graph
+    inputs = [i.name for i in decoder.input]
+    assert "encoder_hidden_states" not in inputs
+    assert sum(name.endswith(".encoder.key") for name in inputs) == 2
+    merged = onnx.load(str(folder / LAYOUT_DECODER), load_external_data=False).graph
+    switch = next(node for node in merged.node if node.op_type == "If")
+    branches = {a.name: a.g for a in switch.attribute}
+    readers = {name: sum("encoder_hidden_states" in node.input for node in branch.node)
+               for name, branch in branches.items()}
+    assert readers["then_branch"] == 0 and readers["else_branch"] > 0
+
+
+def test_quantizing_a_speech_model_is_refused_before_tracing(tmp_path: Path) -> None:
+    line = assert_error_after_progress(zoo("export", "whisper-tiny-test", "--onnx", "--quantize",
+                                           "int8", "--out", tmp_path / "out"))
+    assert "--quantize is not supported for a speech model" in line
     assert not (tmp_path / "out").exists()

@@ -29,7 +29,12 @@ from registry.stems import is_mel_card
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.images import processor_file
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
-from runtime.speech_tokens import GENERATION_CONFIG, SpeechTokens, read_speech_tokens
+from runtime.speech_tokens import (
+    GENERATION_CONFIG,
+    SpeechTokens,
+    read_speech_tokens,
+    speech_files,
+)
 from zoo.assemble import build_model
 from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
 from zoo.files.plausible import check_sizes
@@ -526,7 +531,8 @@ def import_checkpoint(source: Path, out: Path, force: bool = False,
     if is_mel_card(card):  # Whisper's languages, tasks and timestamps, written checked
         extra = _with_speech_tokens(read_speech_tokens(source, card["vocab_size"]), extra)
     copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files + (
-        [processor.name] if processor is not None else [])
+        [processor.name] if processor is not None else []) + [
+        path.name for path in speech_files(source, card) if path.name != GENERATION_CONFIG]
     _land(out, force, model, card, [source / name for name in copied], record, extra)
     return record
 

@@ -204,13 +204,14 @@ def test_only_four_files_switch_on_a_family_name(tmp_path: Path) -> None:
 
 
 # Running an export needs neither torch nor the exporter: runtime/ imports the standard library,
-# the libraries that run a graph and read its files, and registry/ (jinja2, sentencepiece and
-# Pillow only inside the functions that read a chat template, MarianMT's files or an image;
+# the libraries that run a graph and read its files, and registry/ (jinja2, sentencepiece,
+# Pillow and soundfile only inside the functions that read a chat template, MarianMT's files,
+# an image or an audio file;
 # starlette and uvicorn (and h11, uvicorn's HTTP parser, whose refusals the server words) only
 # in runtime/serve/, `zoo serve`'s server; ray (the `ray` extra) only in
 # runtime/serve/ray_app.py, which no module imports at load).
 RUNTIME_LIBRARIES = {"numpy", "onnxruntime", "tokenizers", "yaml", "jinja2", "sentencepiece",
-                     "llguidance", "PIL",
+                     "llguidance", "PIL", "soundfile",
                      "registry", "runtime"}
 SERVER_LIBRARIES = {"starlette", "uvicorn", "h11"}
 RAY_MODULE = "runtime.serve.ray_app"

@@ -351,6 +351,19 @@ MUTANTS = [
     Mutant("reference-weights-private", "zoo/files/weights.py",
            "path.chmod(0o666 & ~current_umask())", "pass",
            ("tests/export/test_big_exports.py::test_reference_weights_are_written_as_safetensors_saves_them",)),
+    Mutant("hann-window-symmetric", "runtime/files/audio.py",
+           "np.arange(settings.n_fft) / settings.n_fft)",
+           "np.arange(settings.n_fft) / (settings.n_fft - 1))",
+           ("tests/runtime/test_audio.py",)),
+    Mutant("audio-channels-summed", "runtime/files/audio.py",
+           "block.mean(axis=1, dtype=np.float32)", "block.sum(axis=1, dtype=np.float32)",
+           ("tests/runtime/test_audio.py",)),
+    Mutant("subtitle-milliseconds-two-digits", "runtime/transcript.py",
+           "{decimal_mark}{milliseconds:03d}", "{decimal_mark}{milliseconds:02d}",
+           ("tests/runtime/test_transcript.py",)),
+    Mutant("transcription-upload-unbounded", "runtime/serve/transcriptions.py",
+           "if received > limit:", "if received > limit * 1000:",
+           ("tests/serve/test_transcription_form.py",)),
 ]
 
 

@@ -20,8 +20,10 @@ import torch
 from registry.params import total_parameters
 from runtime.contract import LAYOUT_DECODER, LAYOUT_ENCODER
 from runtime.exported import load
+from runtime.files.audio import export_mel_settings, log_mel
 from runtime.speech_rules import next_token
 from runtime.speech_tokens import SpeechTokens, read_speech_tokens
+from runtime.transcribe import TranscribeOptions, Transcriber
 from tests.conftest import card
 from tests.support.helpers import (
     assert_error_after_progress,
@@ -277,3 +279,80 @@ def test_quantizing_a_speech_model_is_refused_before_tracing(tmp_path: Path) -> 
                                            "int8", "--out", tmp_path / "out"))
     assert "--quantize is not supported for a speech model" in line
     assert not (tmp_path / "out").exists()
+
+
+def tone(seconds: float, seed: int) -> np.ndarray:
+    """16-kHz samples: a tone in noise (what a random model hears matters less than that both
+    hear the same)."""
+    rng = np.random.default_rng(seed)
+    time = np.arange(int(seconds * 16000)) / 16000
+    return (0.3 * np.sin(2 * np.pi * (300 + 100 * seed) * time)
+            + 0.05 * rng.standard_normal(len(time))).astype(np.float32)
+
+
+@pytest.mark.parametrize(("language", "timestamps"), [("fr", False), ("en", True),
+                                                      (None, False)])
+def test_transcribed_tokens_are_transformers_generate(source: tuple[Path, torch.nn.Module],
+                                                      exports: dict[str, Path],
+                                                      language: str | None,
+                                                      timestamps: bool) -> None:
+    """From samples to tokens through ONNX Runtime (the export's graphs, the audio module's
+    features, runtime/speech_rules.py) against transformers' feature extractor and generate;
+    without a language both detect the same one."""
+    folder, reference = source
+    audio = tone(3.5, seed=len(language or "") + timestamps)
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    values = extractor(audio, sampling_rate=16000, return_tensors="pt").input_features
+    with torch.no_grad():
+        output = reference.generate(values, language=language, task="transcribe",
+                                    return_timestamps=timestamps, return_dict_in_generate=True)
+    expected = (output["segments"][0][-1]["result"]["sequences"] if timestamps
+                else output["sequences"][0]).tolist()
+    exported = load(exports["plain"])
+    transcriber = Transcriber(exported.runtime, exports["plain"], exported.tokenizer,
+                              TranscribeOptions(language=language, timestamps=timestamps))
+    features = log_mel(audio, export_mel_settings(exports["plain"]))
+    detected, rows = transcriber.decode(features[None], [0.0], language)
+    prompt = transcriber.tokens.prompt(detected, "transcribe", timestamps)
+    assert expected[:len(prompt)] == prompt
+    assert rows[0].generated == expected[len(prompt):]
+
+
+def test_zoo_run_audio_prints_the_transcript(source: tuple[Path, torch.nn.Module],
+                                             exports: dict[str, Path], tmp_path: Path) -> None:
+    """A 12-s WAV (three of the test model's 5-s windows): `--format json`'s text is each
+    window's transformers transcript, in order; verbose_json's segments lie in their
+    windows, shifted by each window's start."""
+    soundfile = pytest.importorskip("soundfile")
+    folder, reference = source
+    audio = tone(12.0, seed=2)
+    soundfile.write(tmp_path / "clip.wav", audio, 16000)
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    tokenizer = transformers.WhisperTokenizerFast.from_pretrained(folder)
+    texts = []
+    for start in range(0, len(audio), SECONDS * 16000):
+        values = extractor(audio[start:start + SECONDS * 16000], sampling_rate=16000,
+                           return_tensors="pt").input_features
+        with torch.no_grad():
+            ids = reference.generate(values, language="en", task="transcribe")[0].tolist()
+        texts.append(tokenizer.decode([i for i in ids if i < 256], skip_special_tokens=True))
+    printed = zoo_ok("run", exports["plain"], "--audio", tmp_path / "clip.wav", "--language",
+                     "en", "--format", "json")
+    assert json.loads(printed.strip().splitlines()[-1])["text"] == "".join(texts).strip()
+    verbose = json.loads(zoo_ok("run", exports["plain"], "--audio", tmp_path / "clip.wav",
+                                "--language", "en", "--format", "verbose_json"
+                                ).strip().splitlines()[-1])
+    assert verbose["duration"] == 12.0 and verbose["language"] == "english"
+    windows = {segment["seek"] for segment in verbose["segments"]}
+    assert windows == {0, 500, 1000}
+    for segment in verbose["segments"]:
+        start = segment["seek"] / 100
+        assert start <= segment["start"] <= segment["end"] <= min(12.0, start + SECONDS)
+
+
+def test_audio_that_is_not_audio_is_one_line(exports: dict[str, Path], tmp_path: Path) -> None:
+    (tmp_path / "clip.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot really")
+    assert_one_line_error(zoo("run", exports["plain"], "--audio", tmp_path / "clip.wav"),
+                          "clip.wav: not audio")
+    assert_one_line_error(zoo("run", exports["plain"], "--audio", tmp_path / "clip.wav",
+                              "--language", "de"), "language 'de' is not one of the model's")

@@ -17,6 +17,7 @@ SPECIAL = ("<|endoftext|>", "<|startoftranscript|>", *(f"<|{code}|>" for code in
 TIMESTAMPS = 1501  # <|0.00|> to <|30.00|>
 SECONDS = 5  # whisper-tiny-test's 250 encoder states: 500 frames of 10 ms
 N_MELS = 16
+TIMESTAMP_SCALE = 0.5
 
 
 def whisper_tokenizer(folder: Path) -> Any:
@@ -67,6 +68,10 @@ def whisper_folder(root: Path, name: str = "whisper-hf", seed: int = 0
     with torch.no_grad():  # tied as transformers ties them; the sinusoids as it makes them
         model.proj_out.weight = model.model.decoder.embed_tokens.weight
         model.model.encoder.embed_positions.weight.copy_(sinusoids(SECONDS * 50, 64))
+        # the timestamps' rows small, so their (tied) logits are: text wins most steps, and
+        # the 1501 timestamps together still win some (a random model otherwise says only
+        # timestamps, and a transcript without them would be empty)
+        model.model.decoder.embed_tokens.weight[ids["<|notimestamps|>"] + 1:] *= TIMESTAMP_SCALE
     model.save_pretrained(folder)
     generation = model.generation_config
     no_timestamps = ids["<|notimestamps|>"]

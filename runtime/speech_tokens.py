@@ -12,16 +12,21 @@ back from there. Torch-free.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from registry.errors import ZooError
 from registry.paths import display_path, inside
 from registry.stems import is_mel_card
+from runtime.files.audio import (
+    PREPROCESSOR_CONFIG,
+    MelSettings,
+    default_mel_settings,
+    read_mel_settings,
+)
 
 GENERATION_CONFIG = "generation_config.json"
-PREPROCESSOR_CONFIG = "preprocessor_config.json"  # WhisperFeatureExtractor's settings
 TASKS = ("transcribe", "translate")
 SECONDS_PER_TIMESTAMP = 0.02  # Whisper's timestamp tokens are 20 ms apart
 
@@ -171,11 +176,33 @@ def speech_files(folder: Path, card: Any) -> list[Path]:
     processor = inside(folder, PREPROCESSOR_CONFIG, where, "preprocessor config")
     if not processor.is_file():
         return [tokens]
-    bins = _read_object(processor).get("feature_size")
-    if bins != card["n_mels"]:
-        raise SpeechTokensError(f"{display_path(processor)}: feature_size={bins!r}, but the "
-                                f"model reads n_mels={card['n_mels']} mel bins")
+    check_settings(read_mel_settings(processor), card, display_path(processor))
     return [tokens, processor]
+
+
+def check_settings(settings: MelSettings, card: Any, where: str) -> None:
+    """The features are what the model reads: its mel bins, two frames per encoder state."""
+    if settings.n_mels != card["n_mels"]:
+        raise SpeechTokensError(f"{where}: feature_size={settings.n_mels}, but the model reads "
+                                f"n_mels={card['n_mels']} mel bins")
+    if settings.nb_max_frames != 2 * card["max_source_positions"]:
+        raise SpeechTokensError(f"{where}: nb_max_frames={settings.nb_max_frames}, but the "
+                                f"model reads {2 * card['max_source_positions']} frames "
+                                "(2 x max_source_positions)")
+
+
+def card_mel_settings(card: Any) -> MelSettings:
+    """WhisperFeatureExtractor's settings for a card without a preprocessor_config.json (built
+    from seed): its mel bins, windows of its 2 x max_source_positions frames of 10 ms."""
+    defaults = default_mel_settings(card["n_mels"])
+    frames = 2 * card["max_source_positions"]
+    samples = frames * defaults.hop_length
+    if samples % defaults.sampling_rate:
+        raise SpeechTokensError(f"{card.name}: max_source_positions={card['max_source_positions']} "
+                                "makes no whole number of seconds; give the export a "
+                                "preprocessor_config.json")
+    return replace(defaults, chunk_length=samples // defaults.sampling_rate,
+                   n_samples=samples, nb_max_frames=frames)
 
 
 def speech_generation(folder: Path, card: Any) -> dict[str, Any]:

@@ -9,8 +9,10 @@ transformers is the reference: no download."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -356,3 +358,64 @@ def test_audio_that_is_not_audio_is_one_line(exports: dict[str, Path], tmp_path:
                           "clip.wav: not audio")
     assert_one_line_error(zoo("run", exports["plain"], "--audio", tmp_path / "clip.wav",
                               "--language", "de"), "language 'de' is not one of the model's")
+
+
+@pytest.mark.parametrize("response_format", ["json", "text", "verbose_json", "srt", "vtt"])
+def test_serve_transcribes_for_the_openai_client(exports: dict[str, Path], tmp_path: Path,
+                                                 response_format: str) -> None:
+    """`POST /v1/audio/transcriptions` (zoo serve's app, in process) answers the `openai`
+    client's `audio.transcriptions.create` in every response_format with what `zoo run
+    --audio` prints for the same file."""
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
+    soundfile = pytest.importorskip("soundfile")
+    pytest.importorskip("python_multipart")
+    from runtime.serve.app import make_app
+    from runtime.serve.models import Served
+
+    soundfile.write(tmp_path / "clip.wav", tone(7.0, seed=4), 16000)
+    exported = load(exports["plain"])
+    app = make_app({"whisper": Served("whisper", exported, max_queue=2)}, None)
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
+                                http_client=httpx.AsyncClient(
+                                    transport=httpx.ASGITransport(app=app)))
+
+    async def call() -> Any:
+        with (tmp_path / "clip.wav").open("rb") as audio:
+            return await client.audio.transcriptions.create(
+                model="whisper", file=audio, language="en", response_format=response_format)
+
+    answer = asyncio.run(call())
+    printed = zoo_ok("run", exports["plain"], "--audio", tmp_path / "clip.wav", "--language",
+                     "en", "--format", response_format)
+    if response_format in ("json", "verbose_json"):
+        expected = json.loads(printed.strip().splitlines()[-1])
+        assert answer.text == expected["text"]
+        if response_format == "verbose_json":
+            got = [(s.start, s.end, s.text) for s in answer.segments]
+            assert got == [(s["start"], s["end"], s["text"]) for s in expected["segments"]]
+            assert len(got) >= 2
+    else:
+        assert answer.strip() == printed.strip()
+
+
+def test_serve_refuses_a_file_that_is_not_audio(exports: dict[str, Path]) -> None:
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
+    pytest.importorskip("python_multipart")
+    from runtime.serve.app import make_app
+    from runtime.serve.models import Served
+
+    app = make_app({"whisper": Served("whisper", load(exports["plain"]), max_queue=2)}, None)
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
+                                http_client=httpx.AsyncClient(
+                                    transport=httpx.ASGITransport(app=app)))
+
+    async def call() -> Any:
+        return await client.audio.transcriptions.create(
+            model="whisper", file=("clip.wav", b"RIFF....WAVEjunk"))
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        asyncio.run(call())
+    assert refused.value.body["param"] == "file"
+    assert "clip.wav: not audio" in refused.value.body["message"]

@@ -10,6 +10,7 @@ optimum-onnx needs an older transformers than the zoo's own environment has.
     .venv/bin/python run.py FOLDER sentence-transformers --text A --text B
     .venv/bin/python run.py FOLDER translation --text A --text B [--max-new-tokens 32]
     .venv/bin/python run.py FOLDER image-classification --image a.png --image b.jpg
+    .venv/bin/python run.py FOLDER speech-recognition --audio a.wav [--language en] [--timestamps]
 
 causal-lm-head-dim is causal-lm with Optimum's empty cache sized by config.json's `head_dim`:
 optimum-onnx 0.1.0's ORTModelForCausalLM sizes it hidden_size // num_attention_heads for every
@@ -24,7 +25,9 @@ text) for sequence-classification; `vectors` for sentence-transformers; `inputs`
 source ids), `tokens` (its new ids, from ORTModelForSeq2SeqLM.generate) and `texts`
 (`pipeline("translation")`'s) for translation; `labels` and `scores` ({label: probability}
 per image, ORTModelForImageClassification on the folder's preprocessor_config.json through
-transformers' AutoImageProcessor) for image-classification.
+transformers' AutoImageProcessor) for image-classification; `tokens` (per 16-bit PCM WAV file,
+ORTModelForSpeechSeq2Seq.generate's greedy ids on the folder's WhisperFeatureExtractor
+features, the forced prompt first) for speech-recognition.
 
     .venv/bin/python run.py --jobs JOBS.json
 
@@ -136,15 +139,52 @@ def image_classification(folder: str, images: list[str]) -> dict[str, Any]:
     return {"labels": labels, "scores": scores}
 
 
+def read_wav(path: str) -> Any:
+    """A 16-bit PCM mono WAV's samples as float32 in [-1, 1] (the standard library's reader:
+    this environment has no soundfile)."""
+    import wave
+
+    import numpy as np
+
+    with wave.open(path, "rb") as audio:
+        if audio.getsampwidth() != 2 or audio.getnchannels() != 1:
+            raise ValueError(f"{path}: give a 16-bit PCM mono WAV")
+        data = audio.readframes(audio.getnframes())
+    return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+
+
+def speech_recognition(folder: str, paths: list[str], max_new_tokens: int,
+                       language: str | None = None, timestamps: bool = False
+                       ) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+    from transformers import AutoFeatureExtractor
+
+    extractor = AutoFeatureExtractor.from_pretrained(folder)
+    model = ORTModelForSpeechSeq2Seq.from_pretrained(folder, subfolder="onnx")
+    tokens = []
+    for path in paths:
+        features = extractor(read_wav(path), sampling_rate=extractor.sampling_rate,
+                             return_tensors="pt").input_features
+        output = model.generate(features, language=language, task="transcribe",
+                                return_timestamps=timestamps, max_new_tokens=max_new_tokens)
+        tokens.append(output[0].tolist())
+    return {"tokens": tokens}
+
+
 TASKS = {"causal-lm": causal_lm, "causal-lm-head-dim": partial(causal_lm, head_dim=True),
          "feature-extraction": feature_extraction, "masked-lm": masked_lm,
          "sequence-classification": sequence_classification,
          "sentence-transformers": sentence_transformers, "translation": translation,
-         "image-classification": image_classification}
+         "image-classification": image_classification,
+         "speech-recognition": speech_recognition}
 GENERATING = ("causal-lm", "causal-lm-head-dim", "translation")
+SPEECH = ("speech-recognition",)
 
 
-def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32) -> dict[str, Any]:
+def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32,
+        language: str | None = None, timestamps: bool = False) -> dict[str, Any]:
+    if task in SPEECH:
+        return TASKS[task](folder, texts, max_new_tokens, language, timestamps)
     if task in GENERATING:
         return TASKS[task](folder, texts, max_new_tokens)
     return TASKS[task](folder, texts)
@@ -171,12 +211,16 @@ def main() -> int:
     parser.add_argument("task", choices=list(TASKS))
     parser.add_argument("--text", action="append")
     parser.add_argument("--image", action="append", dest="text")  # image-classification's
+    parser.add_argument("--audio", action="append", dest="text")  # speech-recognition's
+    parser.add_argument("--language")
+    parser.add_argument("--timestamps", action="store_true")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args()
     if not args.text:
-        parser.error("give at least one --text (or --image)")
+        parser.error("give at least one --text (or --image, --audio)")
     try:
-        result = run(args.folder, args.task, args.text, args.max_new_tokens)
+        result = run(args.folder, args.task, args.text, args.max_new_tokens, args.language,
+                     args.timestamps)
     except Exception as exc:  # the libraries raise many types: one line, exit 1
         print(error_line(exc), file=sys.stderr)
         return 1

@@ -117,14 +117,10 @@ def check_patches(card: dict[str, Any], where: str) -> None:
     if card["position"] != LEARNED:
         raise CardError(f"{where}: stem={PATCH_EMBEDDING} has learned positions of its own: "
                         f"position should be {LEARNED}, not {card['position']}")
-    for name in TEXT_ONLY:
-        if card[name]:
-            raise CardError(f"{where}: {name}={card[name]!r} applies only to stem "
-                            f"{TOKEN_EMBEDDING} (a patch stem reads pixels, not tokens)")
+    _refuse_text_parts(card, where, "a patch stem reads pixels")
     if card["attention_pattern"][:card["n_layers"]].count("L"):
         raise CardError(f"{where}: stem={PATCH_EMBEDDING} attends globally: attention_pattern "
                         "should be G")
-
 
 
 def check_mel_frames(card: dict[str, Any], where: str) -> None:
@@ -142,7 +138,11 @@ def check_mel_frames(card: dict[str, Any], where: str) -> None:
     if card["position"] != LEARNED:
         raise CardError(f"{where}: stem={MEL_FRAMES} has sinusoids of its own in the encoder; "
                         f"the decoder's positions should be {LEARNED}, not {card['position']}")
+    _refuse_text_parts(card, where, "a mel stem reads audio frames")
+
+
+def _refuse_text_parts(card: dict[str, Any], where: str, reads: str) -> None:
     for name in TEXT_ONLY:
         if card[name]:
             raise CardError(f"{where}: {name}={card[name]!r} applies only to stem "
-                            f"{TOKEN_EMBEDDING} (a mel stem reads audio frames, not tokens)")
+                            f"{TOKEN_EMBEDDING} ({reads}, not tokens)")

@@ -10,16 +10,14 @@ import json
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from tests.support.helpers import zoo_ok
 from tests.support.optimum import PYTHON, RUNNER, require_optimum
-from tests.support.whisper_folder import whisper_folder
+from tests.support.whisper_folder import exported_with_clip
 
-transformers = pytest.importorskip("transformers")
-soundfile = pytest.importorskip("soundfile")
+pytest.importorskip("transformers")
+pytest.importorskip("soundfile")
 
 
 @pytest.mark.slow
@@ -27,22 +25,14 @@ soundfile = pytest.importorskip("soundfile")
 def test_ort_model_for_speech_seq2seq_gives_transformers_tokens(tmp_path: Path,
                                                                 timestamps: bool) -> None:
     require_optimum()
-    folder, reference = whisper_folder(tmp_path)
-    zoo_ok("import", folder, "-o", tmp_path / "built")
-    zoo_ok("export", tmp_path / "built", "--onnx", "--out", tmp_path / "out")
-    time = np.arange(56000) / 16000
-    soundfile.write(tmp_path / "clip.wav", (0.3 * np.sin(2 * np.pi * 500 * time)).astype(
-        np.float32), 16000, subtype="PCM_16")
-    samples, _ = soundfile.read(tmp_path / "clip.wav", dtype="float32")
-    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
-    features = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    _, reference, export, features = exported_with_clip(tmp_path)
     with torch.no_grad():
         output = reference.generate(features, language="en", task="transcribe",
                                     return_timestamps=timestamps, return_dict_in_generate=True)
     expected = (output["segments"][0][-1]["result"]["sequences"] if timestamps
                 else output["sequences"][0]).tolist()
     flags = ["--timestamps"] if timestamps else []
-    done = subprocess.run([str(PYTHON), str(RUNNER), str(tmp_path / "out"), "speech-recognition",
+    done = subprocess.run([str(PYTHON), str(RUNNER), str(export), "speech-recognition",
                            "--audio", str(tmp_path / "clip.wav"), "--language", "en",
                            "--max-new-tokens", "60", *flags],
                           capture_output=True, text=True, timeout=300)

@@ -13,31 +13,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from tests.support.helpers import zoo_ok
 from tests.support.js import SCRIPT, require, run_node, transformers_js_problem
-from tests.support.whisper_folder import whisper_folder
+from tests.support.whisper_folder import exported_with_clip
 
-transformers = pytest.importorskip("transformers")
-soundfile = pytest.importorskip("soundfile")
+pytest.importorskip("transformers")
+pytest.importorskip("soundfile")
 
 
 @pytest.mark.slow
 def test_speech_recognition_gives_transformers_tokens(tmp_path: Path) -> None:
     require(transformers_js_problem())
-    folder, reference = whisper_folder(tmp_path)
-    zoo_ok("import", folder, "-o", tmp_path / "built")
-    export = tmp_path / "whisper-onnx"
-    zoo_ok("export", tmp_path / "built", "--onnx", "--out", export)
-    time = np.arange(56000) / 16000
-    soundfile.write(tmp_path / "clip.wav", (0.3 * np.sin(2 * np.pi * 500 * time)).astype(
-        np.float32), 16000, subtype="PCM_16")
-    samples, _ = soundfile.read(tmp_path / "clip.wav", dtype="float32")
-    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
-    features = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    _, reference, export, features = exported_with_clip(tmp_path)
     # Without timestamps only: transformers.js 4.3.2's WhisperTimeStampLogitsProcessor is an
     # older algorithm than transformers' (no bound on the first timestamp, whose check comes
     # after a `continue`; no rule that timestamps never go back), so with timestamps the two

@@ -91,3 +91,25 @@ def whisper_folder(root: Path, name: str = "whisper-hf", seed: int = 0
     transformers.WhisperFeatureExtractor(feature_size=N_MELS, chunk_length=SECONDS
                                          ).save_pretrained(folder)
     return folder, model.eval()
+
+
+def exported_with_clip(root: Path) -> tuple[Path, Any, Path, Any]:
+    """(the folder, its transformers model, its export under root/whisper-onnx, transformers'
+    features of root/clip.wav): a 3.5-s 500-Hz tone written as 16-bit PCM (what the clients'
+    readers take), the features made from the samples as the file holds them."""
+    import numpy as np
+    import soundfile
+    import transformers
+
+    from tests.support.helpers import zoo_ok
+
+    folder, reference = whisper_folder(root)
+    zoo_ok("import", folder, "-o", root / "built")
+    zoo_ok("export", root / "built", "--onnx", "--out", root / "whisper-onnx")
+    time = np.arange(56000) / 16000
+    soundfile.write(root / "clip.wav", (0.3 * np.sin(2 * np.pi * 500 * time)).astype(
+        np.float32), 16000, subtype="PCM_16")
+    samples, _ = soundfile.read(root / "clip.wav", dtype="float32")
+    extractor = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    features = extractor(samples, sampling_rate=16000, return_tensors="pt").input_features
+    return folder, reference, root / "whisper-onnx", features

@@ -419,3 +419,20 @@ def test_serve_refuses_a_file_that_is_not_audio(exports: dict[str, Path]) -> Non
         asyncio.run(call())
     assert refused.value.body["param"] == "file"
     assert "clip.wav: not audio" in refused.value.body["message"]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (("n_heads=7", "d_model=56"), None),
+    (("n_heads=7", "d_model=63"), "needs an even d_model of 4 or more"),
+    (("position=sinusoidal",), "the decoder's positions should be learned, not sinusoidal"),
+    (("n_mels=0",), "n_mels"),
+    (("scale_embeddings=true",), "scale_embeddings=True applies only to stem token_embedding"),
+    (("family=decoder",), "stem=mel_frames applies only to family encoder-decoder")])
+def test_a_mel_card_that_cannot_be_built_is_refused(settings: tuple[str, ...],
+                                                    message: str | None) -> None:
+    """Each a line naming the field; d_model 56 over 7 heads is fine (even), 63 is not."""
+    result = zoo("show", "whisper-tiny-test", *[arg for s in settings for arg in ("--set", s)])
+    if message is None:
+        assert result.exit_code == 0, result.output
+        return
+    assert_one_line_error(result, message)

@@ -85,8 +85,13 @@ def build(name: str, out: str | None, seed: int, sets: tuple[str, ...], force: b
 @click.option("--adapter", type=click.Path(file_okay=False, path_type=Path),
               help="A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors) "
               "for DIR: kept beside the base's weights; OUT loads and exports merged.")
+@click.option("--image-size", type=Parsed(whole_number),
+              help="An image model (a ViT): import it for images this many pixels a side, its "
+              "learned patch positions interpolated bicubically (as transformers' "
+              "interpolate_pos_encoding) and its processor's size rewritten.")
 @force_option()
-def import_command(source: str, out: str, force: bool, adapter: Path | None) -> None:
+def import_command(source: str, out: str, force: bool, adapter: Path | None,
+                  image_size: int | None) -> None:
     """Import a Hugging Face GPT-2, BERT, MarianMT, Llama, Mistral, Qwen2 or Qwen3 folder, a
     BertForSequenceClassification folder or a sentence-transformers folder (config.json +
     model.safetensors), or a Llama, Mistral, Qwen2 or Qwen3 GGUF file (dequantized to float32).
@@ -98,7 +103,7 @@ def import_command(source: str, out: str, force: bool, adapter: Path | None) -> 
     """
     from zoo.commands import import_command as run_import
 
-    echo(run_import(Path(source), Path(out), force, adapter))
+    echo(run_import(Path(source), Path(out), force, adapter, image_size))
 
 
 @main.command()
@@ -343,7 +348,7 @@ def bench(source: str, json_path: str | None, force: bool, registries: tuple[str
 @main.command()
 @click.argument("source", metavar="NAME|DIR|OUT")
 @fields("request", "export.inspect.attention:Request",
-        "text ids layer head engine kind generate")
+        "text ids image layer head engine kind generate")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False),
               help="The PNG to write.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False),
@@ -352,8 +357,8 @@ def bench(source: str, json_path: str | None, force: bool, registries: tuple[str
 @registry_option
 def attention(source: str, out: str, json_path: str | None, force: bool,
               registries: tuple[str, ...], request: dict[str, Any]) -> None:
-    """Draw the attention maps of one prompt: heads of a layer, or layers x heads, tokens on
-    both axes (source tokens on the cross-attention's key axis)."""
+    """Draw the attention maps of one prompt in an about-square grid: heads of a layer, or
+    layers x heads, tokens on both axes (source tokens on the cross-attention's key axis)."""
     from export.inspect.attention import Request, attention_command
 
     echo(attention_command(Request(source, **request, registries=registries), Path(out),

@@ -33,9 +33,11 @@ from zoo.files.sources import load_source
 from zoo.files.weights import save_built
 from zoo.training.checkpoints import trainable
 from zoo.training.classify import INIT_RECORD, prepare_classifier
+from zoo.training.image_folders import read_folder
+from zoo.training.images import DIGITS, prepare_image_classifier
 from zoo.training.images import check_options as check_image_options
-from zoo.training.images import prepare_image_classifier
 from zoo.training.sharded_checkpoints import consolidate_folder, is_sharded
+from zoo.training.tasks import refuse_folder
 from zoo.training.train import Evaluated, Progress, TrainOptions, train
 
 Note = Callable[[str], None]
@@ -59,7 +61,9 @@ def build_command(name: str, out: Path, seed: int = 0, overrides: dict[str, Any]
 
 
 def import_command(source: Path, out: Path, force: bool = False,
-                   adapter: Path | None = None) -> list[str]:
+                   adapter: Path | None = None, image_size: int | None = None) -> list[str]:
+    if image_size is not None and (source.suffix == ".gguf" or is_sharded(source)):
+        raise ZooError("--image-size applies to a Hugging Face image model's folder (a ViT)")
     if is_sharded(source):  # a --shard full checkpoint: consolidated, streamed
         if adapter is not None:
             raise ZooError(f"{display_path(adapter)}: --adapter is read over a Hugging Face "
@@ -73,7 +77,8 @@ def import_command(source: Path, out: Path, force: bool = False,
                            "folder, not a GGUF file")
         return _gguf_lines(import_gguf(source, out, force), out)
     record = import_checkpoint(source, out, force,
-                               None if adapter is None else partial(_add_adapter, adapter))
+                               None if adapter is None else partial(_add_adapter, adapter),
+                               image_size)
     changed = " ".join(f"{key}={value}" for key, value in record["overrides"].items()
                        if key != "description")
     lines = [f"imported {record['architecture']} as {record['extends']} with {changed}"]
@@ -129,16 +134,22 @@ def train_command(source: str, options: TrainOptions, registries: Sequence[str] 
     options.check()  # before the card is built
     model, card = load_source(source, tuple(registries), options.seed)
     files: dict[str, bytes] = {}
-    if options.task == "classify" and is_patch_card(card):  # the digits, as images
+    if options.task == "classify" and is_patch_card(card):  # a folder per label, or digits
         check_image_options(card, options)
-        model, card, record = prepare_image_classifier(model, card, options.seed, source)
+        if options.data is None:
+            labels, data = DIGITS, "scikit-learn's 8x8 digits"
+        else:
+            labels, data = read_folder(options.data).labels, display_path(options.data)
+        model, card, record = prepare_image_classifier(model, card, options.seed, source,
+                                                       labels, data)
         files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()
-        note(f"classifier: {card['num_labels']} digits, scikit-learn's 8x8 images drawn at "
+        note(f"classifier: {card['num_labels']} labels, the images of {data} at "
              f"{card['image_size']} x {card['image_size']}; kept {len(record['kept'])} "
              f"tensors of {source}, initialised {len(record['initialised'])}")
     elif options.task == "classify":
         if options.data is None:
             raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
+        refuse_folder(card, options.data)
         model, card, record = prepare_classifier(model, card, options.data, options.seed,
                                                  source)
         files[INIT_RECORD] = (json.dumps(record, indent=1) + "\n").encode()

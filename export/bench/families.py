@@ -15,9 +15,10 @@ from pathlib import Path
 from export.bench.context import Context, Figure
 from export.bench.decoder import bench_decoder, decoder_profile, decoder_summary
 from export.bench.encoder import bench_encoder, encoder_summary, forward_profile
+from export.bench.image import bench_image, image_profile, image_summary
 from export.bench.seq2seq import bench_seq2seq, seq2seq_summary
 from registry.catalog import Card
-from registry.families import DECODER, ENCODER, ENCODER_DECODER, SEQUENCE, PerKind
+from registry.families import DECODER, ENCODER, ENCODER_DECODER, IMAGE, SEQUENCE, PerKind
 from runtime.sessions import Runtime
 
 Figures = dict[str, dict[str, Figure]]
@@ -37,5 +38,6 @@ BENCHES: PerKind[FamilyBench] = PerKind("zoo bench", {
     DECODER.kind: FamilyBench(bench_decoder, decoder_summary, decoder_profile),
     ENCODER_DECODER.kind: FamilyBench(bench_seq2seq, seq2seq_summary,
                                       partial(forward_profile, file="encoder.onnx")),
+    IMAGE.kind: FamilyBench(bench_image, image_summary, image_profile),  # a ViT
 })
 bench_of, register_bench = BENCHES.of, BENCHES.register

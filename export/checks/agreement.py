@@ -3,7 +3,8 @@
 Quantized weights cannot meet the fp32 tolerances, so we measure what matters for use: along the
 fp32 model's own greedy continuation (teacher-forced, so one early disagreement does not derail
 every later step), how often the quantized model's top-1 token is the fp32 one, and the largest
-logit difference. Encoders are compared on their MLM predictions at every position.
+logit difference. Encoders are compared on their MLM predictions at every position, an image
+model on its labels for a batch of images the check makes.
 
 Two figures gate the export: top-1 agreement, and top-5 containment (the fp32 token is among
 the quantized model's five best). Random weights are the hard case: untrained logits are nearly
@@ -135,4 +136,51 @@ def masked_lm_agreement(reference: Engine, candidate: Engine, seed: int) -> Agre
         cosine = (e * a).sum(-1) / (np.linalg.norm(e, axis=-1) * np.linalg.norm(a, axis=-1))
         agreeing = top5 = int((cosine >= 0.99).sum())
         what = f"hidden-state cosine >= 0.99, 2 x {length} positions"
+    return Agreement(what, len(e), agreeing, top5, float(np.abs(a - e).max()))
+
+
+IMAGES = 32  # images an image model's agreement is measured on
+
+
+def check_images(card: Card, processor: Any, count: int, seed: int) -> np.ndarray:
+    """(count, channels, side, side) pixel values of smooth random colour fields (a 4 x 4 grid
+    of colours, bicubic to the card's size, plus noise), through the model's processor: images
+    with structure at the patches' scale, unlike white noise."""
+    from PIL import Image
+
+    from runtime.files.images import pixel_values
+
+    rng = np.random.default_rng(seed)
+    side = card["image_size"]
+    images = []
+    for _ in range(count):
+        coarse = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+        smooth = np.asarray(coarse.resize((side, side), Image.Resampling.BICUBIC), np.float64)
+        noisy = np.clip(smooth + rng.normal(0, 12, smooth.shape), 0, 255).astype(np.uint8)
+        images.append(pixel_values(Image.fromarray(noisy), processor, "check image"))
+    return np.stack(images)
+
+
+def image_agreement(reference: Engine, candidate: Engine, seed: int) -> Agreement:
+    """Over IMAGES images the check makes, fed through the export's processor: the top-1 label
+    (the fp32 label among the candidate's top 5), or with no classifier the class token's
+    vector (cosine >= 0.99)."""
+    from runtime.files.images import model_processor
+
+    card = reference.card
+    processor = model_processor(getattr(candidate, "folder", None), card)
+    feeds = {"pixel_values": check_images(card, processor, IMAGES, seed)}
+    expected = reference.run(MODEL_GRAPH, feeds)
+    actual = candidate.run(MODEL_GRAPH, feeds)
+    side = card["image_size"]
+    if "logits" in expected:
+        e, a = expected["logits"], actual["logits"]
+        agreeing = int((e.argmax(-1) == a.argmax(-1)).sum())
+        top5 = int(_in_top5(e.argmax(-1), a).sum())
+        what = f"top-1 label, {IMAGES} images {side}x{side}"
+    else:
+        e, a = expected["last_hidden_state"][:, 0], actual["last_hidden_state"][:, 0]
+        cosine = (e * a).sum(-1) / (np.linalg.norm(e, axis=-1) * np.linalg.norm(a, axis=-1))
+        agreeing = top5 = int((cosine >= 0.99).sum())
+        what = f"class-token cosine >= 0.99, {IMAGES} images {side}x{side}"
     return Agreement(what, len(e), agreeing, top5, float(np.abs(a - e).max()))

@@ -10,7 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from export.checks.agreement import Agreement, image_agreement
 from export.family import Case, Family, GraphIO, Input
+from export.onnx.quantize import BITS
 from export.onnx.wrappers import ImageGraph
 from registry.catalog import Card
 from registry.errors import ZooError
@@ -32,9 +34,14 @@ class ImageEncoderFamily(Family):
                                       ImageGraph, attention_groups=("attentions",))}
 
     def check_quantization(self, card: Card, choice: str | None) -> None:
-        if choice is not None:  # no agreement check reads images yet
-            raise ZooError(f"{card.name}: --quantize is not supported for an image encoder "
-                           "(no agreement check over images yet); export it in float32")
+        """int8 and int4 (weight-only) are checked by the labels' agreement over images; the
+        others' checks read text (int8-dynamic's quality gate) or a GGUF file."""
+        if choice not in (None, *BITS):
+            raise ZooError(f"{card.name}: --quantize {choice} is not supported for an image "
+                           f"encoder; use --quantize {' or '.join(BITS)}")
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
+        return image_agreement(reference, candidate, seed)
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         """Batch 1 and 3 of normalized pixels (about unit scale, as a processor gives them)."""

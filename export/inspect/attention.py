@@ -2,6 +2,9 @@
 export, drawn as a grid of heatmaps (heads of a layer, or layers x heads) with the tokens on
 both axes, and written as JSON with the numbers drawn.
 
+An image model (a ViT) is given `--image FILE` instead: export/inspect/image_attention.py
+draws its class token over the patches and the rollout across layers.
+
 SOURCE is a card (built with seed 0), a model folder, or an export folder. PyTorch runs the
 model with its attentions recording (zoo/blocks/attention.py); ONNX Runtime needs an export made
 with `--attentions`. Everything is checked before anything is computed or written.
@@ -18,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from export.inspect.image_attention import ImageLooked, image_json, image_panels, look_image
 from export.inspect.maps import AttentionGroup, maps_of
 from export.opening import open_export, open_model
 from registry.catalog import Card
@@ -25,6 +29,7 @@ from registry.errors import ZooError
 from registry.options import option, parse_ids
 from registry.paths import display_path
 from registry.sizes import attention_sizes
+from registry.stems import is_patch_card
 from runtime.contract import MANIFEST
 from runtime.files.atomic import output_file, refuse_existing, write_file
 from runtime.files.tokenizer import load_tokenizer, sequence_ids
@@ -32,7 +37,7 @@ from runtime.generate import generate
 from runtime.prompts import check_ids, check_text
 from zoo.files.sources import load_source
 from zoo.files.weights import load_built
-from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid
+from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid, square_columns
 
 ENGINES = ("torch", "onnx")
 
@@ -48,6 +53,9 @@ class Request:
     ids: list[int] | None = option(None, "Comma-separated token ids.", parse=parse_ids)
     engine: str | None = option(None, "[onnx for an export folder (made with --attentions), "
                                 "else torch]", choices=ENGINES)
+    image: str | None = option(None, "An image file, for an image model (a ViT): the class "
+                               "token's attention over the patches drawn on it, per head of "
+                               "--layer [all: the last], and the rollout across layers.")
     layer: str = option("all", "A layer index, or all.")
     head: str = option("all", "A head index, or all.")
     kind: str | None = option(  # a group: attentions | encoder | decoder | cross
@@ -131,9 +139,29 @@ def _group_name(kind: str | None, names: list[str]) -> str:
     return matches[0]
 
 
-def look(request: Request) -> Looked:
-    """Check the request, run the engine once over the sequence, and pick the maps."""
+def _look_image(request: Request, engine: Any, card: Card, folder: Path | None,
+                engine_name: str) -> ImageLooked:
+    if request.image is None or request.text is not None or request.ids is not None:
+        raise AttentionError(f"{card.name} reads images: give --image FILE (not --text or "
+                             "--ids)")
+    if request.kind not in (None, "attentions") or request.generate:
+        raise AttentionError(f"{card.name}: an image model has one group of maps and "
+                             "generates nothing (no --kind, no --generate)")
+    last = card["n_layers"] - 1
+    layer = last if request.layer == "all" else _pick(request.layer, last + 1, "layer")[0]
+    heads = _pick(request.head, attention_sizes(card).heads, "head")
+    return look_image(engine, card, folder, engine_name, Path(request.image), layer, heads)
+
+
+def look(request: Request) -> Looked | ImageLooked:
+    """Check the request, run the engine once over the sequence (or the image), and pick the
+    maps."""
     engine, card, folder, engine_name = _engine(request)
+    if is_patch_card(card):
+        return _look_image(request, engine, card, folder, engine_name)
+    if request.image is not None:
+        raise AttentionError(f"--image: {card.name} reads tokens, not images (give --text or "
+                             "--ids)")
     family = engine.family
     prompt, tokenizer = _prompt(request, card, folder)
     layers = _pick(request.layer, card["n_layers"], "layer")
@@ -173,7 +201,7 @@ def as_json(looked: Looked) -> dict[str, Any]:
 
 
 def draw_attention(request: Request, target: Path, json_path: Path | None = None,
-                   force: bool = False) -> tuple[Looked, Drawn]:
+                   force: bool = False) -> tuple[Looked | ImageLooked, Drawn]:
     """Draw the maps into the PNG `target` (and the numbers into `json_path`)."""
     check_target(target, force)
     if json_path is not None:
@@ -185,13 +213,21 @@ def draw_attention(request: Request, target: Path, json_path: Path | None = None
             if path is not None:
                 held.enter_context(output_file(path, force))
         looked = look(request)
-        title = (f"{looked.card.name}: {looked.group.name} "
+        title = (f"{looked.card.name}: {_what(looked)} "
                  f"({'ONNX Runtime' if looked.engine == 'onnx' else 'PyTorch'})")
-        drawn = heatmap_grid(panels(looked), target, force=force, title=title,
-                             columns=len(looked.heads))
+        image = isinstance(looked, ImageLooked)
+        drawn_panels = image_panels(looked) if image else panels(looked)
+        # layer by layer, head by head, in an about-square grid
+        drawn = heatmap_grid(drawn_panels, target, force=force, title=title,
+                             columns=square_columns(len(drawn_panels)))
         if json_path is not None:
-            write_file(json_path, (json.dumps(as_json(looked)) + "\n").encode("utf-8"), force)
+            numbers = image_json(looked) if image else as_json(looked)
+            write_file(json_path, (json.dumps(numbers) + "\n").encode("utf-8"), force)
     return looked, drawn
+
+
+def _what(looked: Looked | ImageLooked) -> str:
+    return "class token over patches" if isinstance(looked, ImageLooked) else looked.group.name
 
 
 def attention_command(request: Request, target: Path, json_path: Path | None = None,
@@ -199,5 +235,5 @@ def attention_command(request: Request, target: Path, json_path: Path | None = N
     """`zoo attention`: the maps drawn, and the line saying what was written."""
     looked, drawn = draw_attention(request, target, json_path, force)
     width, height = drawn.size
-    return [f"wrote {target} ({looked.group.name}, {drawn.panels} panels, {width}x{height}, "
+    return [f"wrote {target} ({_what(looked)}, {drawn.panels} panels, {width}x{height}, "
             f"{looked.engine})" + (f" and {json_path}" if json_path else "")]

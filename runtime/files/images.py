@@ -191,6 +191,12 @@ def _resized_size(size: tuple[int, int] | int, height: int, width: int) -> tuple
 
 def pixel_values(image: Any, processor: Processor, where: str) -> np.ndarray:
     """One RGB Pillow image to (3, H, W) float32, step by step as ViTImageProcessor."""
+    return normalized(resized(image, processor, where), processor)
+
+
+def resized(image: Any, processor: Processor, where: str) -> np.ndarray:
+    """One RGB Pillow image resized and center-cropped as the processor says: the (H, W, 3)
+    uint8 picture the model sees (`zoo attention --image` draws on it)."""
     if processor.size is not None:
         height, width = _resized_size(processor.size, image.height, image.width)
         image = image.resize((width, height), resample=processor.resample)
@@ -203,6 +209,11 @@ def pixel_values(image: Any, processor: Processor, where: str) -> np.ndarray:
                              f"the resized image ({height} x {width})")
         top, left = (height - crop_height) // 2, (width - crop_width) // 2
         array = array[top:top + crop_height, left:left + crop_width]
+    return array
+
+
+def normalized(array: np.ndarray, processor: Processor) -> np.ndarray:
+    """(H, W, 3) uint8 to (3, H, W) float32: rescaled and normalized as the processor says."""
     values = array.astype(np.float64)
     if processor.rescale is not None:
         values = values * processor.rescale
@@ -240,3 +251,34 @@ def export_processor(folder: Path, card: Any) -> Processor:
         raise ImageError(f"{display_path(folder)}: no {PREPROCESSOR_CONFIG} (an image "
                          "model's export has one)")
     return read_processor(path)
+
+
+def model_processor(folder: Path | None, card: Any) -> Processor:
+    """The processor a model's images go through: its folder's preprocessor_config.json where
+    it has one, else ViTImageProcessor's defaults at the card's size (what its export writes)."""
+    path = processor_file(folder, card) if folder is not None else None
+    if path is None:
+        return processor_from(default_config(card["image_size"]), PREPROCESSOR_CONFIG)
+    return read_processor(path)
+
+
+def resized_processor(folder: Path, card: Any, trained_size: int) -> dict[str, Any] | None:
+    """A folder's preprocessor_config.json (checked against the size its positions were
+    trained at) rewritten for the card's image_size: the crop set to it where the processor
+    crops (the resize before it scaled alike), else the resize. None where it has none."""
+    path = inside(Path(folder), PREPROCESSOR_CONFIG, display_path(folder), "preprocessor config")
+    if not path.is_file():
+        return None
+    where, side = display_path(path), card["image_size"]
+    check_fits(read_processor(path), trained_size, card["channels"], where)
+    config = dict(json.loads(path.read_text(encoding="utf-8")))
+    if config.get("do_center_crop", False):
+        scale = side / trained_size
+        size = _pair(config.get("size", 224), where, "size", shortest=True)
+        config["size"] = ({"shortest_edge": round(size * scale)} if isinstance(size, int) else
+                          {"height": round(size[0] * scale), "width": round(size[1] * scale)})
+        config["crop_size"] = {"height": side, "width": side}
+    else:
+        config["size"] = {"height": side, "width": side}
+    check_fits(processor_from(config, where), side, card["channels"], where)
+    return config

@@ -8,6 +8,7 @@ diagonal; padded keys get no weight) and, across engines, PyTorch against ONNX R
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +126,9 @@ def test_zoo_attention_draws_what_onnx_runtime_computes(name: str, attention_exp
     assert result.exit_code == 0, result.output
     layers, heads = tiny["n_layers"], tiny["n_heads"]
     image = imread(png)
-    assert image.shape[:2] == (round(3.5 * 100 * layers), round(4.0 * 100 * heads))
+    columns = math.ceil(math.sqrt(layers * heads))  # an about-square grid, layer by layer
+    rows = math.ceil(layers * heads / columns)
+    assert image.shape[:2] == (round(3.5 * 100 * rows), round(4.0 * 100 * columns))
     drawn = json.loads(numbers.read_text())
     assert len(drawn["panels"]) == layers * heads
     # The numbers drawn against ONNX Runtime run here directly on the same graph.
@@ -199,6 +202,7 @@ def test_torch_and_onnx_engines_draw_the_same_cross_attention(attention_exports:
     (["--head", "-1"], "--head -1: the model has heads 0..3"),
     (["--ids", "99999"], "--ids: token id 99999 is not in the vocabulary"),
     (["--kind", "cross"], "--kind cross: this model has attentions"),
+    (["--image", "cat.png"], "--image: gpt-tiny reads tokens, not images"),
 ])
 def test_bad_requests_are_one_line_and_write_nothing(args: list[str], message: str,
                                                      attention_exports: dict,
@@ -231,3 +235,38 @@ def test_an_export_without_attentions_and_an_unwritable_path_are_refused(
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, \
         result.output
     assert not (tmp_path / "a.png").exists()
+
+
+def coloured_runs(mask: np.ndarray, least: int) -> list[tuple[int, int]]:
+    """(start, end) of the runs of True in `mask` at least `least` long."""
+    edges = np.diff(np.concatenate([[0], mask.astype(int), [0]]))
+    return [(start, end) for start, end in zip(np.flatnonzero(edges == 1),
+                                               np.flatnonzero(edges == -1), strict=True)
+            if end - start >= least]
+
+
+@pytest.mark.parametrize("heads, grid", [(9, (3, 3)), (12, (4, 3))])
+def test_a_layers_heads_are_drawn_as_an_about_square_grid(heads: int, grid: tuple[int, int],
+                                                          tmp_path: Path) -> None:
+    """Read from the PNG itself (Pillow): one heatmap per head, `grid` = (columns, rows) of
+    them, and the picture's proportions those of the grid, not one long row."""
+    from PIL import Image
+
+    cards = tmp_path / "cards"
+    cards.mkdir()
+    (cards / "gpt-heads.yaml").write_text(f"extends: gpt-tiny\nd_model: {8 * heads}\n"
+                                          f"n_heads: {heads}\n")
+    png = tmp_path / "map.png"
+    result = CliRunner().invoke(main, ["attention", "gpt-heads", "--registry", str(cards),
+                                       "--ids", "5,6,7,8,9", "--layer", "0", "-o", str(png)])
+    assert result.exit_code == 0, result.output
+    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    columns, rows = grid
+    assert pixels.shape[1] / pixels.shape[0] == pytest.approx(
+        columns * 4.0 / (rows * 3.5), rel=0.02)
+    coloured = pixels.max(axis=2) - pixels.min(axis=2) > 60  # viridis; text and paper are grey
+    wide = coloured_runs(coloured.sum(axis=0) > 20, least=60)  # heatmaps, not colour bars
+    tall = coloured_runs(coloured.sum(axis=1) > 20, least=60)
+    assert (len(wide), len(tall)) == grid
+    assert sum(coloured[top:bottom, left:right].mean() > 0.9
+               for top, bottom in tall for left, right in wide) == heads

@@ -225,6 +225,9 @@ def test_logits_and_greedy_tokens_follow_the_fp32_import(made: tuple) -> None:
     assert decided >= 3  # measured: 6 of the 12 steps
 
 
+# slow: its own import and export (20 s); the QMoE path stays in the default run
+# (test_the_qmoe_nodes_hold_the_files_experts_bit_for_bit)
+@pytest.mark.slow
 def test_q4_1_experts_stay_fp32_in_the_moe_node_with_a_note(tmp_path: Path) -> None:
     types = [dict(gate="Q4_1", up="Q4_1", down="Q4_1"), TYPES[0]]
     written = write_file(tmp_path / "q41.gguf", types)
@@ -248,6 +251,9 @@ def test_q4_1_experts_stay_fp32_in_the_moe_node_with_a_note(tmp_path: Path) -> N
     assert manifest["agreement"]["passed"]
 
 
+# slow: its own import and export; the plain graph's experts are checked in the default run
+# by test_the_plain_graphs_matmulnbits_hold_every_experts_blocks
+@pytest.mark.slow
 def test_the_plain_graph_alone_has_no_moe_node_and_no_note(tmp_path: Path) -> None:
     written = write_file(tmp_path / "tiny.gguf", TYPES[:2])
     zoo_ok("import", tmp_path / "tiny.gguf", "-o", tmp_path / "imported")

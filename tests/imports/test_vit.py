@@ -77,10 +77,15 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Mod
 
 
 @pytest.fixture(scope="module")
-def exports(source: tuple[Path, torch.nn.Module]) -> dict[str, Path]:
+def built(source: tuple[Path, torch.nn.Module]) -> Path:
     folder, _ = source
-    built = folder.parent / "built"
-    zoo_ok("import", folder, "-o", built)
+    zoo_ok("import", folder, "-o", folder.parent / "built")
+    return folder.parent / "built"
+
+
+@pytest.fixture(scope="module")
+def exports(source: tuple[Path, torch.nn.Module], built: Path) -> dict[str, Path]:
+    folder, _ = source
     made = {"built": built}
     for name, flags in (("plain", ()), ("optimize", ("--optimize",))):
         made[name] = folder.parent / name
@@ -183,8 +188,202 @@ def test_text_for_an_image_model_is_refused(exports: dict[str, Path]) -> None:
     assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"), "reads images")
 
 
-def test_quantizing_an_image_model_is_refused_before_tracing(tmp_path: Path) -> None:
-    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--quantize", "int8",
-                                           "--out", tmp_path / "out"))
-    assert "--quantize is not supported for an image encoder" in line
+def test_a_quantization_without_an_image_check_is_refused_before_tracing(tmp_path: Path
+                                                                        ) -> None:
+    line = assert_error_after_progress(zoo("export", "vit-tiny", "--onnx", "--quantize",
+                                           "int8-dynamic", "--out", tmp_path / "out"))
+    assert "--quantize int8-dynamic is not supported for an image encoder; use --quantize " \
+        "int8 or int4" in line
     assert not (tmp_path / "out").exists()
+
+
+def smooth_images(count: int, seed: int) -> list:
+    """Colour fields with structure at the patches' scale (not the check's own images)."""
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (3, 5, 3), dtype=np.uint8)).resize(
+        (50, 40), Image.Resampling.BILINEAR) for _ in range(count)]
+
+
+# (top-1 agreement, largest logit error): the thresholds of the text families' weight-only
+# agreement; the errors measured are 0.059 (int8) and 0.46 (int4) on logits up to 1.86
+@pytest.mark.parametrize("quantize, top1, logit_error", [
+    ("int8", 0.9, 0.1),
+    pytest.param("int4", 0.5, 0.75, marks=pytest.mark.slow),  # int8's path, with 4 bits
+])
+def test_a_quantized_export_agrees_with_transformers_labels(
+        source: tuple[Path, torch.nn.Module], built: Path, tmp_path: Path, quantize: str,
+        top1: float, logit_error: float) -> None:
+    """The export's own agreement check passed (written in its manifest), and on other images,
+    through transformers' processor, its labels are transformers' ViTForImageClassification's
+    and its logits within a stated error."""
+    folder, reference = source
+    out = tmp_path / quantize
+    output = zoo_ok("export", built, "--onnx", "--quantize", quantize, "--optimize", "--out", out)
+    assert f"agreement ({quantize} vs fp32" in output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"]["agreement"]["passed"]
+    processor = transformers.ViTImageProcessorPil.from_pretrained(folder)
+    values = processor(smooth_images(48, seed=7), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        expected = reference(pixel_values=values).logits.numpy()
+    got = load(out).runtime.run("onnx/model.onnx", {"pixel_values": values.numpy()})
+    agreeing = (got["logits"].argmax(-1) == expected.argmax(-1)).mean()
+    error = np.abs(got["logits"] - expected).max()
+    assert agreeing >= top1, (agreeing, error)
+    assert error < logit_error, (agreeing, error)
+
+
+def test_the_image_agreement_check_catches_swapped_labels() -> None:
+    """A candidate whose logits are the reference's with two labels swapped fails the gate."""
+    from export.checks.agreement import THRESHOLDS, AgreementReport, image_agreement
+    from export.opening import open_model
+
+    tiny = card("vit-tiny")
+    reference = open_model(build_model(tiny, seed=0), tiny)
+
+    class Swapped:
+        def run(self, graph: str, feeds: dict) -> dict:
+            logits = reference.run(graph, feeds)["logits"]
+            order = np.argsort(-logits, axis=-1)
+            rows = np.arange(len(logits))
+            swapped = logits.copy()  # each image's best and second-best labels swapped
+            swapped[rows, order[:, 0]] = logits[rows, order[:, 1]]
+            swapped[rows, order[:, 1]] = logits[rows, order[:, 0]]
+            return {"logits": swapped}
+
+    row = image_agreement(reference, Swapped(), seed=0)
+    assert (row.positions, row.agreeing, row.within_top5) == (32, 0, 32)
+    assert not AgreementReport("int8", THRESHOLDS["int8"], [row]).passed
+
+
+def class_token_maps(reference: torch.nn.Module, folder: Path, image: Path) -> np.ndarray:
+    """transformers' attention probabilities, (layers, heads, tokens, tokens), of the image as
+    its own processor prepares it."""
+    processor = transformers.ViTImageProcessorPil.from_pretrained(folder)
+    values = processor(Image.open(image), return_tensors="pt")["pixel_values"]
+    reference.vit.set_attn_implementation("eager")  # the probabilities themselves
+    with torch.no_grad():
+        maps = reference.vit(pixel_values=values, output_attentions=True).attentions
+    return np.stack([layer[0].double().numpy() for layer in maps])
+
+
+def paper_rollout(maps: np.ndarray) -> np.ndarray:
+    """Abnar & Zuidema (2020), eq. 1: A = 0.5 W_att + 0.5 I per layer (W_att: the heads'
+    mean), and rollout(l_i) = A(l_i) rollout(l_(i-1)) from the first layer up."""
+    tokens = maps.shape[-1]
+    flow = np.eye(tokens)
+    for layer in maps:
+        flow = (0.5 * layer.mean(axis=0) + 0.5 * np.eye(tokens)) @ flow
+    return flow
+
+
+def test_attention_over_an_image_and_its_rollout_are_transformers(
+        source: tuple[Path, torch.nn.Module], built: Path, tmp_path: Path) -> None:
+    """`zoo attention --image`: the class token's row per head of the layer asked for, and the
+    rollout across layers, on the patch grid (4 x 4: 32 pixels in patches of 8)."""
+    folder, reference = source
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 256, (37, 45, 3), dtype=np.uint8)
+                    ).save(image)
+    numbers = tmp_path / "map.json"
+    output = zoo_ok("attention", built, "--image", image, "--layer", "0", "-o",
+                    tmp_path / "map.png", "--json", numbers)
+    assert "5 panels" in output  # 4 heads and the rollout
+    drawn = json.loads(numbers.read_text())
+    maps = class_token_maps(reference, folder, image)
+    assert drawn["grid"] == [4, 4] and [p["head"] for p in drawn["panels"]] == [0, 1, 2, 3]
+    for panel in drawn["panels"]:
+        np.testing.assert_allclose(panel["weights"], maps[0, panel["head"], 0, 1:].reshape(4, 4),
+                                   atol=1e-5)
+    np.testing.assert_allclose(drawn["rollout"], paper_rollout(maps)[0, 1:].reshape(4, 4),
+                               atol=1e-5)
+    assert Image.open(tmp_path / "map.png").size == (1200, 700)  # 3 x 2 panels
+
+
+def test_attention_of_an_image_model_asks_for_an_image(built: Path, tmp_path: Path) -> None:
+    png = tmp_path / "map.png"
+    assert_one_line_error(zoo("attention", built, "--ids", "1,2", "-o", png),
+                          "reads images: give --image FILE")
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 20)
+    assert_one_line_error(zoo("attention", built, "--image", broken, "-o", png), "broken.png")
+    assert not png.exists()
+
+
+@pytest.mark.slow  # the engines' shared path runs in the transformers test above (PyTorch)
+def test_an_attentions_export_draws_the_same_image_maps(built: Path, tmp_path: Path) -> None:
+    zoo_ok("export", built, "--onnx", "--attentions", "--out", tmp_path / "out")
+    image = tmp_path / "a.png"
+    Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(image)
+    drawn = {}
+    for engine, source in (("onnx", tmp_path / "out"), ("torch", built)):
+        zoo_ok("attention", source, "--image", image, "-o", tmp_path / f"{engine}.png",
+               "--json", tmp_path / f"{engine}.json")
+        drawn[engine] = json.loads((tmp_path / f"{engine}.json").read_text())
+    assert drawn["onnx"]["engine"] == "onnx"
+    np.testing.assert_allclose(drawn["onnx"]["rollout"], drawn["torch"]["rollout"], atol=1e-5)
+    for a, b in zip(drawn["onnx"]["panels"], drawn["torch"]["panels"], strict=True):
+        np.testing.assert_allclose(a["weights"], b["weights"], atol=1e-5)
+
+
+def test_an_import_at_another_image_size_interpolates_as_transformers(
+        source: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
+    """Weights trained at 32 x 32 (a 4 x 4 patch grid) imported for 48 x 48 (6 x 6): the
+    logits are transformers' with interpolate_pos_encoding=True on the same 48 x 48 pixels;
+    the processor now resizes to 48."""
+    folder, reference = source
+    out = tmp_path / "at48"
+    zoo_ok("import", folder, "-o", out, "--image-size", "48")
+    model, built = load_built(out)
+    assert built["image_size"] == 48 and model.embeddings.positions.shape == (1, 37, 32)
+    values = torch.from_numpy(np.random.default_rng(4).standard_normal((2, 3, 48, 48))
+                              .astype(np.float32))
+    with torch.no_grad():
+        expected = reference(pixel_values=values, interpolate_pos_encoding=True).logits
+        got = model(values)["logits"]
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    processor = json.loads((out / "preprocessor_config.json").read_text())
+    assert processor["size"] == {"height": 48, "width": 48}
+    assert json.loads((out / "source.json").read_text())["positions"]["trained_at"] == 32
+
+
+def test_an_image_size_the_patches_do_not_divide_is_refused(
+        source: tuple[Path, torch.nn.Module], tmp_path: Path) -> None:
+    folder, _ = source
+    assert_one_line_error(zoo("import", folder, "-o", tmp_path / "out", "--image-size", "50"),
+                          "image_size=50 is not a multiple of patch_size=8")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_image_bench_times_torch_transformers_and_onnx_runtime(
+        exports: dict[str, Path]) -> None:
+    """Every figure present (no timing asserted): PyTorch, transformers' class and ONNX Runtime
+    at batch 1 and 8, images per second the batch over the median. Given limits stand in for
+    the machine's probes (the slow test below runs the whole command)."""
+    from export.bench.context import Context
+    from export.bench.image import bench_image, image_summary
+    from export.opening import open_export
+
+    model, built = load_built(exports["built"])
+    limits = {"torch_flops_per_s": 1e9, "ort_flops_per_s": 1e9}
+    context = Context(open_export(exports["plain"]), model.eval(), built, "cpu", 1, limits,
+                      lambda message: None)
+    measurements = bench_image(context)
+    assert list(measurements) == ["forward_b1_32px", "forward_b8_32px"]
+    for name, batch in zip(measurements, (1, 8), strict=True):
+        assert set(measurements[name]) == {"torch", "transformers", "ort"}
+        for figure in measurements[name].values():
+            assert figure["images_per_s"] == pytest.approx(batch * 1000 / figure["median_ms"])
+    assert {"forward_b8_32px_transformers_images_per_s", "forward_b8_32px_ort_images_per_s",
+            "forward_b1_32px_ort_over_transformers_latency"} <= set(image_summary(measurements))
+
+
+@pytest.mark.slow  # the machine's probes; the figures: the test above
+def test_zoo_bench_on_a_vit_export_writes_its_figures(exports: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    output = zoo_ok("bench", exports["optimize"], "--repeats", "1", "--threads", "1", "--json",
+                    out)
+    assert "forward_b8_32px_ort_images_per_s" in output
+    result = json.loads(out.read_text())
+    assert set(result["measurements"]["forward_b8_32px"]) == {"torch", "transformers", "ort"}

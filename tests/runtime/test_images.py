@@ -16,9 +16,11 @@ import pytest
 
 from runtime.files.images import (
     MAX_PIXELS,
+    PREPROCESSOR_CONFIG,
     default_config,
     load_pixels,
     processor_from,
+    resized_processor,
 )
 from tests.support.helpers import assert_one_line_error, zoo, zoo_ok
 
@@ -138,3 +140,14 @@ def test_a_processor_config_it_cannot_follow_is_refused(export: Path, images: li
     (copy / "manifest.json").write_text(json.dumps(manifest))
     assert_one_line_error(zoo("run", copy, "--image", images[0]), "preprocessor_config.json",
                           expected)
+
+
+def test_a_cropping_processor_resized_for_another_image_size(tmp_path: Path) -> None:
+    """`zoo import --image-size`: a processor that resizes to 256 and crops 224, trained at
+    224, becomes for 112 one that resizes to 128 and crops 112 (the same share cropped)."""
+    (tmp_path / PREPROCESSOR_CONFIG).write_text(
+        '{"size": {"shortest_edge": 256}, "do_center_crop": true, "crop_size": 224}')
+    config = resized_processor(tmp_path, {"image_size": 112, "channels": 3}, 224)
+    assert config is not None
+    assert config["size"] == {"shortest_edge": 128}
+    assert config["crop_size"] == {"height": 112, "width": 112}

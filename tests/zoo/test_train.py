@@ -66,6 +66,9 @@ def test_cosine_schedule_warms_up_then_decays_to_a_tenth() -> None:
     assert all(a >= b for a, b in zip(rates[9:-1], rates[10:], strict=True))
 
 
+# slow: 1,000 steps (35 s on 2 cores); the encoder-decoder's training is shown in the default
+# run by tests/zoo/test_reverse.py::test_train_export_evaluate_end_to_end
+@pytest.mark.slow
 def test_copy_task_transformer_tiny_copies_held_out_sequences(tmp_path: Path) -> None:
     """A margin, not bit-exactness: float kernels differ by CPU (on AVX-512 FP16 one symbol of
     500 came out wrong), while an untrained model copies about one symbol in ten."""

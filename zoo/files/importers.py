@@ -27,15 +27,11 @@ from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
 from registry.stems import is_mel_card
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
-from runtime.files.images import processor_file
+from runtime.files.images import PREPROCESSOR_CONFIG, processor_file, resized_processor
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
-from runtime.speech_tokens import (
-    GENERATION_CONFIG,
-    SpeechTokens,
-    read_speech_tokens,
-    speech_files,
-)
+from runtime.speech_tokens import GENERATION_CONFIG, read_speech_tokens, speech_files
 from zoo.assemble import build_model
+from zoo.blocks.patches import interpolated_positions
 from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
 from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules
@@ -467,12 +463,36 @@ def _refuse_overlap(source: Path, out: Path) -> None:
         raise CheckpointError(f"{display_path(out)}: the output would replace the source folder")
 
 
+POSITIONS = "embeddings.positions"  # a patch stem's position table (zoo/blocks/patches.py)
+
+
+def _resize_image(fields: dict[str, Any], origins: dict[str, str], image_size: int | None,
+                  where: str) -> int | None:
+    """--image-size: the card's image_size set to it; returns the size the positions were
+    trained at (None: no resize)."""
+    if image_size is None:
+        return None
+    if "image_size" not in fields:
+        raise CheckpointError(f"{where}: --image-size applies to an image model (a ViT)")
+    trained = fields["image_size"]
+    fields["image_size"], origins["image_size"] = image_size, "--image-size"
+    return trained
+
+
+def _trained_positions(card: Card, trained: int) -> torch.Tensor:
+    """An empty position table of the shape the checkpoint holds (its grid at `trained`)."""
+    patches = (trained // card["patch_size"]) ** 2
+    return torch.empty(1, patches + 1, card["d_model"])
+
+
 def import_checkpoint(source: Path, out: Path, force: bool = False,
-                      extra: Extra | None = None) -> dict[str, Any]:
+                      extra: Extra | None = None, image_size: int | None = None
+                      ) -> dict[str, Any]:
     """Write `out` as a built folder (model.safetensors, config.yaml, tokenizer.json when the
     source has one, source.json); nothing is written on failure. Returns source.json's data.
     `extra(model, card, staging)` adds files of its own to the staged folder (`--adapter`'s)
-    and may still refuse it."""
+    and may still refuse it. `image_size`: an image model's new size, its positions
+    interpolated (`interpolated_positions`) and its processor rewritten for it."""
     source, out = Path(source), Path(out)
     refuse_existing(out, force)
     if not source.is_dir():
@@ -502,10 +522,17 @@ def import_checkpoint(source: Path, out: Path, force: bool = False,
     architecture = next((name for name in config.get("architectures") or []
                          if name in layout.architectures()), layout.data["model_type"])
     fields["description"] = f"{architecture} imported from {root.resolve().name}"
+    trained_size = _resize_image(fields, origins, image_size, config_where)
     card, overrides = make_card(parent, out.name, fields, origins, config_where)
     _check_tokenizer(tokenizer, source, card)
     model = build_model(card, seed=None)
-    mapped = map_tensors(layout, named, original, model.state_dict(), weights_where)
+    expected = model.state_dict()
+    if trained_size is not None:  # the file's table is for its own grid
+        expected = {**expected, POSITIONS: _trained_positions(card, trained_size)}
+    mapped = map_tensors(layout, named, original, expected, weights_where)
+    if trained_size is not None:
+        mapped.tensors[POSITIONS] = interpolated_positions(
+            mapped.tensors[POSITIONS], card["image_size"] // card["patch_size"])
     model.load_state_dict(mapped.tensors, strict=True)
 
     record = {
@@ -527,34 +554,36 @@ def import_checkpoint(source: Path, out: Path, force: bool = False,
         "ignored": mapped.ignored,
         "tokenizer": HF_TOKENIZER if tokenizer is not None else (text_files or None),
     }
-    processor = processor_file(source, card)  # an image model's, checked against its card
+    written: dict[str, str] = {}
+    if trained_size is None:
+        processor = processor_file(source, card)  # an image model's, checked against its card
+    else:
+        record["positions"] = {"trained_at": trained_size, "interpolated_to": image_size,
+                               "mode": "bicubic (transformers' interpolate_pos_encoding)"}
+        processor, resized = None, resized_processor(source, card, trained_size)
+        if resized is not None:
+            written[PREPROCESSOR_CONFIG] = json.dumps(resized, indent=2) + "\n"
     if is_mel_card(card):  # Whisper's languages, tasks and timestamps, written checked
-        extra = _with_speech_tokens(read_speech_tokens(source, card["vocab_size"]), extra)
+        tokens = read_speech_tokens(source, card["vocab_size"])
+        written[GENERATION_CONFIG] = json.dumps(tokens.generation_config(), indent=2) + "\n"
     copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files + (
         [processor.name] if processor is not None else []) + [
         path.name for path in speech_files(source, card) if path.name != GENERATION_CONFIG]
-    _land(out, force, model, card, [source / name for name in copied], record, extra)
+    _land(out, force, model, card, [source / name for name in copied], record, extra, written)
     return record
 
 
-def _with_speech_tokens(tokens: SpeechTokens, extra: Extra | None) -> Extra:
-    """`extra`, after writing the built folder's generation_config.json from `tokens`."""
-    def write(model: torch.nn.Module, card: Card, staging: Path) -> None:
-        (staging / GENERATION_CONFIG).write_text(
-            json.dumps(tokens.generation_config(), indent=2) + "\n", encoding="utf-8")
-        if extra is not None:
-            extra(model, card, staging)
-    return write
-
-
 def _land(out: Path, force: bool, model: torch.nn.Module, card: Card, copied: list[Path],
-          record: dict[str, Any], extra: Extra | None = None) -> None:
+          record: dict[str, Any], extra: Extra | None = None,
+          written: dict[str, str] | None = None) -> None:
     """OUT in one rename: the weights and card, the tokenizer files (already opened and
-    checked), source.json."""
+    checked), the files `written` (name: text), source.json."""
     with atomic_folder(out, force) as staging:
         save_built(model, card, staging, force=True)  # replaces the empty staging folder whole
         for path in copied:
             shutil.copyfile(path, staging / path.name)
+        for name, text in (written or {}).items():
+            (staging / name).write_text(text, encoding="utf-8")
         if extra is not None:
             extra(model, card, staging)
         (staging / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

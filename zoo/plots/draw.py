@@ -15,6 +15,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -43,6 +44,8 @@ class Panel:
     x_title: str = ""
     y_title: str = ""
     cmap: str = "viridis"
+    # an (H, W, 3) picture under the heatmap, which is stretched over it (half transparent)
+    background: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,12 @@ def save_png(figure: Figure, target: Path, force: bool) -> tuple[int, int]:
     return round(width), round(height)
 
 
+def square_columns(count: int) -> int:
+    """Columns of an about-square grid of `count` panels (9: 3 x 3, 12: 4 columns x 3 rows):
+    a long row of panels is shrunk by a screen into an unreadable strip."""
+    return math.ceil(math.sqrt(count))
+
+
 def heatmap_grid(panels: Sequence[Panel], target: Path, *, force: bool = False,
                  title: str = "", columns: int | None = None,
                  shared_scale: bool = False) -> Drawn:
@@ -126,8 +135,7 @@ def heatmap_grid(panels: Sequence[Panel], target: Path, *, force: bool = False,
                  "vmax": max(float(np.max(p.values)) for p in panels)}
     images = []
     for axis, panel in zip(axes, panels, strict=False):
-        image = axis.imshow(np.asarray(panel.values), aspect="auto", cmap=panel.cmap,
-                            interpolation="nearest", **scale)
+        image = _heatmap(axis, panel, scale)
         images.append(image)
         axis.set_title(panel.title, fontsize=9)
         axis.set_xlabel(panel.x_title)
@@ -145,7 +153,19 @@ def heatmap_grid(panels: Sequence[Panel], target: Path, *, force: bool = False,
     size = save_png(figure, Path(target), force)
     drawn = [axis for axis in figure.axes if axis.images]
     return Drawn(Path(target), size, len(drawn),
-                 images=[np.asarray(axis.images[0].get_array()) for axis in drawn])
+                 images=[np.asarray(axis.images[-1].get_array()) for axis in drawn])
+
+
+def _heatmap(axis: Any, panel: Panel, scale: dict[str, float]) -> Any:
+    """The panel's values as an image; over its background, each cell stretched over the
+    pixels it stands for (a ViT's patch grid over the image) and half transparent."""
+    if panel.background is None:
+        return axis.imshow(np.asarray(panel.values), aspect="auto", cmap=panel.cmap,
+                           interpolation="nearest", **scale)
+    height, width = panel.background.shape[:2]
+    axis.imshow(panel.background, extent=(0, width, height, 0))
+    return axis.imshow(np.asarray(panel.values), extent=(0, width, height, 0), alpha=0.6,
+                       cmap=panel.cmap, interpolation="nearest", **scale)
 
 
 def line_charts(charts: Sequence[Chart], target: Path, *, force: bool = False,

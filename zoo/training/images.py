@@ -1,9 +1,10 @@
-"""`--task classify` on an image model (a card with a patch stem, a ViT): the 8x8 handwritten
-digits scikit-learn ships (1,797 images, 10 classes; no download), each drawn as a greyscale
-image and run through the same preprocessing as `zoo run --image` (runtime/files/images.py at
-ViTImageProcessor's settings for the card's size), so a trained folder's export classifies
-image files as it was trained. A share is held out (`--eval-fraction`, 0.2 unless told) and
-scored at each checkpoint, as the text classifier's rows.
+"""`--task classify` on an image model (a card with a patch stem, a ViT): without --data, the
+8x8 handwritten digits scikit-learn ships (1,797 images, 10 classes; no download), each drawn
+as a greyscale image and run through the same preprocessing as `zoo run --image`
+(runtime/files/images.py at ViTImageProcessor's settings for the card's size), so a trained
+folder's export classifies image files as it was trained. A share is held out
+(`--eval-fraction`, 0.2 unless told) and scored at each checkpoint, as the text classifier's
+rows. With --data DIR, a folder per label: zoo/training/image_folders.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.schema import validate
-from runtime.files.images import PREPROCESSOR_CONFIG, default_config, pixel_values, processor_from
+from runtime.files.images import (
+    PREPROCESSOR_CONFIG,
+    Processor,
+    default_config,
+    pixel_values,
+    processor_from,
+)
 from zoo.assemble import build_model
 from zoo.training.classify import EVAL_BATCH, carry_weights
 
@@ -39,30 +46,36 @@ def digit_images() -> tuple[np.ndarray, np.ndarray]:
     return images, digits.target.astype(np.int64)
 
 
+def card_processor(card: Card) -> Processor:
+    """ViTImageProcessor's settings at the card's size: what training feeds and writes."""
+    return processor_from(default_config(card["image_size"]), PREPROCESSOR_CONFIG)
+
+
 def pixels_of(images: np.ndarray, card: Card) -> torch.Tensor:
     """(N, channels, image_size, image_size): each image as `zoo run --image` would see it."""
     from PIL import Image
 
-    processor = processor_from(default_config(card["image_size"]), PREPROCESSOR_CONFIG)
+    processor = card_processor(card)
     return torch.from_numpy(np.stack([
         pixel_values(Image.fromarray(image, "L").convert("RGB"), processor, "digits")
         for image in images]))
 
 
-def image_classifier_card(card: Card) -> Card:
-    """`card` as a classifier of the ten digits (its class token's vector)."""
-    changes = {"num_labels": len(DIGITS), "labels": DIGITS, "pooling": card["pooling"] or "cls"}
+def image_classifier_card(card: Card, labels: list[str] = DIGITS) -> Card:
+    """`card` as a classifier of `labels` (its class token's vector)."""
+    changes = {"num_labels": len(labels), "labels": labels, "pooling": card["pooling"] or "cls"}
     fields = validate({**card.fields, **changes}, f"{card.name} (--task classify)")
     return Card(card.name, card.path, fields, {**card.origins,
                                                **{key: "--task classify" for key in changes}})
 
 
-def prepare_image_classifier(model: nn.Module, card: Card, seed: int, source: str
+def prepare_image_classifier(model: nn.Module, card: Card, seed: int, source: str,
+                             labels: list[str] = DIGITS, data: str = "digits"
                              ) -> tuple[nn.Module, Card, dict[str, Any]]:
     """(the classifier, its card, the init record): every tensor of `model` it shares kept."""
-    new_card = image_classifier_card(card)
+    new_card = image_classifier_card(card, labels)
     classifier = build_model(new_card, seed=seed)
-    return classifier, new_card, {"source": source, "from_card": card.name, "data": "digits",
+    return classifier, new_card, {"source": source, "from_card": card.name, "data": data,
                                   **carry_weights(model, classifier)}
 
 
@@ -99,6 +112,8 @@ def predict(model: nn.Module, pixels: torch.Tensor) -> list[int]:
 
 def check_options(card: Card, options: Any) -> None:
     """Refuse what an image model's run cannot read (before the classifier is made)."""
-    if options.data is not None or options.eval is not None:
-        raise ZooError(f"{card.name}: an image model trains on scikit-learn's digits; "
-                       "--data and --eval (labelled text) are for text models")
+    if (options.data is not None and not options.data.is_dir()) or options.eval is not None:
+        raise ZooError(f"{card.name}: an image model trains on a folder with a subfolder of "
+                       "images per label (--data DIR, held out by --eval-fraction) or on "
+                       "scikit-learn's digits; --data FILE and --eval (labelled text) are for "
+                       "text models")

@@ -17,13 +17,14 @@ from torch import nn
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
+from registry.paths import display_path
 from registry.stems import is_patch_card
 from runtime.files import images as image_files
 from runtime.files.conversations import ChatRenderer, chat_files
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
 from runtime.scores import majority_baseline, scores
 from zoo.blocks import lora as lora_blocks
-from zoo.training import chat, classify, data, images, reverse
+from zoo.training import chat, classify, data, image_folders, images, reverse
 from zoo.training.schedules import SCHEDULES
 from zoo.training.sharding import MIXED_PRECISION, SHARD_MODES
 
@@ -40,8 +41,9 @@ class TrainOptions:
                        required=False)
     data: Path | None = option(None, "lm/mlm: UTF-8 text [the shipped Shakespeare]; classify: "
                                'JSONL ({"text": ..., "label": ...} a line) or CSV with a '
-                               'text,label header; chat: JSONL ({"messages": [{"role": ..., '
-                               '"content": ...}, ...]} a line).', path="file")
+                               "text,label header, or for an image model a folder with a "
+                               "subfolder of images per label [the 8x8 digits]; chat: JSONL "
+                               '({"messages": [{"role": ..., "content": ...}, ...]} a line).')
     steps: int = option(300, "Total optimizer steps.")
     batch_size: int = option(32)
     block_size: int = option(128, "Tokens per sequence.")  # capped at the card's max_positions
@@ -86,6 +88,9 @@ class TrainOptions:
         """Refuse, in one line, options that do not go together (before any card is read)."""
         if self.task == "chat" and self.data is None:
             raise ZooError('--task chat needs --data FILE (JSONL of {"messages": [...]})')
+        if self.data is not None and self.data.is_dir() and self.task != "classify":
+            raise ZooError(f"--data {display_path(self.data)} is a folder: a folder of images "
+                           "per label is for --task classify on an image model")
         if self.task not in ("classify", "chat") and (self.eval or
                                                       self.eval_fraction is not None):
             raise ZooError("--eval and --eval-fraction are for --task classify and chat")
@@ -285,6 +290,7 @@ class Classify(TrainingTask):
             return
         if options.data is None:
             raise ZooError("--task classify needs --data FILE (JSONL or CSV of text, label)")
+        refuse_folder(card, options.data)
         if not card["num_labels"]:
             raise ZooError("--task classify needs --data FILE (labelled rows) and a classifier "
                            "card (zoo.training.classify.prepare_classifier makes one)")
@@ -311,6 +317,13 @@ class Classify(TrainingTask):
         return classify.evaluate(model, self.labelled, self.card["pad_token_id"])
 
 
+def refuse_folder(card: Card, data: Path) -> None:
+    """A text classifier's --data is a file: a folder (of images per label) refused."""
+    if data.is_dir():
+        raise ZooError(f"--data {display_path(data)} is a folder: {card.name} reads text; "
+                       "give a JSONL or CSV file of text, label")
+
+
 class ImageClassify(TrainingTask):
     """`--task classify` on an image model: the digits as images (zoo/training/images.py)."""
 
@@ -320,8 +333,13 @@ class ImageClassify(TrainingTask):
     def __init__(self, card: Card, options: TrainOptions) -> None:
         images.check_options(card, options)
         super().__init__(card, options)
-        self.train_split, self.held = images.split_digits(card, options.eval_fraction,
-                                                           options.seed)
+        if options.data is None:
+            self.train_split, self.held = images.split_digits(card, options.eval_fraction,
+                                                               options.seed)
+        else:  # a folder per label; the card names its labels (zoo/commands.py made it so)
+            self.train_split, self.held = image_folders.split_folder(
+                card, options.data, options.eval_fraction, options.seed)
+        self.labels = list(card["labels"])
         self.tokens_per_image = (card["image_size"] // card["patch_size"]) ** 2 + 1
 
     def batch(self, step: int, rank: int) -> data.Batch:
@@ -343,9 +361,9 @@ class ImageClassify(TrainingTask):
 
     def evaluate(self, model: nn.Module) -> dict[str, Any]:
         truth = self.held.labels.tolist()
-        return {**scores(truth, images.predict(model, self.held.pixels), images.DIGITS),
+        return {**scores(truth, images.predict(model, self.held.pixels), self.labels),
                 "majority_baseline": majority_baseline(self.train_split.labels.tolist(), truth,
-                                                       images.DIGITS)}
+                                                       self.labels)}
 
 
 class Chat(TrainingTask):

@@ -436,3 +436,18 @@ def test_a_mel_card_that_cannot_be_built_is_refused(settings: tuple[str, ...],
         assert result.exit_code == 0, result.output
         return
     assert_one_line_error(result, message)
+
+
+def test_transcribing_loads_no_torch(exports: dict[str, Path], tmp_path: Path) -> None:
+    """`zoo run --audio` in a fresh interpreter: the transcript, and neither torch nor the
+    exporter loaded (tests/house/test_torch_free.py's check)."""
+    soundfile = pytest.importorskip("soundfile")
+    from tests.house.test_torch_free import cli_calls, loaded_after
+
+    soundfile.write(tmp_path / "clip.wav", tone(2.0, seed=1), 16000)
+    calls = {"run": ["run", str(exports["plain"]), "--audio", str(tmp_path / "clip.wav"),
+                     "--language", "en", "--format", "json"]}
+    heavy, results = loaded_after(cli_calls(calls), tmp_path)
+    code, output = results["run"]
+    assert code == 0 and "text" in json.loads(output.strip().splitlines()[-1])
+    assert heavy == []

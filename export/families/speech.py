@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from export.checks.agreement import Agreement, generation_agreement
 from export.family import Case, Family, GraphIO, Input
 from export.onnx.wrappers import SpeechDecoderGraph, SpeechEncoderGraph
 from export.targets.seq2seq_layout import layout_entry, layout_graphs
@@ -29,11 +30,29 @@ from runtime.speech_sessions import (
 
 FRAMES = ("batch_size", "feature_size", "encoder_frames")
 TARGET = ("batch_size", "sequence_length")
+WEIGHT_ONLY = ("int8", "int4")  # MatMulNBits: the decoder's steps read fewer weight bytes
 
 
 def frames(rng: np.random.Generator, card: Card, batch: int, length: int) -> np.ndarray:
     """Log-mel-like frames: about unit scale, as Whisper's features are."""
     return rng.standard_normal((batch, card["n_mels"], length)).astype(np.float32)
+
+
+class _FramesPrompt:
+    """A SpeechSession behind the prefill/step interface generation_agreement drives: its
+    prompt is the clip's frames (the random ids it is handed are not read) and the start
+    token."""
+
+    def __init__(self, session: SpeechSession, features: np.ndarray) -> None:
+        self.session, self.features = session, features
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        self.session.encode(self.features)
+        start = self.session.engine.card["bos_token_id"]
+        return self.session.step(np.full((len(self.features), 1), start, np.int64))
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return self.session.step(tokens[:, None])
 
 
 class SpeechFamily(Family):
@@ -58,9 +77,21 @@ class SpeechFamily(Family):
         return layout_entry(card)
 
     def check_quantization(self, card: Card, choice: str | None) -> None:
-        if choice is not None:  # the agreement check generates from token prompts, not audio
-            raise ZooError(f"{card.name}: --quantize is not supported for a speech model (no "
-                           "agreement check over audio yet); export it in float32")
+        if choice is not None and choice not in WEIGHT_ONLY:  # int8-dynamic, gguf
+            raise ZooError(f"{card.name}: --quantize {choice} is not supported for a speech "
+                           f"model; use --quantize {' or '.join(WEIGHT_ONLY)} (weight-only "
+                           "MatMulNBits, checked by greedy agreement over audio frames)")
+
+    def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
+        """Top-1 agreement along the reference's greedy continuation (teacher-forced) from the
+        start token, over one random window of frames."""
+        card = reference.card
+        steps = min(steps, card["max_positions"] - 1)
+        features = frames(np.random.default_rng(seed), card, 1,
+                          2 * card["max_source_positions"])
+        return generation_agreement(_FramesPrompt(SpeechSession(reference), features),
+                                    _FramesPrompt(SpeechSession(candidate), features), card,
+                                    1, steps, seed)
 
     def parity_cases(self, reference: Any, rng: np.random.Generator) -> list[Case]:
         """The encoder on 30 s (the card's whole window) and on a shorter clip; the decoder

@@ -276,11 +276,28 @@ def test_the_decoder_steps_never_read_the_audio_states(exports: dict[str, Path])
     assert readers["then_branch"] == 0 and readers["else_branch"] > 0
 
 
-def test_quantizing_a_speech_model_is_refused_before_tracing(tmp_path: Path) -> None:
+def test_dynamic_quantization_of_a_speech_model_is_refused_before_tracing(tmp_path: Path
+                                                                          ) -> None:
     line = assert_error_after_progress(zoo("export", "whisper-tiny-test", "--onnx", "--quantize",
-                                           "int8", "--out", tmp_path / "out"))
-    assert "--quantize is not supported for a speech model" in line
+                                           "int8-dynamic", "--out", tmp_path / "out"))
+    assert "--quantize int8-dynamic is not supported for a speech model" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_int8_export_agrees_and_transcribes(built: Path, tmp_path: Path) -> None:
+    """--quantize int8 (MatMulNBits) passes the greedy agreement over frames, its clients'
+    graphs stored under transformers.js's int8 names, and `zoo run --audio` reads it."""
+    soundfile = pytest.importorskip("soundfile")
+    out = tmp_path / "int8"
+    zoo_ok("export", built, "--onnx", "--quantize", "int8", "--out", out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["quantization"]["agreement"]["passed"]
+    assert (out / "onnx" / "decoder_model_merged_int8.onnx").is_file()
+    soundfile.write(tmp_path / "clip.wav", tone(2.0, seed=3), 16000)
+    printed = zoo_ok("run", out, "--audio", tmp_path / "clip.wav", "--language", "en",
+                     "--format", "json")
+    assert "text" in json.loads(printed.strip().splitlines()[-1])
 
 
 def tone(seconds: float, seed: int) -> np.ndarray:

@@ -134,6 +134,9 @@ class Exported:
         if not self.runtime.spec.generates:
             raise ZooError(f"{display_path(self.folder)}: a {self.card.family} export does not "
                            "generate; use embed, classify or masked_predictions")
+        if is_mel_card(self.card):
+            raise ZooError(f"{display_path(self.folder)}: a speech model reads audio, not "
+                           f"{what} (zoo run --audio FILE; in Python, transcribe(FILE))")
         # a text with its tokenizer's special tokens (Llama 2's BOS, a source's </s>), as
         # transformers' pipelines and llama.cpp encode one; a chat prompt comes as ids (BOS in
         # its template)

@@ -146,6 +146,9 @@ def model_of(request: Request, body: dict[str, Any], models: dict[str, Served], 
     if wants == "classify" and not card["num_labels"]:
         raise ApiError(400, f"model: {name} is not a classifier (its card sets no num_labels)",
                        "model", "invalid_value")
+    if wants in ("chat", "completions") and is_mel_card(card):
+        raise ApiError(400, f"model: {name} is a speech model: POST /v1/audio/transcriptions",
+                       "model", "invalid_value")
     if wants in ("chat", "completions") and not spec.generates:
         raise ApiError(400, f"model: a {card.family} export does not generate", "model",
                        "invalid_value")

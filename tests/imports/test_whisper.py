@@ -468,3 +468,26 @@ def test_transcribing_loads_no_torch(exports: dict[str, Path], tmp_path: Path) -
     code, output = results["run"]
     assert code == 0 and "text" in json.loads(output.strip().splitlines()[-1])
     assert heavy == []
+
+
+def test_text_for_a_speech_model_is_refused(exports: dict[str, Path]) -> None:
+    """`zoo run --text`, and a chat request to `zoo serve`, name where audio goes instead."""
+    assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"),
+                          "a speech model reads audio, not --text")
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
+    from runtime.serve.app import make_app
+    from runtime.serve.models import Served
+
+    app = make_app({"whisper": Served("whisper", load(exports["plain"]), max_queue=2)}, None)
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
+                                http_client=httpx.AsyncClient(
+                                    transport=httpx.ASGITransport(app=app)))
+
+    async def call() -> Any:
+        return await client.chat.completions.create(
+            model="whisper", messages=[{"role": "user", "content": "hi"}])
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        asyncio.run(call())
+    assert "POST /v1/audio/transcriptions" in refused.value.body["message"]

@@ -122,6 +122,25 @@ class _Checked:
             raise SpeechTokensError(f"{where}: {key} should be a list of token ids")
         return tuple(self.token(key, where, item) for item in value)
 
+    def forced(self) -> list[tuple[int, int | None]]:
+        """forced_decoder_ids (older checkpoints' prompt, [[1, language or null], [2, task],
+        ...]): positions from 1, ids of the vocabulary or null. transformers builds the prompt
+        from lang_to_id and task_to_id instead, and so does the zoo."""
+        where, value = self.find("forced_decoder_ids")
+        pairs = value or []
+        if not isinstance(pairs, list) or not all(
+                isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+            raise SpeechTokensError(f"{where}: forced_decoder_ids should be a list of "
+                                    "[position, token id] pairs")
+        found = []
+        for position, token in pairs:
+            if isinstance(position, bool) or not isinstance(position, int) or position < 1:
+                raise SpeechTokensError(f"{where}: forced_decoder_ids position {position!r} "
+                                        "should be a whole number from 1")
+            found.append((position, None if token is None else self.token(
+                "forced_decoder_ids", where, token)))
+        return found
+
     def names(self, key: str, strip: bool) -> dict[str, int]:
         where, value = self.find(key)
         if not isinstance(value or {}, dict):
@@ -151,6 +170,7 @@ def read_speech_tokens(folder: Path, vocab_size: int) -> SpeechTokens:
                                 or initial < 0):
         raise SpeechTokensError(f"{where}: max_initial_timestamp_index={initial!r} should be "
                                 "a whole number of 0 or more")
+    checked.forced()  # read and checked; the prompt is made from lang_to_id and task_to_id
     no_timestamps = checked.required("no_timestamps_token_id")
     if no_timestamps + 1 >= vocab_size:
         raise SpeechTokensError(f"{files[0][0]}: no_timestamps_token_id={no_timestamps} leaves "

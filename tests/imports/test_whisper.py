@@ -204,11 +204,15 @@ def test_a_folder_without_its_special_tokens_is_refused(source: tuple[Path, torc
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         (changed / name).write_bytes((folder / name).read_bytes())
     generation = json.loads((folder / "generation_config.json").read_text())
-    (changed / "generation_config.json").write_text(json.dumps(
-        {**generation, "no_timestamps_token_id": 5000}))
-    assert_one_line_error(zoo("import", changed, "-o", tmp_path / "out"),
-                          "no_timestamps_token_id=5000 should be a token id below")
-    assert not (tmp_path / "out").exists()
+    for change, message in (({"no_timestamps_token_id": 5000},
+                             "no_timestamps_token_id=5000 should be a token id below"),
+                            ({"forced_decoder_ids": [[1, None], [2, 9999]]},
+                             "forced_decoder_ids=9999 should be a token id below"),
+                            ({"task_to_id": {"transcribe": 261}}, "task_to_id has no translate"),
+                            ({"lang_to_id": ["<|en|>"]}, "lang_to_id should map names")):
+        (changed / "generation_config.json").write_text(json.dumps({**generation, **change}))
+        assert_one_line_error(zoo("import", changed, "-o", tmp_path / "out"), message)
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("variant", ["plain", pytest.param("optimize", marks=pytest.mark.slow)])

@@ -495,3 +495,9 @@ def test_text_for_a_speech_model_is_refused(exports: dict[str, Path]) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         asyncio.run(call())
     assert "POST /v1/audio/transcriptions" in refused.value.body["message"]
+
+
+def test_training_a_speech_model_is_refused(tmp_path: Path) -> None:
+    assert_one_line_error(zoo("train", "whisper-tiny-test", "--task", "copy", "--steps", "1",
+                              "-o", tmp_path / "out"), "`zoo train` has no task for a speech")
+    assert not (tmp_path / "out").exists()

@@ -172,6 +172,9 @@ class Family:
                            f"generation reads its weights every step: use "
                            f"{self.dynamic_alternative}")
 
+    def check_dtype(self, card: Card, dtype: str) -> None:
+        """Refuse, before any tracing, a --dtype this family's checks cannot prove."""
+
     def check_optimize(self, card: Card) -> None:
         """Refuse, before any tracing, an --optimize this card's graphs cannot be given."""
 

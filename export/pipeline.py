@@ -67,6 +67,7 @@ def export_and_verify(
     options.check()  # before minutes of exporting
     family = family_of(card)  # once: the writer, the variants and the check share it
     family.check_quantization(card, options.quantize)
+    family.check_dtype(card, options.dtype)
     if options.optimize:
         family.check_optimize(card)
     if options.dtype == FP16:

@@ -14,6 +14,7 @@ import onnx
 
 from export.checks.agreement import Agreement, generation_agreement
 from export.family import Case, Family, GraphIO, Input
+from export.onnx.precision import FP32
 from export.onnx.wrappers import SpeechDecoderGraph, SpeechEncoderGraph
 from export.targets.seq2seq_layout import layout_entry, layout_graphs
 from registry.catalog import Card
@@ -81,6 +82,12 @@ class SpeechFamily(Family):
             raise ZooError(f"{card.name}: --quantize {choice} is not supported for a speech "
                            f"model; use --quantize {' or '.join(WEIGHT_ONLY)} (weight-only "
                            "MatMulNBits, checked by greedy agreement over audio frames)")
+
+    def check_dtype(self, card: Card, dtype: str) -> None:
+        if dtype != FP32:  # the float16 check's greedy run starts from token ids
+            raise ZooError(f"{card.name}: --dtype {dtype} is not supported for a speech model "
+                           "(its float16 check generates from token prompts, not audio); "
+                           "export it in float32")
 
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Agreement:
         """Top-1 agreement along the reference's greedy continuation (teacher-forced) from the

@@ -285,6 +285,9 @@ def test_dynamic_quantization_of_a_speech_model_is_refused_before_tracing(tmp_pa
     line = assert_error_after_progress(zoo("export", "whisper-tiny-test", "--onnx", "--quantize",
                                            "int8-dynamic", "--out", tmp_path / "out"))
     assert "--quantize int8-dynamic is not supported for a speech model" in line
+    line = assert_error_after_progress(zoo("export", "whisper-tiny-test", "--onnx", "--dtype",
+                                           "fp16", "--out", tmp_path / "out"))
+    assert "--dtype fp16 is not supported for a speech model" in line
     assert not (tmp_path / "out").exists()
 
 

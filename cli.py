@@ -240,10 +240,13 @@ RUN = "commands.run:RunRequest"
 
 @main.command()
 @click.argument("folder", type=click.Path())
-@fields("request", RUN, "provider id_lists texts chats images labels template as_json")
+@fields("request", RUN, "provider id_lists texts chats images labels template audio "
+        "response_format as_json")
 @fields("options", "runtime.exported:GenerateOptions")
+@fields("transcription", "runtime.transcribe:TranscribeOptions")
 @fields("request", RUN, "threads")
-def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
+def run(folder: str, request: dict[str, Any], options: dict[str, Any],
+        transcription: dict[str, Any]) -> None:
     """Run an exported FOLDER with ONNX Runtime.
 
     Decoders and encoder-decoders generate from --ids and print the new ids; encoders print
@@ -251,12 +254,15 @@ def run(folder: str, request: dict[str, Any], options: dict[str, Any]) -> None:
     vector (a card with pooling) prints each text's top labels (classifiers) or its vector's
     size and norm, and the texts' cosine similarities. An image model's export (a ViT) prints
     each --image's top labels; a CLIP or SigLIP export each --image's scores for --labels.
+    A speech model's export (Whisper) prints --audio's transcript (--format: text, json,
+    verbose_json, srt, vtt).
     """
     from commands.run import RunRequest, run_export
     from runtime.exported import GenerateOptions
+    from runtime.transcribe import TranscribeOptions
 
-    echo(run_export(RunRequest(Path(folder), **request, options=GenerateOptions(**options)),
-                    progress))
+    echo(run_export(RunRequest(Path(folder), **request, options=GenerateOptions(**options),
+                               transcription=TranscribeOptions(**transcription)), progress))
 
 
 CORPUS = "commands.corpus:CorpusRequest"

@@ -1,12 +1,13 @@
 """`zoo run OUT`: generate from a decoder or encoder-decoder, pooled vectors and masked-token
-predictions from an encoder, labels or vectors from a model with a sentence vector."""
+predictions from an encoder, labels or vectors from a model with a sentence vector, a
+transcript from a speech model."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from registry.errors import ZooError
@@ -16,6 +17,8 @@ from runtime.exported import Exported, GenerateOptions, Prompt, load
 from runtime.prompts import check_text
 from runtime.sampling import check_new_tokens
 from runtime.sessions import PROVIDERS
+from runtime.transcribe import TranscribeOptions
+from runtime.transcript import RESPONSE_FORMATS, format_transcript
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,12 @@ class RunRequest:
                                 "(zero-shot).", metavar="A,B,...")
     template: str | None = option(None, "With --labels: the text each label is put in, at "
                                   "{} (CLIP's: 'a photo of a {}.').", metavar="TEXT")
+    audio: Path | None = option(None, "An audio file (WAV, FLAC, ...) for a speech model's "
+                                "export (Whisper): its transcript.", path="file")
+    response_format: str = option("text", "Speech models: the transcript's form, as OpenAI's "
+                                  "response_format.", flags=("--format",),
+                                  choices=RESPONSE_FORMATS)
+    transcription: TranscribeOptions = TranscribeOptions()
     as_json: bool = option(False, "Classifiers and embedding models: print the raw numbers as "
                            "JSON.", flags=("--json",))
     options: GenerateOptions = GenerateOptions()
@@ -51,6 +60,8 @@ def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: 
         exported = load(request.folder, request.provider, request.threads)
         return [exported.chat(message, request.options).text or ""
                 for message in request.chats]
+    if request.audio is not None:
+        return [_transcript_text(request)]
     if request.images:
         if request.texts or request.id_lists:
             raise ZooError("--image cannot be combined with --text or --ids")
@@ -78,6 +89,19 @@ def run_export(request: RunRequest, progress: Callable[[str], None] = lambda m: 
     if not exported.runtime.spec.generates:
         return _encoder_lines(exported, prompts, what)
     return _generated_lines(exported, prompts, what, request.options, progress)
+
+
+def _transcript_text(request: RunRequest) -> str:
+    """The transcript in --format; subtitles and verbose_json always with timestamps."""
+    if request.texts or request.id_lists or request.images or request.chats:
+        raise ZooError("--audio cannot be combined with --text, --ids, --chat or --image")
+    exported = load(request.folder, request.provider, request.threads)
+    options = request.transcription
+    if request.response_format in ("srt", "vtt", "verbose_json"):
+        options = replace(options, timestamps=True)
+    body, _ = format_transcript(exported.transcribe(request.audio, options),
+                                request.response_format)
+    return body.rstrip("\n")
 
 
 def _generated_lines(exported: Exported, prompts: list[Prompt], what: str,

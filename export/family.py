@@ -161,6 +161,12 @@ class Family:
     def agreement(self, reference: Any, candidate: Any, steps: int, seed: int) -> Any:
         raise NotImplementedError
 
+    def generation_check(self, reference: Any, candidate: Any, steps: int, seed: int
+                         ) -> tuple[str, bool, int] | None:
+        """The parity grid's greedy comparison where the family's own differs from generating
+        after token ids: (what, same tokens, steps); None: the generic one, if it generates."""
+        return None
+
     def check_quantization(self, card: Card, choice: str | None) -> None:
         """Refuse, before any tracing, a quantization this family's graphs are not made for."""
         if choice == "int8-dynamic" and not self.dynamic_files:
@@ -168,6 +174,9 @@ class Family:
                            f"classifiers, whose forward is compute-bound; a {self.name}'s "
                            f"generation reads its weights every step: use "
                            f"{self.dynamic_alternative}")
+
+    def check_dtype(self, card: Card, dtype: str) -> None:
+        """Refuse, before any tracing, a --dtype this family's checks cannot prove."""
 
     def check_optimize(self, card: Card) -> None:
         """Refuse, before any tracing, an --optimize this card's graphs cannot be given."""

@@ -31,6 +31,7 @@ from runtime.contract import ADAPTERS
 from runtime.files.images import processor_file
 from runtime.files.tokenizer import load_tokenizer, tokenizer_files
 from runtime.sessions import lean_session_options
+from runtime.speech_tokens import speech_files
 
 
 @dataclass
@@ -66,6 +67,7 @@ def export_and_verify(
     options.check()  # before minutes of exporting
     family = family_of(card)  # once: the writer, the variants and the check share it
     family.check_quantization(card, options.quantize)
+    family.check_dtype(card, options.dtype)
     if options.optimize:
         family.check_optimize(card)
     if options.attentions and not any(io.attention_groups for io in family.graphs(card).values()):
@@ -100,6 +102,7 @@ def export_and_verify(
     extra = tokenizer_files(source_folder) if source_folder is not None else []
     processor = processor_file(source_folder, card) if source_folder is not None else None
     extra += [processor] if processor is not None else []
+    extra += speech_files(source_folder, card) if source_folder is not None else []
     adapter = adapter_name(source_folder) if options.adapters == KEEP and source_folder \
         else None
     written = export_onnx(model, card, out, family, options, verify_staged, progress, extra,

@@ -46,6 +46,16 @@ def effective_bias(card: Any, field: str) -> bool:
     return card["bias"] if value is None else value
 
 
+def key_bias(card: Any) -> bool:
+    """Whether the key projection has a bias as built: `key_bias`, null (or absent) follows
+    the query and value projections' (`attention_bias`)."""
+    try:
+        value = card["key_bias"]
+    except KeyError:
+        value = None
+    return effective_bias(card, "attention_bias") if value is None else value
+
+
 def layernorm_params(card: Mapping[str, Any]) -> int:
     return 2 * card["d_model"] if card.get("norm_bias", True) else card["d_model"]
 

@@ -47,6 +47,7 @@ class FamilySpec:
     default_generate: int = 0  # tokens `zoo attention` generates when not told
     pooled_variant: FamilySpec | None = None  # the spec of its cards that set a pooling
     image_variant: FamilySpec | None = None  # the spec of its cards with a patch stem (ViT)
+    audio_variant: FamilySpec | None = None  # the spec of its cards with a mel stem (Whisper)
     inputs_noun: str = "token ids"  # what its graph reads, in errors
     # the ending of the transformers class name of its classifiers
     hf_classifier: str = "ForSequenceClassification"
@@ -68,6 +69,13 @@ SEQUENCE = FamilySpec("decoder", "sequence", ("decoder",), poolings=("mean", "la
 DECODER = FamilySpec("decoder", "decoder", ("decoder",), generates=True,
                      poolings=SEQUENCE.poolings, default_pooling="last",
                      hf_architectures=("ForCausalLM", "LMHeadModel"), pooled_variant=SEQUENCE)
+# An encoder-decoder whose source is log-mel audio frames (registry/stems.py): Whisper.
+SPEECH = FamilySpec(
+    "encoder-decoder", "speech", ("encoder", "decoder"), cross_attention=True,
+    generates=True, continues_prompt=False, prompt_noun="audio", inputs_noun="log-mel frames",
+    hf_architectures=("",),
+    hf_config_extras=_frozen({"is_encoder_decoder": True}),
+    generation_extras=_frozen({"num_beams": 1}), default_generate=16)
 # transformers.js reads `is_encoder_decoder` from config.json alone (it knows no MarianConfig
 # defaults), and MarianConfig's default forced_eos_token_id (0) would force an end token at
 # max_length where `zoo run` forces none.
@@ -76,7 +84,7 @@ ENCODER_DECODER = FamilySpec(
     generates=True, continues_prompt=False, prompt_noun="source", hf_architectures=("",),
     hf_config_extras=_frozen({"is_encoder_decoder": True, "forced_eos_token_id": None}),
     generation_extras=_frozen({"num_beams": 1, "forced_eos_token_id": None}),
-    default_generate=16)
+    default_generate=16, audio_variant=SPEECH)
 
 # A dual encoder (CLIP, SigLIP; registry/dual.py): a text tower and an image tower into one
 # space, compared by a scaled cosine. It encodes; its classes are named by their towers.
@@ -95,6 +103,8 @@ def spec_of(card: Any) -> FamilySpec:
         return spec.pooled_variant
     if spec.image_variant is not None and _has_field(card, "image_size"):  # a patch stem's
         return spec.image_variant
+    if spec.audio_variant is not None and _has_field(card, "n_mels"):  # a mel stem's
+        return spec.audio_variant
     return spec
 
 

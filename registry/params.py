@@ -11,7 +11,7 @@ from typing import Any
 import registry.dual as dual
 import registry.experts as experts
 import registry.stems as stems
-from registry.blocks import BLOCKS, effective_bias
+from registry.blocks import BLOCKS, effective_bias, key_bias
 from registry.families import SPECS
 from registry.schema import shared_embeddings, target_vocab_size
 from registry.sizes import attention_sizes
@@ -44,7 +44,8 @@ def attention_params(card: dict[str, Any]) -> int:
     d, sizes = card["d_model"], attention_sizes(card)
     weights = 2 * d * sizes.query_width + 2 * d * sizes.kv_width
     qkv_bias = effective_bias(card, "attention_bias")
-    projections = sizes.query_width + 2 * sizes.kv_width if qkv_bias else 0
+    projections = sizes.query_width + sizes.kv_width if qkv_bias else 0
+    projections += sizes.kv_width if key_bias(card) else 0
     qk_norms = 2 * norm_params({**card, "d_model": sizes.head_dim}) if card.get("qk_norm") else 0
     if card.get("qk_norm") and card.get("qk_norm_scope") == "projection":  # OLMoE's
         qk_norms = (norm_params({**card, "d_model": sizes.query_width})
@@ -73,6 +74,8 @@ def count_parameters(card: dict[str, Any]) -> dict[str, int]:
         0 if stems.is_patch_card(card) else position_params(card))
     if card.get("stem_norm"):  # CLIP's pre_layrnorm after the patches
         embeddings += norm
+    if stems.is_mel_card(card):  # the decoder's tokens, beside the audio stem
+        embeddings += vocab * d
     if card["embedding_norm"]:
         embeddings += norm
     target = target_vocab_size(card)

@@ -86,7 +86,8 @@ FIELDS: dict[str, Field] = {
     "position": Field(str, LEARNED, "position kind", choices=_blocks("position")),
     "stem": Field(str, stems.TOKEN_EMBEDDING, "input stem: token_embedding (text) or "
                   "patch_embedding (an image cut into patches, ViT; fields image_size, "
-                  "patch_size, channels)", choices=_blocks("stem")),
+                  "patch_size, channels) or mel_frames (log-mel audio frames, Whisper; fields "
+                  "n_mels, max_source_positions)", choices=_blocks("stem")),
     "rope_theta": Field(float, 10000.0, "rotary base", minimum=0.0, exclusive_minimum=True),
     "rope_scaling": Field(dict, None, "rotary scaling, as config.json's: {rope_type: linear, "
                           "factor}, {rope_type: llama3, factor, low_freq_factor, "
@@ -122,6 +123,8 @@ FIELDS: dict[str, Field] = {
     "bias": Field(bool, True, "biases in linear layers"),
     "attention_bias": Field(bool, None, "biases on the query, key and value projections "
                             "(null: bias)", nullable=True),
+    "key_bias": Field(bool, None, "a bias on the key projection (Whisper's k_proj has none; "
+                      "null: attention_bias)", nullable=True),
     "mlp_bias": Field(bool, None, "biases in the feed-forward (null: bias)", nullable=True),
     "qk_norm": Field(bool, False, "a norm over each head's queries and keys (Qwen3, OLMo 2)"),
     "qk_norm_scope": Field(str, "head", "qk_norm's reach: each head (Qwen3) or the whole query "
@@ -376,6 +379,7 @@ def _check_across_fields(card: dict[str, Any], where: str, origins: dict[str, st
     _check_sequence_heads(card, where)
     stems.check_patches(card, where)
     dual.check_dual(card, where, validate, {name: FIELDS[name].default for name in dual.FIELDS})
+    stems.check_mel_frames(card, where)
     if card["target_vocab_size"] is not None and card["family"] != "encoder-decoder":
         raise CardError(f"{where}: target_vocab_size applies only to family encoder-decoder")
     for token in ("bos_token_id", "eos_token_id"):  # tokens the decoder reads or writes

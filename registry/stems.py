@@ -4,9 +4,13 @@ embeddings; `patch_embedding` is a ViT's (Dosovitskiy et al. 2020): the image cu
 patch_size x patch_size patches, each projected to d_model (a Conv2d whose stride is its
 kernel: a linear map of each flattened patch), a learned class token before them and a learned
 position per patch and for the class token. No torch: zoo/blocks/patches.py builds it.
+`mel_frames` is Whisper's (Radford et al. 2022): log-mel frames (n_mels, frames) through two
+Conv1d of kernel 3 (the second of stride 2) with GELU, plus fixed sinusoidal positions, one per
+encoder state (max_source_positions); zoo/blocks/mel_frames.py builds it.
 
-The patch stem's fields (image_size, patch_size, channels) are present in a resolved card only
-where the card selects it; its checks across fields are `check_patches`.
+The patch stem's fields (image_size, patch_size, channels) and the mel stem's (n_mels,
+max_source_positions) are present in a resolved card only where the card selects it; their
+checks across fields are `check_patches` and `check_mel_frames`.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from registry.blocks import LEARNED, BlockEntry, register_block
 from registry.errors import CardError
 
 TOKEN_EMBEDDING, PATCH_EMBEDDING = "token_embedding", "patch_embedding"
+MEL_FRAMES = "mel_frames"
 MAX_IMAGE_SIZE = 2**14  # pixels a side; the largest published ViTs read 518 or 896
+MAX_SOURCE_POSITIONS = 2**16  # encoder states; Whisper's 1500 are 30 s of audio
 
 FIELDS: dict[str, dict[str, Any]] = {
     "image_size": dict(type=int, help="height and width of the (square) input image, in "
@@ -33,6 +39,15 @@ FIELDS: dict[str, dict[str, Any]] = {
                        "has none)"),
     "stem_norm": dict(type=bool, default=False, help="a norm over the embedded patches before "
                       "the first layer (CLIP's pre_layrnorm)"),
+}
+
+
+MEL_FIELDS: dict[str, dict[str, Any]] = {
+    "n_mels": dict(type=int, default=80, help="mel bins of each input frame (Whisper: 80, "
+                   "large-v3: 128)", minimum=1, maximum=1024),
+    "max_source_positions": dict(type=int, default=1500, help="encoder states (positions "
+                                 "after the stride-2 convolution: 1500 for 30 s of audio)",
+                                 minimum=1, maximum=MAX_SOURCE_POSITIONS),
 }
 
 
@@ -54,6 +69,22 @@ def patch_stem_params(card: Mapping[str, Any]) -> int:
     return projection + tokens * d + (num_patches(card) + tokens) * d
 
 
+def mel_stem_params(card: Mapping[str, Any]) -> int:
+    """Two Conv1d of kernel 3 (weights and biases) and the sinusoids, which transformers keeps
+    as a (frozen) weight, so they count as its parameters do."""
+    d = card["d_model"]
+    convolutions = (card["n_mels"] * d * 3 + d) + (d * d * 3 + d)
+    return convolutions + card["max_source_positions"] * d
+
+
+def is_mel_card(card: Any) -> bool:
+    """Whether a card (resolved, or anything with its fields) reads log-mel frames."""
+    try:
+        return card["stem"] == MEL_FRAMES
+    except KeyError:  # a card from before stems
+        return False
+
+
 def is_patch_card(card: Any) -> bool:
     """Whether a card (resolved, or anything with its fields) reads pixels."""
     try:
@@ -70,6 +101,9 @@ def register(field: Callable[..., Any]) -> None:
     register_block("stem", BlockEntry(
         PATCH_EMBEDDING, "zoo.blocks.patches:PatchEmbedding", patch_stem_params,
         fields={name: field(**spec) for name, spec in FIELDS.items()}))
+    register_block("stem", BlockEntry(
+        MEL_FRAMES, "zoo.blocks.mel_frames:MelFrameStem", mel_stem_params,
+        fields={name: field(**spec) for name, spec in MEL_FIELDS.items()}))
 
 
 # What a patch card cannot have: the text stem's parts and the heads that read tokens.
@@ -90,10 +124,7 @@ def check_patches(card: dict[str, Any], where: str) -> None:
     if card["position"] != LEARNED:
         raise CardError(f"{where}: stem={PATCH_EMBEDDING} has learned positions of its own: "
                         f"position should be {LEARNED}, not {card['position']}")
-    for name in TEXT_ONLY:
-        if card[name]:
-            raise CardError(f"{where}: {name}={card[name]!r} applies only to stem "
-                            f"{TOKEN_EMBEDDING} (a patch stem reads pixels, not tokens)")
+    _refuse_text_parts(card, where, "a patch stem reads pixels")
     if not card["class_token"] and card["pooling"] in ("cls", "pooler"):
         raise CardError(f"{where}: pooling={card['pooling']} reads the class token, but "
                         "class_token is false")
@@ -101,3 +132,27 @@ def check_patches(card: dict[str, Any], where: str) -> None:
         raise CardError(f"{where}: stem={PATCH_EMBEDDING} attends globally: attention_pattern "
                         "should be G")
 
+
+def check_mel_frames(card: dict[str, Any], where: str) -> None:
+    """A mel stem's card (Whisper): an encoder-decoder whose decoder reads tokens at learned
+    positions, the sinusoids split in sine and cosine halves (an even d_model), none of the
+    text stem's parts."""
+    if card["stem"] != MEL_FRAMES:
+        return
+    if card["family"] != "encoder-decoder":
+        raise CardError(f"{where}: stem={MEL_FRAMES} applies only to family encoder-decoder, "
+                        f"not {card['family']}")
+    if card["d_model"] % 2 or card["d_model"] < 4:
+        raise CardError(f"{where}: stem={MEL_FRAMES} needs an even d_model of 4 or more for "
+                        f"its sine and cosine halves, not {card['d_model']}")
+    if card["position"] != LEARNED:
+        raise CardError(f"{where}: stem={MEL_FRAMES} has sinusoids of its own in the encoder; "
+                        f"the decoder's positions should be {LEARNED}, not {card['position']}")
+    _refuse_text_parts(card, where, "a mel stem reads audio frames")
+
+
+def _refuse_text_parts(card: dict[str, Any], where: str, reads: str) -> None:
+    for name in TEXT_ONLY:
+        if card[name]:
+            raise CardError(f"{where}: {name}={card[name]!r} applies only to stem "
+                            f"{TOKEN_EMBEDDING} ({reads}, not tokens)")

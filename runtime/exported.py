@@ -16,10 +16,11 @@ from registry.dual import image_tower
 from registry.errors import ZooError, first_line
 from registry.options import option
 from registry.paths import display_path, inside
-from registry.stems import is_patch_card
+from registry.stems import is_mel_card, is_patch_card
 from runtime.classify import SequenceOutputs, run_images, run_sequences
 from runtime.dual import image_vectors, prompts_for, zero_shot
 from runtime.encode import MaskedPrediction, encode
+from runtime.files.audio import read_audio
 from runtime.files.chat import CHAT_TEMPLATE
 from runtime.files.chat_worker import render_chat
 from runtime.files.conversations import template_specials
@@ -32,6 +33,8 @@ from runtime.opening import open_export
 from runtime.prompts import check_ids, check_text
 from runtime.sampling import Sampling, check_new_tokens
 from runtime.sessions import Runtime
+from runtime.transcribe import TranscribeOptions, Transcriber
+from runtime.transcript import Transcript
 
 Prompt = str | Sequence[int]  # a text (the export's tokenizer reads it) or token ids
 
@@ -133,6 +136,9 @@ class Exported:
         if not self.runtime.spec.generates:
             raise ZooError(f"{display_path(self.folder)}: a {self.card.family} export does not "
                            "generate; use embed, classify or masked_predictions")
+        if is_mel_card(self.card):
+            raise ZooError(f"{display_path(self.folder)}: a speech model reads audio, not "
+                           f"{what} (zoo run --audio FILE; in Python, transcribe(FILE))")
         # a text with its tokenizer's special tokens (Llama 2's BOS, a source's </s>), as
         # transformers' pipelines and llama.cpp encode one; a chat prompt comes as ids (BOS in
         # its template)
@@ -224,6 +230,18 @@ class Exported:
         prompts = self.tokens(prompts_for(labels, template), "--labels", whole=True)
         scores = zero_shot(self.runtime, pixels, prompts)
         return SequenceOutputs(image_vectors(self.runtime, pixels), scores, labels)
+
+    def transcribe(self, audio: str | Path | np.ndarray,
+                   options: TranscribeOptions | None = None) -> Transcript:
+        """A speech model (Whisper): an audio file (or 16-kHz mono float32 samples) to its
+        transcript, in consecutive 30-s windows (runtime/transcribe.py)."""
+        if not is_mel_card(self.card):
+            raise ZooError(f"{display_path(self.folder)}: not a speech model (its card's stem "
+                           "reads no audio)")
+        transcriber = Transcriber(self.runtime, self.folder, self.tokenizer,
+                                  options or TranscribeOptions())  # options checked first
+        samples = audio if isinstance(audio, np.ndarray) else read_audio(Path(audio))
+        return transcriber.transcribe(samples)
 
     def embed(self, prompts: Prompt | Sequence[Prompt]) -> np.ndarray:
         """(batch, d) sentence vectors, normalised where the card says so."""

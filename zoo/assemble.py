@@ -11,7 +11,7 @@ from torch import nn
 from registry.catalog import Card
 from registry.dual import DUAL
 from registry.schema import shared_embeddings, target_vocab_size
-from registry.stems import is_patch_card
+from registry.stems import is_mel_card, is_patch_card
 from zoo.blocks.classes import build_block
 from zoo.blocks.embeddings import Embeddings
 from zoo.blocks.heads import LMHead, encoder_heads, sequence_heads
@@ -22,6 +22,7 @@ from zoo.models.dual_encoder import DualEncoder, ProbeHead, TextTower, VisionTow
 from zoo.models.encoder import Encoder
 from zoo.models.encoder_decoder import EncoderDecoder
 from zoo.models.image_encoder import ImageEncoder
+from zoo.models.speech import SpeechEncoderDecoder
 
 INIT_STD = 0.02
 
@@ -108,6 +109,11 @@ def _assemble(card: dict[str, Any]) -> nn.Module:
                                           parts.final_norm())
         heads = {spec.name: spec.build(card, parts) for spec in encoder_heads(card)}
         return Encoder(embeddings, layers, final_norm, heads, LocalAttention.from_card(card))
+    if is_mel_card(card):  # Whisper: the source is audio frames, the target tokens
+        return SpeechEncoderDecoder(
+            build_block("stem", card, None), parts.embeddings(parts.position()),
+            parts.layers(), parts.layers(cross=True), parts.final_norm(), parts.final_norm(),
+            parts.lm_head())
     position = parts.position()  # shared by both stacks: a function of position only
     target = target_vocab_size(card)
     # One matrix for source, target and output, unless untied or the vocabularies differ

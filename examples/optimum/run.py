@@ -12,6 +12,7 @@ optimum-onnx needs an older transformers than the zoo's own environment has.
     .venv/bin/python run.py FOLDER image-classification --image a.png --image b.jpg
     .venv/bin/python run.py FOLDER zero-shot-image-classification --image a.png --label cat \
         --label dog
+    .venv/bin/python run.py FOLDER speech-recognition --audio a.wav [--language en] [--timestamps]
 
 causal-lm-head-dim is causal-lm with Optimum's empty cache sized by config.json's `head_dim`:
 optimum-onnx 0.1.0's ORTModelForCausalLM sizes it hidden_size // num_attention_heads for every
@@ -29,7 +30,9 @@ per image, ORTModelForImageClassification on the folder's preprocessor_config.js
 transformers' AutoImageProcessor) for image-classification; the same for
 zero-shot-image-classification, each image's softmax over the --label texts
 (ORTModelForZeroShotImageClassification on onnx/model.onnx, a CLIP export: the folder's
-tokenizer pads the labels, its processor reads the images).
+tokenizer pads the labels, its processor reads the images); `tokens` (per 16-bit PCM WAV file,
+ORTModelForSpeechSeq2Seq.generate's greedy ids on the folder's WhisperFeatureExtractor
+features, the forced prompt first) for speech-recognition.
 
     .venv/bin/python run.py --jobs JOBS.json
 
@@ -160,6 +163,36 @@ def zero_shot(folder: str, images: list[str], labels: list[str]) -> dict[str, An
         best.append(labels[max(range(len(labels)), key=probabilities.__getitem__)])
         scores.append(dict(zip(labels, probabilities, strict=True)))
     return {"labels": best, "scores": scores}
+def read_wav(path: str) -> Any:
+    """A 16-bit PCM mono WAV's samples as float32 in [-1, 1] (the standard library's reader:
+    this environment has no soundfile)."""
+    import wave
+
+    import numpy as np
+
+    with wave.open(path, "rb") as audio:
+        if audio.getsampwidth() != 2 or audio.getnchannels() != 1:
+            raise ValueError(f"{path}: give a 16-bit PCM mono WAV")
+        data = audio.readframes(audio.getnframes())
+    return np.frombuffer(data, "<i2").astype(np.float32) / 32768.0
+
+
+def speech_recognition(folder: str, paths: list[str], max_new_tokens: int,
+                       language: str | None = None, timestamps: bool = False
+                       ) -> dict[str, Any]:
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+    from transformers import AutoFeatureExtractor
+
+    extractor = AutoFeatureExtractor.from_pretrained(folder)
+    model = ORTModelForSpeechSeq2Seq.from_pretrained(folder, subfolder="onnx")
+    tokens = []
+    for path in paths:
+        features = extractor(read_wav(path), sampling_rate=extractor.sampling_rate,
+                             return_tensors="pt").input_features
+        output = model.generate(features, language=language, task="transcribe",
+                                return_timestamps=timestamps, max_new_tokens=max_new_tokens)
+        tokens.append(output[0].tolist())
+    return {"tokens": tokens}
 
 
 TASKS = {"causal-lm": causal_lm, "causal-lm-head-dim": partial(causal_lm, head_dim=True),
@@ -167,14 +200,18 @@ TASKS = {"causal-lm": causal_lm, "causal-lm-head-dim": partial(causal_lm, head_d
          "sequence-classification": sequence_classification,
          "sentence-transformers": sentence_transformers, "translation": translation,
          "image-classification": image_classification,
-         "zero-shot-image-classification": zero_shot}
+         "zero-shot-image-classification": zero_shot, "speech-recognition": speech_recognition}
 GENERATING = ("causal-lm", "causal-lm-head-dim", "translation")
+SPEECH = ("speech-recognition",)
 
 
 def run(folder: str, task: str, texts: list[str], max_new_tokens: int = 32,
-        labels: list[str] | None = None) -> dict[str, Any]:
+        labels: list[str] | None = None, language: str | None = None,
+        timestamps: bool = False) -> dict[str, Any]:
     if task == "zero-shot-image-classification":
         return zero_shot(folder, texts, labels or [])
+    if task in SPEECH:
+        return TASKS[task](folder, texts, max_new_tokens, language, timestamps)
     if task in GENERATING:
         return TASKS[task](folder, texts, max_new_tokens)
     return TASKS[task](folder, texts)
@@ -202,12 +239,16 @@ def main() -> int:
     parser.add_argument("--text", action="append")
     parser.add_argument("--image", action="append", dest="text")  # image-classification's
     parser.add_argument("--label", action="append")  # zero-shot-image-classification's
+    parser.add_argument("--audio", action="append", dest="text")  # speech-recognition's
+    parser.add_argument("--language")
+    parser.add_argument("--timestamps", action="store_true")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args()
     if not args.text:
-        parser.error("give at least one --text (or --image)")
+        parser.error("give at least one --text (or --image, --audio)")
     try:
-        result = run(args.folder, args.task, args.text, args.max_new_tokens, args.label)
+        result = run(args.folder, args.task, args.text, args.max_new_tokens, labels=args.label,
+                     language=args.language, timestamps=args.timestamps)
     except Exception as exc:  # the libraries raise many types: one line, exit 1
         print(error_line(exc), file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@
 //   node run.mjs FOLDER image-classification --image a.png --image b.jpg
 //   node run.mjs FOLDER zero-shot-image-classification --image a.png --label cat --label dog
 //                [--template "a photo of a {}."]
+//   node run.mjs FOLDER automatic-speech-recognition --audio a.wav [--language en] [--timestamps]
 //
 // `--dtype q4` (or q8, int8, fp32) is handed to transformers.js, which then opens
 // onnx/model_q4.onnx (a translation model: onnx/encoder_model_q4.onnx and
@@ -23,30 +24,39 @@
 // image-classification's `labels` (each image's best) and `scores` (every label's probability,
 // by label), the images read and preprocessed by transformers.js from preprocessor_config.json;
 // zero-shot-image-classification's the same, over the --label texts (a CLIP or SigLIP export).
+// automatic-speech-recognition's `tokens` (each 16-bit PCM mono WAV's ids from
+// AutoModelForSpeechSeq2Seq.generate, the forced prompt first) and `texts` (the pipeline's), the
+// features made by transformers.js from preprocessor_config.json.
 // Errors: one line on stderr, exit 1.
 
+import { readFileSync } from 'node:fs';
 import { basename, dirname, resolve } from 'node:path';
 import {
-  AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, env, pipeline,
+  AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq, AutoProcessor,
+  AutoTokenizer, env, pipeline,
 } from '@huggingface/transformers';
 
 const TASKS = ['text-generation', 'feature-extraction', 'text-classification', 'translation',
-               'fill-mask', 'image-classification', 'zero-shot-image-classification'];
+               'fill-mask', 'image-classification', 'zero-shot-image-classification',
+               'automatic-speech-recognition'];
 
 function parse(argv) {
   const [folder, task, ...rest] = argv;
   if (!folder || !TASKS.includes(task)) {
     throw new Error(`usage: node run.mjs FOLDER (${TASKS.join('|')}) --text TEXT ...`);
   }
-  const args = { folder: resolve(folder), task, texts: [], images: [], labels: [],
+  const args = { folder: resolve(folder), task, texts: [], images: [], labels: [], audio: [],
                  template: '{}', maxNewTokens: 32, pooling: 'mean', normalize: false,
-                 options: {} };
+                 options: {}, language: null, timestamps: false };
   for (let i = 0; i < rest.length; i++) {
     const flag = rest[i];
     if (flag === '--text') args.texts.push(rest[++i]);
     else if (flag === '--image') args.images.push(resolve(rest[++i]));
     else if (flag === '--label') args.labels.push(rest[++i]);
     else if (flag === '--template') args.template = rest[++i];
+    else if (flag === '--audio') args.audio.push(resolve(rest[++i]));
+    else if (flag === '--language') args.language = rest[++i];
+    else if (flag === '--timestamps') args.timestamps = true;
     else if (flag === '--max-new-tokens') args.maxNewTokens = Number(rest[++i]);
     else if (flag === '--pooling') args.pooling = rest[++i];
     else if (flag === '--normalize') args.normalize = true;
@@ -55,6 +65,8 @@ function parse(argv) {
   }
   if (task.endsWith('image-classification')) {
     if (args.images.length === 0) throw new Error('give at least one --image');
+  } else if (task === 'automatic-speech-recognition') {
+    if (args.audio.length === 0) throw new Error('give at least one --audio');
   } else if (args.texts.length === 0) throw new Error('give at least one --text');
   return args;
 }
@@ -146,6 +158,52 @@ async function translate(id, { texts, maxNewTokens, options }) {
   return { inputs, tokens, texts: translations };
 }
 
+function readWav(path) {
+  // a 16-bit PCM mono WAV's samples in [-1, 1] (Node has no AudioContext to decode with)
+  const data = readFileSync(path);
+  let offset = 12;
+  let format = null;
+  while (offset + 8 <= data.length) {
+    const id = data.toString('ascii', offset, offset + 4);
+    const size = data.readUInt32LE(offset + 4);
+    if (id === 'fmt ') format = { channels: data.readUInt16LE(offset + 10),
+                                  bits: data.readUInt16LE(offset + 22) };
+    if (id === 'data') {
+      if (!format || format.channels !== 1 || format.bits !== 16) {
+        throw new Error(`${path}: give a 16-bit PCM mono WAV`);
+      }
+      const samples = new Float32Array(size / 2);
+      for (let i = 0; i < samples.length; i++) {
+        samples[i] = data.readInt16LE(offset + 8 + 2 * i) / 32768;
+      }
+      return samples;
+    }
+    offset += 8 + size + (size % 2);
+  }
+  throw new Error(`${path}: no data chunk`);
+}
+
+async function transcribe(id, { audio, maxNewTokens, language, timestamps, options }) {
+  const processor = await AutoProcessor.from_pretrained(id);
+  const model = await AutoModelForSpeechSeq2Seq.from_pretrained(id, options);
+  const recognizer = await pipeline('automatic-speech-recognition', id, options);
+  const tokens = [];
+  const texts = [];
+  for (const path of audio) {
+    const samples = readWav(path);
+    const { input_features: features } = await processor(samples);
+    const output = await model.generate({ inputs: features, language, task: 'transcribe',
+                                          return_timestamps: timestamps,
+                                          max_new_tokens: maxNewTokens, do_sample: false });
+    tokens.push(Array.from(output.data, Number));
+    const result = await recognizer(samples, { language, task: 'transcribe',
+                                               return_timestamps: timestamps,
+                                               max_new_tokens: maxNewTokens });
+    texts.push(result.text);
+  }
+  return { tokens, texts };
+}
+
 async function main() {
   const args = parse(process.argv.slice(2));
   env.allowRemoteModels = false; // only the folder: nothing is fetched
@@ -154,7 +212,8 @@ async function main() {
   const run = { 'text-generation': generate, 'feature-extraction': embed,
                'text-classification': classify, translation: translate,
                'fill-mask': fillMask, 'image-classification': classifyImages,
-               'zero-shot-image-classification': zeroShot }[args.task];
+               'zero-shot-image-classification': zeroShot,
+               'automatic-speech-recognition': transcribe }[args.task];
   const result = await run(id, args);
   process.stdout.write(`${JSON.stringify(result)}\n`);
 }

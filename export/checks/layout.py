@@ -33,7 +33,7 @@ from runtime.sessions import Runtime
 PER_LAYER = re.compile(r"\.\d+\.(decoder|encoder)\.(key|value)$")  # present.{i}.decoder.key
 
 
-def _rows(case: str, expected: dict[str, np.ndarray], actual: dict[str, np.ndarray],
+def rows_of(case: str, expected: dict[str, np.ndarray], actual: dict[str, np.ndarray],
           names: list[str], atol: float, rtol: float) -> list[Row]:
     """One row per output, the layers' caches of a kind in one (as the parity table has them)."""
     rows: dict[str, Row] = {}
@@ -62,7 +62,7 @@ def check_layout(runtime: Runtime, atol: float = DEFAULT_ATOL, rtol: float = DEF
                          "attention_mask": mask}
         encoded = runtime.run("encoder.onnx", encoder_feeds)
         memory = runtime.run(LAYOUT_ENCODER, encoder_feeds)
-        report.rows += _rows(case, encoded, memory, ["last_hidden_state"], atol, rtol)
+        report.rows += rows_of(case, encoded, memory, ["last_hidden_state"], atol, rtol)
         cross = {name: encoded[out] for name, out in zip(cross_in, cross_out, strict=True)}
         empty = dict(zip(self_in, empty_past(runtime, batch), strict=True))
         ids = random_ids(runtime, rng, batch, target, target_vocab_size(card))
@@ -74,7 +74,7 @@ def check_layout(runtime: Runtime, atol: float = DEFAULT_ATOL, rtol: float = DEF
         expected = runtime.run("decoder.onnx", {"input_ids": ids, "encoder_attention_mask": mask,
                                                 **empty, **cross})
         expected.update(encoded)  # the cross cache the first step returns: encoder.onnx's
-        report.rows += _rows(f"first {case}", expected, first,
+        report.rows += rows_of(f"first {case}", expected, first,
                              ["logits", *self_out, *cross_out], atol, rtol)
         past = {name: expected[out] for name, out in zip(self_in, self_out, strict=True)}
         ids = random_ids(runtime, rng, batch, 1, target_vocab_size(card))
@@ -84,7 +84,7 @@ def check_layout(runtime: Runtime, atol: float = DEFAULT_ATOL, rtol: float = DEF
             USE_CACHE_BRANCH: np.array([True]), **past, **cross})
         expected = runtime.run("decoder.onnx", {"input_ids": ids, "encoder_attention_mask": mask,
                                                 **past, **cross})
-        report.rows += _rows(f"later {case}", expected, later, ["logits", *self_out], atol,
+        report.rows += rows_of(f"later {case}", expected, later, ["logits", *self_out], atol,
                              rtol)
     steps = min(steps, card["max_positions"] - 1)
     prompt = random_ids(runtime, rng, 2, 6)

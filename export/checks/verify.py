@@ -26,11 +26,13 @@ from export.checks.parity import (
     compare,
 )
 from export.checks.quality import GateError, GateReport
+from export.checks.speech_layout import check_speech_layout
 from export.onnx.precision import FP16
 from export.onnx.quantize import DYNAMIC
 from export.onnx.shared_cache import KV_FILE
 from export.torch_engine import TorchEngine
 from registry.catalog import Card
+from registry.stems import is_mel_card
 from runtime.contract import LAYOUT
 from runtime.engine import Engine
 from runtime.generate import open_session
@@ -97,7 +99,9 @@ def verify(model: nn.Module, card: Card, runtime: Runtime, atol: float = DEFAULT
     layout = None
     if LAYOUT in runtime.manifest:
         progress("checking the seq2seq layout against the export's own graphs...")
-        layout = check_layout(runtime, atol, rtol)
+        # Whisper's layout reads frames and no masks (checks/speech_layout.py)
+        check = check_speech_layout if is_mel_card(card) else check_layout
+        layout = check(runtime, atol, rtol)
     quantization = runtime.manifest.get("quantization")
     if quantization:
         if layout is not None and not layout.passed:  # the layout beside quantized graphs

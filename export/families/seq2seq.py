@@ -12,23 +12,28 @@ import onnx
 from export.checks.agreement import STEPS, Agreement, generation_agreement
 from export.checks.cases import encoder_cases, seq2seq_decoder_cases
 from export.checks.quality import Measure, agreement_measures
+from export.families.speech import SpeechFamily
 from export.family import Case, Family, GraphIO, Input
 from export.onnx.wrappers import SourceEncoderGraph, TargetDecoderGraph
 from export.targets.seq2seq_layout import layout_entry, layout_graphs
 from registry.catalog import Card
-from registry.families import ENCODER_DECODER
+from registry.families import ENCODER_DECODER, SPEECH, spec_of
 from runtime.contract import DECODER
 from runtime.decoding import Seq2SeqSession
 from zoo.blocks.heads import LMHead
 
 SOURCE = ("batch_size", "encoder_sequence_length")
 AGREEMENT_PROMPT = 12
+SPEECH_FAMILY = SpeechFamily()  # an encoder-decoder card with a mel stem (Whisper)
 
 
 class Seq2SeqFamily(Family):
     spec = ENCODER_DECODER  # the target is new text: `zoo run --text` prints it alone
     optimizer_model_type = "bert"
     dynamic_files = ("encoder.onnx",)  # once per source; the decoder's steps stay fp32
+
+    def variant(self, card: Any) -> Family:
+        return SPEECH_FAMILY if spec_of(card) is SPEECH else self
 
     def graphs(self, card: Card) -> dict[str, GraphIO]:
         encoder = GraphIO((Input("input_ids", SOURCE, "ids"),

@@ -23,6 +23,7 @@ from registry.dual import image_tower
 from registry.errors import ZooError, first_line
 from registry.schema import target_vocab_size
 from registry.sizes import attention_sizes
+from registry.stems import is_mel_card
 
 DEFAULT_OPSET = MIN_OPSET = 18
 MAX_OPSET = 25
@@ -31,6 +32,7 @@ MAX_OPSET = 25
 # the graph's own input shapes and resolves only `batch_size`).
 TRACE_SIZES = {"batch_size": 2, "sequence_length": 3, "past_sequence_length": 4,
                "encoder_sequence_length": 5}
+TRACE_SIZES["encoder_frames"] = 2 * TRACE_SIZES["encoder_sequence_length"]  # Whisper's input
 TRACE_SIZES["total_sequence_length"] = (TRACE_SIZES["past_sequence_length"]
                                         + TRACE_SIZES["sequence_length"])
 # a dual encoder's joint graph batches its texts and its images apart
@@ -53,8 +55,9 @@ def _sizes(card: Card) -> dict[str, int]:
     tower = image_tower(card)  # a ViT's card, or a dual encoder's vision card
     image = ({"num_channels": tower["channels"], "height": tower["image_size"],
               "width": tower["image_size"]} if tower is not None else {})
+    audio = {"feature_size": card["n_mels"]} if is_mel_card(card) else {}
     return {**TRACE_SIZES, "kv_heads": sizes.kv_heads, "head_dim": sizes.head_dim,
-            "d_model": card["d_model"], **image}
+            "d_model": card["d_model"], **image, **audio}
 
 
 def _example(kind: str, shape: tuple[int, ...], card: Card) -> torch.Tensor:

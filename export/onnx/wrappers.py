@@ -86,6 +86,30 @@ class SourceEncoderGraph(Wrapper):
         return self.outputs(compute)
 
 
+class SpeechEncoderGraph(Wrapper):
+    """Whisper's encoder: the memory of the log-mel frames, then every decoder layer's
+    cross-attention keys and values of it (computed here, once per clip)."""
+
+    def forward(self, input_features):  # noqa: ANN001
+        def compute() -> Outputs:
+            memory = self.model.encode(input_features)
+            return (memory, *flatten(self.model.cross_cache(memory)))
+
+        return self.outputs(compute)
+
+
+class SpeechDecoderGraph(Wrapper):
+    """Whisper's decoder: as TargetDecoderGraph, with no source mask (every frame is real)."""
+
+    def forward(self, input_ids, past):  # noqa: ANN001
+        def compute() -> Outputs:
+            pairs = pair_up(past)
+            logits, presents = self.model.decode(input_ids, pairs[1::2], None, pairs[0::2])
+            return (logits, *flatten(presents))
+
+        return self.outputs(compute)
+
+
 class TargetDecoderGraph(Wrapper):
     """The decoder half of the encoder-decoder. `past` holds per layer the self-attention
     key and value, then the cross-attention key and value (Optimum's order); only the self

@@ -10,6 +10,8 @@ ORTModelFor* classes and sentence-transformers (`backend="onnx"`) load as it is.
 - `generation_config.json` (decoders, encoder-decoders): the special tokens and greedy
   decoding, as `zoo run` (an encoder-decoder's start token; no forced end token).
 - the tokenizer files (export/targets/tokenizer_files.py), where the export has a tokenizer.
+- `preprocessor_config.json`: an image model's (ViTImageProcessor) or a speech model's
+  (WhisperFeatureExtractor), the source's where it had one, else made from the card.
 - `modules.json`, `1_Pooling/config.json`, `sentence_bert_config.json` (encoders with a
   sentence vector sentence-transformers computes: cls, mean or last pooling; quantized, its
   `model_kwargs.file_name` names the graph's file).
@@ -32,8 +34,11 @@ from export.targets.tokenizer_files import write_tokenizer_files
 from registry.catalog import Card
 from registry.dual import image_tower
 from registry.families import spec_of
+from registry.stems import is_mel_card
 from runtime.contract import CLIENT_FOLDER, HALF_DTYPES, MODEL_GRAPH, client_dtype
+from runtime.files.audio import write_preprocessor_config
 from runtime.files.images import PREPROCESSOR_CONFIG, default_config
+from runtime.speech_tokens import card_mel_settings, speech_generation
 from zoo.files.hf_config import hf_config
 from zoo.files.sentence_transformers import SENTENCE_CONFIG, modules_files
 
@@ -97,6 +102,8 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
     folder = Path(folder)
     _, notes = write_tokenizer_files(folder, card)
     write_processor_config(folder, card)
+    if is_mel_card(card) and not (folder / PREPROCESSOR_CONFIG).is_file():  # built from seed
+        write_preprocessor_config(folder, card_mel_settings(card))
     found = hf_config(card)
     if found.note:
         notes.append(found.note)
@@ -115,7 +122,8 @@ def write_hf_files(folder: Path, card: Card, graphs: list[str],
               "transformers.js_config": client}
     _write_json(folder / CONFIG_JSON, config)
     if spec.generates:
-        _write_json(folder / GENERATION_CONFIG, generation_config(card))
+        _write_json(folder / GENERATION_CONFIG,
+                    {**generation_config(card), **speech_generation(folder, card)})
     for name, content in (modules_files(card) or {}).items():
         if name == SENTENCE_CONFIG and MODEL_GRAPH in stored_as:
             # sentence-transformers opens onnx/model.onnx unless told: its Transformer module

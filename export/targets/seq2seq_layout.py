@@ -13,6 +13,10 @@
   `present.{i}.encoder.*` are empty constants (0, heads, 1, head_dim), as in Optimum's merged
   decoders: both clients keep the cross cache of the first step and ignore them.
 
+Whisper's (a mel stem's card) read no masks: its encoder takes `input_features` alone, its
+decoder no `encoder_attention_mask` (every frame is real), as Optimum's and transformers.js's
+Whisper graphs.
+
 Both branches read one copy of the decoder's weights (initializers of the outer graph). Every
 value inside a branch is renamed under a prefix of its own, so the two pieces of the first
 branch (encoder.onnx's projection, decoder.onnx) cannot collide.
@@ -31,6 +35,7 @@ from export.onnx.trace import ExportError
 from registry.catalog import Card
 from registry.schema import target_vocab_size
 from registry.sizes import attention_sizes
+from registry.stems import is_mel_card
 from runtime.contract import (
     CACHE_INPUT,
     CACHE_OUTPUT,
@@ -54,9 +59,11 @@ CROSS_PAST = "encoder_sequence_length_out"
 def layout_contract(card: Card) -> dict[str, tuple[list[str], list[str]]]:
     """{file: (input names, output names)} of the two graphs, in their order."""
     n = card["n_layers"]
+    source, mask = ((["input_features"], []) if is_mel_card(card)
+                    else (["input_ids", "attention_mask"], ["encoder_attention_mask"]))
     return {
-        LAYOUT_ENCODER: (["input_ids", "attention_mask"], [MEMORY]),
-        LAYOUT_DECODER: (["input_ids", "encoder_attention_mask", HIDDEN,
+        LAYOUT_ENCODER: (source, [MEMORY]),
+        LAYOUT_DECODER: (["input_ids", *mask, HIDDEN,
                        *past_names(n, CACHE_INPUT, DECODER, ENCODER), USE_CACHE_BRANCH],
                       ["logits", *past_names(n, CACHE_OUTPUT, DECODER, ENCODER)]),
     }
@@ -233,6 +240,8 @@ def _merged_signature(card: Card, self_in: list[str], cross_in: list[str], order
     inputs = [_tensor("input_ids", TARGET, TensorProto.INT64),
               _tensor("encoder_attention_mask", SOURCE, TensorProto.INT64),
               _tensor(HIDDEN, (*SOURCE, card["d_model"]), element)]
+    if is_mel_card(card):  # Whisper's decoder reads no source mask
+        inputs.pop(1)
     for layer in range(card["n_layers"]):
         inputs += [_tensor(name, ("batch_size", kv, SELF_PAST, dh), element)
                    for name in self_in[2 * layer: 2 * layer + 2]]

@@ -20,6 +20,7 @@ from export.targets.marian_tokenizer import (
     marian_tokenizer_config,
     marian_tokenizer_json,
 )
+from registry.stems import is_mel_card
 from runtime.files.spm_tokenizer import SOURCE_SPM, TARGET_VOCAB, VOCAB, vocabulary
 from runtime.files.tokenizer import (
     BYTE_TOKENIZER,
@@ -50,13 +51,17 @@ def byte_level_json(tokenizer: ByteTokenizer) -> str:
 
 def tokenizer_config(tokenizer_json: str, card: Any) -> dict[str, Any]:
     """tokenizer_config.json for `tokenizer_json`: GPT2Tokenizer for a byte-level BPE (the
-    class GenAI's tokenizer reads it as), else the generic fast tokenizer, which every client
-    builds from tokenizer.json alone; the card's special tokens by their strings."""
+    class GenAI's tokenizer reads it as), WhisperTokenizer for a speech model's, else the
+    generic fast tokenizer, which every client builds from tokenizer.json alone; the card's
+    special tokens by their strings."""
     spec = json.loads(tokenizer_json)
     byte_level = spec.get("model", {}).get("type") == "BPE" and _byte_level(spec)
     tokens = special_tokens(spec, card)
+    kind = "GPT2Tokenizer" if byte_level else "PreTrainedTokenizerFast"
+    if is_mel_card(card):  # the clients decode a transcript's timestamps with Whisper's class
+        kind = "WhisperTokenizer"
     return {
-        "tokenizer_class": "GPT2Tokenizer" if byte_level else "PreTrainedTokenizerFast",
+        "tokenizer_class": kind,
         **({"add_prefix_space": False} if byte_level else {}),
         "clean_up_tokenization_spaces": False,
         "model_max_length": card["max_positions"],

@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes over served exports (runtime/serve/models.py):
 POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/classify (ours: OpenAI has no
-classifier route); GET /v1/models, /health (open to all, for a load balancer) and /metrics
-(behind the API key when one is set, unless `--public-metrics`; the /v1 routes need the key).
+classifier route), /v1/audio/transcriptions (a speech export's, multipart); GET /v1/models,
+/health (open to all, for a load balancer) and /metrics (behind the API key when one is set,
+unless `--public-metrics`; the /v1 routes need the key).
 
 Every refusal is OpenAI's error object naming the field, checked before any work is queued;
 an unexpected fault is one log line (its traceback with `--tracebacks`) and reaches the client
@@ -30,6 +31,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from registry.errors import ZooError, first_line
+from registry.stems import is_mel_card
+from runtime.files.audio import decode_audio
 from runtime.files.tools import CallStream, split_calls
 from runtime.grammar.engine import Constraint
 from runtime.serve import bodies
@@ -40,6 +44,10 @@ from runtime.serve.metrics import Metrics
 from runtime.serve.models import Served, Ticket
 from runtime.serve.scheduler import Completion, Event
 from runtime.serve.tools import call_grammar, read_tools
+from runtime.serve.transcriptions import read_transcription_form
+from runtime.speech_tokens import SpeechTokensError
+from runtime.transcribe import TranscribeOptions
+from runtime.transcript import format_transcript
 
 LOG = logging.getLogger("zoo.serve")
 Handler = Callable[[Request, dict[str, Served]], Awaitable[tuple[Response, int]]]
@@ -74,6 +82,7 @@ def make_app(models: dict[str, Served], api_key: str | None, public_metrics: boo
               route("/v1/completions", completions, "POST"),
               route("/v1/embeddings", embeddings, "POST"),
               route("/v1/classify", classify, "POST"),
+              route("/v1/audio/transcriptions", transcriptions, "POST"),
               route("/v1/models", listing, "GET"),
               route("/health", health, "GET", keyed=False),
               # the figures tell a stranger how busy the server is and what its clients
@@ -136,6 +145,9 @@ def model_of(request: Request, body: dict[str, Any], models: dict[str, Served], 
                        "model", "invalid_value")
     if wants == "classify" and not card["num_labels"]:
         raise ApiError(400, f"model: {name} is not a classifier (its card sets no num_labels)",
+                       "model", "invalid_value")
+    if wants in ("chat", "completions") and is_mel_card(card):
+        raise ApiError(400, f"model: {name} is a speech model: POST /v1/audio/transcriptions",
                        "model", "invalid_value")
     if wants in ("chat", "completions") and not spec.generates:
         raise ApiError(400, f"model: a {card.family} export does not generate", "model",
@@ -407,6 +419,40 @@ async def classify(request: Request, models: dict[str, Served]) -> tuple[Respons
              "probabilities": row} for index, row in enumerate(rows)]
     return JSONResponse({"object": "list", "data": data, "model": served.name,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}), tokens
+
+
+async def transcriptions(request: Request, models: dict[str, Served]) -> tuple[Response, int]:
+    """OpenAI's speech to text over a speech export (Whisper): the multipart form read within
+    its bound (runtime/serve/transcriptions.py), the upload decoded as `zoo run --audio` reads
+    a file, the transcript in the form's response_format (srt, vtt and verbose_json with
+    timestamps). Greedy only, without a prompt."""
+    form = await read_transcription_form(request)
+    if form.model not in models:
+        raise ApiError(404, f"model: {form.model!r} is not served here (served: "
+                       f"{', '.join(models)})", "model", "model_not_found")
+    served = models[form.model]
+    request.state.model = form.model
+    if not is_mel_card(served.exported.card):
+        raise ApiError(400, f"model: {form.model} is not a speech model (its card's stem reads "
+                       "no audio)", "model", "invalid_value")
+    if form.temperature:
+        raise ApiError(400, "temperature: only greedy decoding (0) is served", "temperature",
+                       "unsupported_value")
+    if form.prompt:
+        raise ApiError(400, "prompt: conditioning on earlier text is not supported", "prompt",
+                       "unsupported_value")
+    timestamps = form.response_format in ("srt", "vtt", "verbose_json")
+    options = TranscribeOptions(language=form.language, timestamps=timestamps)
+    try:
+        samples = await asyncio.to_thread(decode_audio, form.audio, form.filename)
+    except ZooError as exc:  # not audio, truncated, too long, not finite
+        raise ApiError(400, first_line(exc), "file", "invalid_value") from None
+    try:
+        transcript = await served.transcribe(samples, options)
+    except SpeechTokensError as exc:  # a language the model has no token for
+        raise ApiError(400, first_line(exc), "language", "unsupported_value") from None
+    body, media_type = format_transcript(transcript, form.response_format)
+    return Response(body, media_type=media_type), 0
 
 
 async def listing(request: Request, models: dict[str, Served]) -> tuple[Response, int]:

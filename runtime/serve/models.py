@@ -40,6 +40,8 @@ from runtime.serve.logprobs import Recorder, Scored, TokenTexts, prompt_scores
 from runtime.serve.options import PREFILL_TOKENS, PREFIX_CACHE_MB, ServeOptions
 from runtime.serve.prefix_cache import PrefixCache
 from runtime.serve.scheduler import Completion, Event, Job, Scheduler
+from runtime.transcribe import TranscribeOptions
+from runtime.transcript import Transcript
 
 LOG = logging.getLogger("zoo.serve")
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # --adapter NAME=FILE: NAME, served as OUT:NAME
@@ -198,6 +200,16 @@ class Served:
         finally:
             if own_place:
                 self.admitted -= 1
+
+    async def transcribe(self, samples: np.ndarray, options: TranscribeOptions) -> Transcript:
+        """A speech export's transcript of 16-kHz samples, in the worker thread, holding a
+        place in the queue while it runs."""
+        self.admit()
+        try:
+            return await asyncio.wrap_future(self.worker.submit(
+                self.exported.transcribe, samples, options))
+        finally:
+            self.admitted -= 1
 
     async def embed_batched(self, prompts: list[list[int]]) -> list[list[float]]:
         """Sentence vectors of tokenized prompts, batched with other requests' by length."""

@@ -23,7 +23,8 @@ SHIPPED = ["bert-base", "bert-tiny", "gpt-tiny", "gpt2-small", "llama-3.2-1b", "
            "moe-tiny", "olmoe-1b-7b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen3-30b-a3b",
            "smollm2-135m", "transformer-base", "transformer-big", "transformer-tiny"]
 SHIPPED = sorted([*SHIPPED, "gemma-3-1b", "gemma-3-270m", "gemma-tiny",
-                  "flan-t5-small", "t5-small", "t5-tiny", "vit-base-patch16-224", "vit-tiny"])
+                  "flan-t5-small", "t5-small", "t5-tiny", "vit-base-patch16-224", "vit-tiny",
+                  "whisper-base", "whisper-tiny", "whisper-tiny-test"])
 FAMILIES = {
     "bert-base": "encoder", "bert-tiny": "encoder",
     "vit-base-patch16-224": "encoder", "vit-tiny": "encoder",
@@ -37,6 +38,8 @@ FAMILIES = {
     "transformer-tiny": "encoder-decoder",
     "flan-t5-small": "encoder-decoder", "t5-small": "encoder-decoder",
     "t5-tiny": "encoder-decoder",
+    "whisper-base": "encoder-decoder", "whisper-tiny": "encoder-decoder",
+    "whisper-tiny-test": "encoder-decoder",
 }
 DUAL = {name: "dual-encoder" for name in ("clip-tiny", "clip-vit-base-patch32", "siglip-tiny",
                                           "siglip-base-patch16-224")}
@@ -363,6 +366,7 @@ def test_list_shows_every_shipped_card() -> None:
     assert rows["vit-base-patch16-224"][1] == "86.6M"  # ViTForImageClassification: 86,567,656
     assert rows["clip-vit-base-patch32"][1] == "151.3M"  # CLIPModel: 151,277,313
     assert rows["siglip-base-patch16-224"][1] == "203.2M"  # SiglipModel: 203,155,970
+    assert rows["whisper-tiny"][1] == "37.8M"  # WhisperForConditionalGeneration: 37,760,640
 
 
 def test_list_pattern() -> None:

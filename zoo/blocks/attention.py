@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from registry.blocks import effective_bias
+from registry.blocks import effective_bias, key_bias
 from registry.sizes import attention_sizes
 from zoo.blocks.classes import build_block
 from zoo.blocks.norms import ProjectionNorm
@@ -169,20 +169,22 @@ class Attention(nn.Module):
     projection is applied to whatever the core returns."""
 
     reads = ("d_model", "n_heads", "n_kv_heads", "head_dim", "dropout", "bias",
-             "attention_bias", "qk_norm", "norm", "norm_eps", "query_pre_attn_scalar",
+             "attention_bias", "key_bias", "qk_norm", "norm", "norm_eps", "query_pre_attn_scalar",
              "attn_logit_softcapping", "qk_norm_scope", "query_scale")
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, bias: bool,
                  kv_heads: int | None = None, head_dim: int | None = None,
                  projection_bias: bool | None = None,
                  head_norm: Callable[[int], nn.Module] | None = None,
-                 scale: float | None = None, softcap: float | None = None) -> None:
+                 scale: float | None = None, softcap: float | None = None,
+                 key_bias: bool | None = None) -> None:
         """Sizes as registry/sizes.py derives them from a card (zoo/assemble.py passes them);
         `kv_heads` and `head_dim` default to what it derives from d_model and n_heads alone.
         `projection_bias`: the query/key/value biases (default `bias`, which the output
         projection has); `head_norm(head_dim)`: a norm over each head's queries and keys;
         `scale`: the queries' (default 1/sqrt(head_dim); T5's 1); `softcap`: scores capped as
-        softcap * tanh(scores / softcap)."""
+        softcap * tanh(scores / softcap); `key_bias`: the key projection's bias (default the
+        query's; Whisper's keys have none)."""
         super().__init__()
         derived = attention_sizes({"d_model": d_model, "n_heads": n_heads})
         self.n_heads = n_heads
@@ -191,7 +193,7 @@ class Attention(nn.Module):
         query_width, kv_width = n_heads * self.head_dim, self.kv_heads * self.head_dim
         qkv_bias = bias if projection_bias is None else projection_bias
         self.query = nn.Linear(d_model, query_width, bias=qkv_bias)
-        self.key = nn.Linear(d_model, kv_width, bias=qkv_bias)
+        self.key = nn.Linear(d_model, kv_width, bias=qkv_bias if key_bias is None else key_bias)
         self.value = nn.Linear(d_model, kv_width, bias=qkv_bias)
         self.out = nn.Linear(query_width, d_model, bias=bias)
         self.query_norm = head_norm(self.head_dim) if head_norm is not None else None
@@ -212,7 +214,7 @@ class Attention(nn.Module):
         scale = scale if card["query_scale"] else 1.0  # T5's scores are not scaled
         attention = cls(card["d_model"], sizes.heads, card["dropout"], card["bias"],
                         sizes.kv_heads, sizes.head_dim, effective_bias(card, "attention_bias"),
-                        head_norm, scale, card["attn_logit_softcapping"])
+                        head_norm, scale, card["attn_logit_softcapping"], key_bias(card))
         if card["qk_norm"] and card.get("qk_norm_scope") == "projection":  # OLMoE's
             attention.query_norm = ProjectionNorm(
                 build_block("norm", card, layer, size=sizes.query_width))

@@ -25,9 +25,11 @@ from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
+from registry.stems import is_mel_card
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.images import PREPROCESSOR_CONFIG, processor_file, resized_processor
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
+from runtime.speech_tokens import GENERATION_CONFIG, read_speech_tokens, speech_files
 from zoo.assemble import build_model
 from zoo.blocks.patches import interpolated_positions
 from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
@@ -584,8 +586,12 @@ def import_checkpoint(source: Path, out: Path, force: bool = False,
         processor, resized = None, resized_processor(source, card, trained_size)
         if resized is not None:
             written[PREPROCESSOR_CONFIG] = json.dumps(resized, indent=2) + "\n"
+    if is_mel_card(card):  # Whisper's languages, tasks and timestamps, written checked
+        tokens = read_speech_tokens(source, card["vocab_size"])
+        written[GENERATION_CONFIG] = json.dumps(tokens.generation_config(), indent=2) + "\n"
     copied = ([HF_TOKENIZER] if tokenizer is not None else []) + text_files + (
-        [processor.name] if processor is not None else [])
+        [processor.name] if processor is not None else []) + [
+        path.name for path in speech_files(source, card) if path.name != GENERATION_CONFIG]
     _land(out, force, model, card, [source / name for name in copied], record, extra, written)
     return record
 

@@ -18,7 +18,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
 from registry.paths import display_path
-from registry.stems import is_patch_card
+from registry.stems import is_mel_card, is_patch_card
 from runtime.files import images as image_files
 from runtime.files.conversations import ChatRenderer, chat_files
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
@@ -424,6 +424,9 @@ def Task(card: Card, options: TrainOptions) -> TrainingTask:  # noqa: N802 (read
     classify task reads images (zoo/training/images.py)."""
     if options.task == "classify" and is_patch_card(card):
         return ImageClassify(card, options)
+    if is_mel_card(card):  # its source is audio frames: no task here reads audio
+        raise ZooError(f"{card.name}: `zoo train` has no task for a speech model (stem "
+                       "mel_frames: its source is audio); import a trained Whisper instead")
     return TASKS[options.task](card, options)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.contract import MANIFEST
 from zoo.assemble import build_model
 from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter, attach_adapter
 from zoo.files.weights import CONFIG, load_built, load_card
@@ -43,7 +44,7 @@ def source_card(source: str, registries: tuple[str, ...] | list[str] = ()) -> Ca
     config.yaml: built, trained, imported, exported or a sharded checkpoint's), so a command
     can refuse a family it has nothing for before seconds of work."""
     folder = Path(source)
-    if (folder / CONFIG).is_file():
+    if (folder / CONFIG).is_file() or (folder / MANIFEST).is_file():  # an export's: its card
         return load_card(folder)
     return open_catalog(registries).get(source)
 

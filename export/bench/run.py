@@ -30,11 +30,12 @@ from export.opening import open_export
 from export.options import ExportOptions
 from export.pipeline import export_and_verify
 from registry.errors import ZooError
+from registry.families import spec_of
 from registry.options import option
 from runtime.contract import MANIFEST
 from runtime.files.atomic import output_file, write_file
 from runtime.sessions import PROVIDERS, Runtime
-from zoo.files.sources import load_source
+from zoo.files.sources import load_source, source_card
 from zoo.files.weights import WEIGHTS, load_built
 
 FORMAT_VERSION = 1
@@ -130,6 +131,7 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
     options = options or BenchOptions()
     if options.provider == "cuda" and not torch.cuda.is_available():
         raise BenchError("--provider cuda: torch sees no CUDA device here")
+    bench = bench_of(spec_of(source_card(source, registries)))  # before any export or probe
     if options.threads:
         torch.set_num_threads(options.threads)
     started = time.time()
@@ -141,7 +143,6 @@ def run_bench(source: str, registries: tuple[str, ...] = (), options: BenchOptio
         runtime = open_export(folder, options.provider, options.threads)
         start = _limits(options, progress)
         context = Context(runtime, model, card, device, options.repeats, dict(start), progress)
-        bench = bench_of(runtime.spec)
         measurements = bench.measure(context)
         # The memory bandwidth of these shared machines drifts: probe again and scale by the
         # best of both, so every fraction is of the best the machine showed in this run.

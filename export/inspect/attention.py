@@ -26,6 +26,7 @@ from export.inspect.maps import AttentionGroup, maps_of
 from export.opening import open_export, open_model
 from registry.catalog import Card
 from registry.errors import ZooError
+from registry.families import spec_of
 from registry.options import option, parse_ids
 from registry.paths import display_path
 from registry.sizes import attention_sizes
@@ -35,7 +36,7 @@ from runtime.files.atomic import output_file, refuse_existing, write_file
 from runtime.files.tokenizer import load_tokenizer, sequence_ids
 from runtime.generate import generate
 from runtime.prompts import check_ids, check_text
-from zoo.files.sources import load_source
+from zoo.files.sources import load_source, source_card
 from zoo.files.weights import load_built
 from zoo.plots.draw import Drawn, Panel, check_target, heatmap_grid, square_columns
 
@@ -153,6 +154,14 @@ def _look_image(request: Request, engine: Any, card: Card, folder: Path | None,
     return look_image(engine, card, folder, engine_name, Path(request.image), layer, heads)
 
 
+def _check_family(request: Request) -> None:
+    """A family without maps (a dual encoder, a speech model) refused before any model loads;
+    an image model's maps are its own (image_attention.py)."""
+    card = source_card(request.source, request.registries)
+    if not is_patch_card(card):
+        maps_of(spec_of(card))
+
+
 def look(request: Request) -> Looked | ImageLooked:
     """Check the request, run the engine once over the sequence (or the image), and pick the
     maps."""
@@ -204,6 +213,7 @@ def draw_attention(request: Request, target: Path, json_path: Path | None = None
                    force: bool = False) -> tuple[Looked | ImageLooked, Drawn]:
     """Draw the maps into the PNG `target` (and the numbers into `json_path`)."""
     check_target(target, force)
+    _check_family(request)
     if json_path is not None:
         refuse_existing(json_path, force)
         if not json_path.parent.is_dir():

@@ -350,8 +350,12 @@ def test_every_family_is_measured_and_drawn_through_its_spec() -> None:
 
     specs = {family.spec for family in FAMILIES.values()}
     specs |= {spec.pooled_variant for spec in specs if spec.pooled_variant is not None}
+    unmeasured = {"dual-encoder"}  # refused by name (tests/export/test_unmeasured_families.py)
     for spec in specs:  # a family added without its benchmark or maps fails here
+        if spec.kind in unmeasured:
+            continue
         assert callable(bench_of(spec).measure) and callable(maps_of(spec))
+    assert unmeasured <= {spec.kind for spec in specs}  # so the list cannot outlive a family
     # a pooled decoder runs like an encoder: measured and drawn as one (as before the move)
     assert bench_of(SEQUENCE) is bench_of(ENCODER) and maps_of(SEQUENCE) is maps_of(ENCODER)
     assert bench_of(DECODER) is not bench_of(ENCODER)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from registry.errors import ZooError
 from runtime.files.lock import lock_path
 from tests.support.folders import fake_export
-from tests.support.helpers import assert_error_after_progress, zoo
+from tests.support.helpers import assert_error_after_progress, assert_one_line_error, zoo
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,6 +109,37 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one(
     checkpoints = out / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "step-00000001"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-00000001"]
+
+
+TRAIN = ("train", "gpt-tiny", "--task", "lm", "--batch-size", "2", "--block-size", "16")
+
+
+def fail_first_step(monkeypatch: pytest.MonkeyPatch, fault: BaseException) -> None:
+    def loss(*args: object) -> None:
+        raise fault
+
+    monkeypatch.setattr("zoo.training.tasks.TrainingTask.loss", loss)
+
+
+@pytest.mark.parametrize("fault", [ZooError("a bad row found late"), RuntimeError("a bug")],
+                         ids=["one-line", "fault"])
+def test_a_train_failing_before_a_checkpoint_leaves_no_out(
+        fault: BaseException, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fail_first_step(monkeypatch, fault)
+    result = zoo(*TRAIN, "--steps", "1", "-o", tmp_path / "new" / "trained")
+    assert result.exit_code != 0 and str(fault) in str(result.exception) + result.output
+    assert everything(tmp_path) == {"new": b"<dir>"}  # config.yaml and the rest went with OUT
+
+
+def test_a_resume_failing_at_its_first_step_keeps_the_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "trained"
+    assert zoo(*TRAIN, "--steps", "1", "-o", out).exit_code == 0
+    kept = everything(tmp_path)
+    fail_first_step(monkeypatch, ZooError("a bad row found late"))
+    result = zoo(*TRAIN[:1], out, *TRAIN[2:], "--steps", "2", "--resume", "-o", out)
+    assert_one_line_error(result, "a bad row found late")
+    assert everything(tmp_path) == kept
 
 
 def hold_lock(folder: Path) -> object:

@@ -15,9 +15,10 @@ from torch import nn
 from registry.catalog import Card, open_catalog
 from registry.errors import ZooError
 from registry.paths import display_path
+from runtime.contract import MANIFEST
 from zoo.assemble import build_model
 from zoo.files.peft_adapter import ADAPTER_CONFIG, apply_adapter, attach_adapter
-from zoo.files.weights import CONFIG, load_built
+from zoo.files.weights import CONFIG, load_built, load_card
 from zoo.training.checkpoints import SHARDS
 
 
@@ -36,6 +37,16 @@ def load_source(source: str, registries: tuple[str, ...] | list[str] = (), seed:
         return load_folder(folder, merge)
     card = open_catalog(registries).get(source, overrides)
     return build_model(card, seed=seed), card
+
+
+def source_card(source: str, registries: tuple[str, ...] | list[str] = ()) -> Card:
+    """The card `load_source` would give, read without building anything (a folder's
+    config.yaml: built, trained, imported, exported or a sharded checkpoint's), so a command
+    can refuse a family it has nothing for before seconds of work."""
+    folder = Path(source)
+    if (folder / CONFIG).is_file() or (folder / MANIFEST).is_file():  # an export's: its card
+        return load_card(folder)
+    return open_catalog(registries).get(source)
 
 
 def _load_sharded(folder: Path, overrides: dict[str, Any] | None) -> tuple[nn.Module, Card]:

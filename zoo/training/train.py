@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -33,7 +34,14 @@ from runtime.files.atomic import atomic_folder, atomic_write_bytes, refuse_exist
 from runtime.files.lock import output_lock
 from zoo.files.weights import CONFIG, WEIGHTS, card_yaml, read_tensors
 from zoo.training import classify, data, sharded_checkpoints, sharding
-from zoo.training.checkpoints import latest_checkpoint, restore, save_checkpoint, trainable
+from zoo.training.checkpoints import (
+    CHECKPOINTS,
+    LATEST,
+    latest_checkpoint,
+    restore,
+    save_checkpoint,
+    trainable,
+)
 from zoo.training.experts import Routed, routed
 from zoo.training.metrics import append_metrics, truncate_metrics
 from zoo.training.schedules import make_scheduler
@@ -127,8 +135,20 @@ def train(model: nn.Module, card: Card, options: TrainOptions,
                 return _train(model, card, replace(options, out=staging), rank, world,
                               progress, log_every, evaluated, files, shown=options.out,
                               finish=finish)
-        return _train(model, card, options, rank, world, progress, log_every, evaluated,
-                      files, shown=options.out, finish=finish)
+        made = rank == 0 and not options.out.exists()  # this run's own OUT, not the user's
+        try:
+            return _train(model, card, options, rank, world, progress, log_every, evaluated,
+                          files, shown=options.out, finish=finish)
+        except BaseException:
+            if made:
+                _remove_unresumable(options.out)
+            raise
+
+
+def _remove_unresumable(out: Path) -> None:
+    """A failed run's OUT goes unless it holds a checkpoint, which is what --resume takes."""
+    if not (out / CHECKPOINTS / LATEST).is_file():
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _optimizer(model: nn.Module, card: Card, options: TrainOptions, checkpoint: Any
@@ -186,7 +206,7 @@ def _stopped(step: int, loss: float, out: Path, shown: Path) -> TrainingError:
     elif last:
         kept = f"last good checkpoint: step {last.step} in {display_path(shown)}"
     else:
-        kept = f"no checkpoint yet in {display_path(shown)}"
+        kept = f"no checkpoint yet: {display_path(shown)} not kept"
     return TrainingError(f"step {step + 1}: loss is {loss}; stopped ({kept})")
 
 

@@ -188,7 +188,8 @@ class EncoderDecoderSession:
             self.cross = {}  # until the first step returns it
         else:
             self.cross = self._cross_of(self.engine.run("encoder.onnx", feeds))
-        self.past = empty_past(self.engine, len(next(iter(feeds.values()))))
+        batch = len(next(iter(feeds.values())))  # every feed is (B, ...)
+        self.past = empty_past(self.engine, batch)
 
     def _decode(self, ids: np.ndarray) -> np.ndarray:
         """Target ids (B, T) after the cached steps: the last position's logits (B, vocab)."""

@@ -110,14 +110,21 @@ def register(field: Callable[..., Any]) -> None:
 TEXT_ONLY = ("type_vocab_size", "embedding_norm", "mlm_head", "scale_embeddings")
 
 
+def _selects(card: dict[str, Any], stem: str, family: str, where: str) -> bool:
+    """Whether the card selects `stem`; refused where its family is not the one `stem` is for."""
+    if card["stem"] != stem:
+        return False
+    if card["family"] != family:
+        raise CardError(f"{where}: stem={stem} applies only to family {family}, not "
+                        f"{card['family']}")
+    return True
+
+
 def check_patches(card: dict[str, Any], where: str) -> None:
     """A patch stem's card: an encoder, the image a whole number of patches, the positions
     the stem's own (learned), none of the text stem's parts."""
-    if card["stem"] != PATCH_EMBEDDING:
+    if not _selects(card, PATCH_EMBEDDING, "encoder", where):
         return
-    if card["family"] != "encoder":
-        raise CardError(f"{where}: stem={PATCH_EMBEDDING} applies only to family encoder, not "
-                        f"{card['family']}")
     if card["image_size"] % card["patch_size"]:
         raise CardError(f"{where}: image_size={card['image_size']} is not a multiple of "
                         f"patch_size={card['patch_size']} (the image is cut into whole patches)")
@@ -137,11 +144,8 @@ def check_mel_frames(card: dict[str, Any], where: str) -> None:
     """A mel stem's card (Whisper): an encoder-decoder whose decoder reads tokens at learned
     positions, the sinusoids split in sine and cosine halves (an even d_model), none of the
     text stem's parts."""
-    if card["stem"] != MEL_FRAMES:
+    if not _selects(card, MEL_FRAMES, "encoder-decoder", where):
         return
-    if card["family"] != "encoder-decoder":
-        raise CardError(f"{where}: stem={MEL_FRAMES} applies only to family encoder-decoder, "
-                        f"not {card['family']}")
     if card["d_model"] % 2 or card["d_model"] < 4:
         raise CardError(f"{where}: stem={MEL_FRAMES} needs an even d_model of 4 or more for "
                         f"its sine and cosine halves, not {card['d_model']}")

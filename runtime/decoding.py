@@ -157,9 +157,17 @@ def _left_pad(array: np.ndarray, width: int, axis: int) -> np.ndarray:
     return np.pad(array, pad) if pad[axis][0] else array
 
 
-class Seq2SeqSession:
-    """The source is encoded once, and its cross-attention keys/values (`present.*.encoder.*`
-    of encoder.onnx) are fed unchanged to every decoder step."""
+class EncoderDecoderSession:
+    """What the encoder-decoder sessions share (the text one below, Whisper's in
+    runtime/speech_sessions.py): the cache names and the two ways through an export. Its own
+    graphs: encoder.onnx returns the cross-attention keys/values (`present.*.encoder.*`), fed
+    unchanged to every decoder.onnx step. The clients' layout (`layout` true: Optimum's and
+    transformers.js's loop): encoder_model.onnx gives the memory alone;
+    decoder_model_merged.onnx's first step (use_cache_branch false, every cache empty) projects
+    it to the cross cache and returns it, and every later step (true) takes it back unchanged.
+    A subclass says what the decoder reads of the source besides: `source_feeds`."""
+
+    layout = False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -169,23 +177,55 @@ class Seq2SeqSession:
         self.cross_inputs = past_names(n_layers, CACHE_INPUT, ENCODER)
         self.cross_outputs = past_names(n_layers, CACHE_OUTPUT, ENCODER)
 
+    def source_feeds(self) -> dict[str, np.ndarray]:
+        """The decoder's inputs about the source besides its encoding (the text's mask)."""
+        return {}
+
+    def _encode(self, feeds: dict[str, np.ndarray]) -> None:
+        """Run the encoder over the source's feeds; start an empty self cache."""
+        if self.layout:
+            self.memory = self.engine.run(LAYOUT_ENCODER, feeds)["last_hidden_state"]
+            self.cross = {}  # until the first step returns it
+        else:
+            self.cross = self._cross_of(self.engine.run("encoder.onnx", feeds))
+        batch = len(next(iter(feeds.values())))  # every feed is (B, ...)
+        self.past = empty_past(self.engine, batch)
+
+    def _decode(self, ids: np.ndarray) -> np.ndarray:
+        """Target ids (B, T) after the cached steps: the last position's logits (B, vocab)."""
+        feeds = {"input_ids": ids.astype(np.int64), **self.source_feeds(), **self.cross,
+                 **dict(zip(self.past_inputs, self.past, strict=True))}
+        first = self.layout and not self.cross
+        if self.layout:
+            feeds.update({"encoder_hidden_states": self.memory,
+                          USE_CACHE_BRANCH: np.array([not first])})
+        if first:
+            feeds.update(zip(self.cross_inputs, empty_past(self.engine, len(ids)), strict=True))
+        outputs = self.engine.run(LAYOUT_DECODER if self.layout else "decoder.onnx", feeds)
+        self.past = [outputs[name] for name in self.past_outputs]
+        if first:
+            self.cross = self._cross_of(outputs)
+        return outputs["logits"][:, -1]
+
+    def _cross_of(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: outputs[output]
+                for name, output in zip(self.cross_inputs, self.cross_outputs, strict=True)}
+
+
+class Seq2SeqSession(EncoderDecoderSession):
+    """A text source, encoded once and masked in every decoder step."""
+
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
         """Encode the source once, then feed the decoder's start token."""
         self.source_mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
-        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask}
-        encoded = self.engine.run("encoder.onnx", feeds)
-        self.cross = {name: encoded[output]
-                      for name, output in zip(self.cross_inputs, self.cross_outputs, strict=True)}
-        self.past = empty_past(self.engine, ids.shape[0])
+        self._encode({"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask})
         return self.step(np.full(len(ids), self.engine.card["bos_token_id"], np.int64))
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
-        feeds = {"input_ids": tokens[:, None].astype(np.int64),
-                 "encoder_attention_mask": self.source_mask, **self.cross,
-                 **dict(zip(self.past_inputs, self.past, strict=True))}
-        outputs = self.engine.run("decoder.onnx", feeds)
-        self.past = [outputs[name] for name in self.past_outputs]
-        return outputs["logits"][:, -1]
+        return self._decode(tokens[:, None])
+
+    def source_feeds(self) -> dict[str, np.ndarray]:
+        return {"encoder_attention_mask": self.source_mask}
 
     def expand(self, beams: int) -> None:
         """Each source's rows, cross cache included, `beams` times: once per search."""
@@ -205,33 +245,9 @@ class Seq2SeqSession:
 
 class LayoutSeq2SeqSession(Seq2SeqSession):
     """The loop Optimum's ORTModelForSeq2SeqLM and transformers.js run over the seq2seq layout
-    (manifest `layout`): encoder_model.onnx gives the memory alone; decoder_model_merged.onnx's
-    first step (use_cache_branch false, every cache empty) projects it to the cross cache and
-    returns it, and every later step (use_cache_branch true) takes it back unchanged."""
+    (manifest `layout`); the memory's rows follow the beams as the caches do."""
 
-    def prefill(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        self.source_mask = np.ones_like(ids, np.int64) if mask is None else mask.astype(np.int64)
-        feeds = {"input_ids": ids.astype(np.int64), "attention_mask": self.source_mask}
-        self.memory = self.engine.run(LAYOUT_ENCODER, feeds)["last_hidden_state"]
-        self.past = empty_past(self.engine, ids.shape[0])
-        self.cross = {}  # until the first step returns it
-        return self.step(np.full(len(ids), self.engine.card["bos_token_id"], np.int64))
-
-    def step(self, tokens: np.ndarray) -> np.ndarray:
-        first = not self.cross
-        cross = dict(zip(self.cross_inputs, empty_past(self.engine, len(tokens)), strict=True)
-                     ) if first else self.cross
-        feeds = {"input_ids": tokens[:, None].astype(np.int64),
-                 "encoder_attention_mask": self.source_mask, "encoder_hidden_states": self.memory,
-                 USE_CACHE_BRANCH: np.array([not first]), **cross,
-                 **dict(zip(self.past_inputs, self.past, strict=True))}
-        outputs = self.engine.run(LAYOUT_DECODER, feeds)
-        self.past = [outputs[name] for name in self.past_outputs]
-        if first:
-            self.cross = {name: outputs[output]
-                          for name, output in zip(self.cross_inputs, self.cross_outputs,
-                                                  strict=True)}
-        return outputs["logits"][:, -1]
+    layout = True
 
     def expand(self, beams: int) -> None:
         self.memory = np.repeat(self.memory, beams, axis=0)

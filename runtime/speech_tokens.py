@@ -11,7 +11,6 @@ back from there. Torch-free.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from runtime.files.audio import (
     default_mel_settings,
     read_mel_settings,
 )
+from runtime.files.json_files import read_json
 
 GENERATION_CONFIG = "generation_config.json"
 TASKS = ("transcribe", "translate")
@@ -80,11 +80,7 @@ class SpeechTokens:
 
 
 def _read_object(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise SpeechTokensError(f"{display_path(path)}: not a readable JSON file "
-                                f"({type(exc).__name__})") from None
+    value = read_json(path, SpeechTokensError)
     if not isinstance(value, dict):
         raise SpeechTokensError(f"{display_path(path)}: should hold a JSON object")
     return value

@@ -29,6 +29,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from registry.errors import ZooError, first_line, needs_package
 from registry.paths import display_path
 from runtime.files.atomic import atomic_write_bytes
+from runtime.files.json_files import read_json
 
 SAMPLE_RATE = 16000  # what Whisper reads
 MAX_AUDIO_SECONDS = 2 * 60 * 60  # 2 hours: 240 windows of 30 s
@@ -220,12 +221,7 @@ def mel_settings(config: Any, where: str) -> MelSettings:
 
 
 def read_mel_settings(path: Path) -> MelSettings:
-    where = display_path(path)
-    try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise AudioError(f"{where}: not a readable JSON file ({type(exc).__name__})") from None
-    return mel_settings(config, where)
+    return mel_settings(read_json(path, AudioError), display_path(path))
 
 
 def export_mel_settings(folder: Path) -> MelSettings:

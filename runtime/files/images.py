@@ -11,7 +11,6 @@ refused in one line naming it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 from registry.dual import image_tower
 from registry.errors import ZooError
 from registry.paths import display_path, inside
+from runtime.files.json_files import read_json
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 MAX_PIXELS = 64 * 2**20  # width x height an image may declare (8192 x 8192)
@@ -131,12 +131,7 @@ def processor_from(config: Any, where: str) -> Processor:
 
 
 def read_processor(path: Path) -> Processor:
-    where = display_path(path)
-    try:
-        config = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ImageError(f"{where}: not a readable JSON file ({type(exc).__name__})") from None
-    return processor_from(config, where)
+    return processor_from(read_json(path, ImageError), display_path(path))
 
 
 def check_fits(processor: Processor, image_size: int, channels: int, where: str) -> None:
@@ -304,7 +299,7 @@ def resized_processor(folder: Path, card: Any, trained_size: int) -> dict[str, A
         return None
     where, side = display_path(path), card["image_size"]
     check_fits(read_processor(path), trained_size, card["channels"], where)
-    config = dict(json.loads(path.read_text(encoding="utf-8")))
+    config = dict(read_json(path, ImageError))
     if config.get("do_center_crop", False):
         scale = side / trained_size
         size = _pair(config.get("size", 224), where, "size", shortest=True)

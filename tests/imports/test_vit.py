@@ -184,6 +184,12 @@ def test_an_image_size_not_a_multiple_of_the_patch_is_refused(tmp_path: Path) ->
     assert not (tmp_path / "out").exists()
 
 
+def test_a_patch_stem_outside_an_encoder_is_refused() -> None:
+    assert_one_line_error(zoo("show", "vit-tiny", "--set", "family=decoder", "--set",
+                              "pooling=mean"),
+                          "stem=patch_embedding applies only to family encoder, not decoder")
+
+
 def test_text_for_an_image_model_is_refused(exports: dict[str, Path]) -> None:
     assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"), "reads images")
 

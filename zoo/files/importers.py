@@ -28,11 +28,12 @@ from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
 from registry.stems import is_mel_card
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.images import PREPROCESSOR_CONFIG, processor_file, resized_processor
+from runtime.files.json_files import read_json
 from runtime.files.tokenizer import HF_TOKENIZER, HuggingFaceTokenizer, check_tokenizer_file
 from runtime.speech_tokens import GENERATION_CONFIG, read_speech_tokens, speech_files
 from zoo.assemble import build_model
 from zoo.blocks.patches import interpolated_positions
-from zoo.files.json_types import CONFIG, check_types, config_kinds, read_json
+from zoo.files.json_types import CONFIG, check_types, config_kinds
 from zoo.files.plausible import check_sizes
 from zoo.files.sentence_transformers import MODULES, read_modules
 from zoo.files.weights import read_tensors, save_built

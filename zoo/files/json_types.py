@@ -9,14 +9,11 @@ comparing a size). A key that is absent, or null, is left to the reader's defaul
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from registry.errors import ZooError, first_line
+from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, lookup
-from registry.paths import display_path
 from registry.schema import FIELDS
 
 
@@ -54,22 +51,6 @@ CARD_KINDS = {int: "int", float: "number", str: "str", bool: "bool", dict: "obje
 # Read from every config.json, whatever its layout: which map, and a classifier's classes.
 CONFIG = {"model_type": "str", "architectures": "list[str]", "id2label": "object[str]"}
 SCALING_KEYS = ("rope_type", "type")  # the kind of a rope_scaling object
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file's value; a file that cannot be read or parsed is one line naming it (JSON
-    nested past Python's stack, or a number of over 4300 digits, too)."""
-    where = display_path(path)
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ZooError(f"{where}: cannot read: {first_line(exc)}") from exc
-    except json.JSONDecodeError as exc:
-        raise ZooError(f"{where}: not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ZooError(f"{where}: not valid JSON: nested too deeply") from exc
-    except ValueError as exc:
-        raise ZooError(f"{where}: not valid JSON: {first_line(exc).split(';')[0]}") from exc
 
 
 def check_types(data: dict[str, Any], kinds: dict[str, str], where: str, prefix: str = ""

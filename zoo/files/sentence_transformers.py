@@ -13,7 +13,8 @@ from typing import Any
 from registry.errors import ZooError
 from registry.families import spec_of
 from registry.paths import display_path, inside
-from zoo.files.json_types import check_types, read_json
+from runtime.files.json_files import read_json
+from zoo.files.json_types import check_types
 
 MODULES = "modules.json"
 SENTENCE_CONFIG = "sentence_bert_config.json"

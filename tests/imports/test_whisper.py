@@ -384,25 +384,29 @@ def test_audio_that_is_not_audio_is_one_line(exports: dict[str, Path], tmp_path:
                               "--language", "de"), "language 'de' is not one of the model's")
 
 
+def served_client(export: Path) -> Any:
+    """The `openai` client talking to zoo serve's app over the export, in process (no port)."""
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
+    from runtime.serve.app import make_app
+    from runtime.serve.models import Served
+
+    app = make_app({"whisper": Served("whisper", load(export), max_queue=2)}, None)
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
+                              http_client=httpx.AsyncClient(
+                                  transport=httpx.ASGITransport(app=app)))
+
+
 @pytest.mark.parametrize("response_format", ["json", "text", "verbose_json", "srt", "vtt"])
 def test_serve_transcribes_for_the_openai_client(exports: dict[str, Path], tmp_path: Path,
                                                  response_format: str) -> None:
     """`POST /v1/audio/transcriptions` (zoo serve's app, in process) answers the `openai`
     client's `audio.transcriptions.create` in every response_format with what `zoo run
     --audio` prints for the same file."""
-    openai = pytest.importorskip("openai")
-    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
     soundfile = pytest.importorskip("soundfile")
     pytest.importorskip("python_multipart")
-    from runtime.serve.app import make_app
-    from runtime.serve.models import Served
-
     soundfile.write(tmp_path / "clip.wav", tone(7.0, seed=4), 16000)
-    exported = load(exports["plain"])
-    app = make_app({"whisper": Served("whisper", exported, max_queue=2)}, None)
-    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
-                                http_client=httpx.AsyncClient(
-                                    transport=httpx.ASGITransport(app=app)))
+    client = served_client(exports["plain"])
 
     async def call() -> Any:
         with (tmp_path / "clip.wav").open("rb") as audio:
@@ -425,15 +429,8 @@ def test_serve_transcribes_for_the_openai_client(exports: dict[str, Path], tmp_p
 
 def test_serve_refuses_a_file_that_is_not_audio(exports: dict[str, Path]) -> None:
     openai = pytest.importorskip("openai")
-    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
     pytest.importorskip("python_multipart")
-    from runtime.serve.app import make_app
-    from runtime.serve.models import Served
-
-    app = make_app({"whisper": Served("whisper", load(exports["plain"]), max_queue=2)}, None)
-    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
-                                http_client=httpx.AsyncClient(
-                                    transport=httpx.ASGITransport(app=app)))
+    client = served_client(exports["plain"])
 
     async def call() -> Any:
         return await client.audio.transcriptions.create(
@@ -482,14 +479,7 @@ def test_text_for_a_speech_model_is_refused(exports: dict[str, Path]) -> None:
     assert_one_line_error(zoo("run", exports["plain"], "--text", "hello"),
                           "a speech model reads audio, not --text")
     openai = pytest.importorskip("openai")
-    httpx = pytest.importorskip("httpx2")  # the openai client's HTTP library
-    from runtime.serve.app import make_app
-    from runtime.serve.models import Served
-
-    app = make_app({"whisper": Served("whisper", load(exports["plain"]), max_queue=2)}, None)
-    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="key", max_retries=0,
-                                http_client=httpx.AsyncClient(
-                                    transport=httpx.ASGITransport(app=app)))
+    client = served_client(exports["plain"])
 
     async def call() -> Any:
         return await client.chat.completions.create(

@@ -13,15 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.sampling import log_softmax
 from runtime.speech_tokens import SpeechTokens
 
 BLOCKED = -np.inf
-
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    top = logits.max()
-    shifted = logits - top
-    return shifted - np.log(np.exp(shifted).sum())
 
 
 def _timestamp_rules(scores: np.ndarray, generated: list[int], tokens: SpeechTokens) -> None:
@@ -44,7 +39,7 @@ def _timestamp_rules(scores: np.ndarray, generated: list[int], tokens: SpeechTok
         scores[:begin] = BLOCKED
         if tokens.max_initial_timestamp_index is not None:
             scores[begin + tokens.max_initial_timestamp_index + 1:] = BLOCKED
-    logprobs = _log_softmax(scores.astype(np.float64))
+    logprobs = log_softmax(scores)
     with np.errstate(divide="ignore"):
         timestamp_logprob = np.logaddexp.reduce(logprobs[begin:])
     if timestamp_logprob > logprobs[:begin].max():

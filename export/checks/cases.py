@@ -63,6 +63,11 @@ def random_ids(engine: Engine, rng: np.random.Generator, batch: int, length: int
     return rng.integers(3, vocab or engine.card["vocab_size"], (batch, length), dtype=np.int64)
 
 
+def mel_frames(rng: np.random.Generator, card: Card, batch: int, length: int) -> np.ndarray:
+    """Log-mel-like frames for a speech card: about unit scale, as Whisper's features are."""
+    return rng.standard_normal((batch, card["n_mels"], length)).astype(np.float32)
+
+
 def left_padding(batch: int, length: int) -> np.ndarray:
     """Row r has r * length // 4 leading pads; row 0 none."""
     mask = np.ones((batch, length), np.int64)

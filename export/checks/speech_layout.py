@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from export.checks.cases import mel_frames
 from export.checks.layout import step_rows
 from export.checks.parity import DEFAULT_ATOL, DEFAULT_RTOL, GENERATION_STEPS, Report
 from runtime.sessions import Runtime
@@ -19,10 +20,6 @@ from runtime.speech_sessions import (
 )
 
 
-def _frames(rng: np.random.Generator, runtime: Runtime, batch: int, length: int) -> np.ndarray:
-    return rng.standard_normal((batch, runtime.card["n_mels"], length)).astype(np.float32)
-
-
 def check_speech_layout(runtime: Runtime, atol: float = DEFAULT_ATOL,
                         rtol: float = DEFAULT_RTOL, steps: int = GENERATION_STEPS,
                         seed: int = 0) -> Report:
@@ -31,14 +28,14 @@ def check_speech_layout(runtime: Runtime, atol: float = DEFAULT_ATOL,
     full = 2 * card["max_source_positions"]
     report = Report()
     for batch, length, target in ((1, full, 1), (2, min(full, 32), 3)):
-        features = {"input_features": _frames(rng, runtime, batch, length)}
+        features = {"input_features": mel_frames(rng, card, batch, length)}
         report.rows += step_rows(
             runtime, f"b{batch} frames{length} s{target}", features, {},
             lambda size, batch=batch: rng.integers(0, card["vocab_size"], (batch, size),
                                                    dtype=np.int64),
             target, atol, rtol)
     steps = min(steps, card["max_positions"] - 1)
-    features = _frames(rng, runtime, 2, full)
+    features = mel_frames(rng, card, 2, full)
     tokens = [greedy_tokens(session, features, card["bos_token_id"], steps)
               for session in (SpeechSession(runtime), LayoutSpeechSession(runtime))]
     report.generation.append(("seq2seq layout's loop vs decoder.onnx's", bool(

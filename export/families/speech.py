@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 
 from export.checks.agreement import Agreement, generation_agreement
+from export.checks.cases import mel_frames
 from export.family import Case, Family, GraphIO, Input
 from export.onnx.precision import FP32
 from export.onnx.wrappers import SpeechDecoderGraph, SpeechEncoderGraph
@@ -32,11 +33,6 @@ from runtime.speech_sessions import (
 FRAMES = ("batch_size", "feature_size", "encoder_frames")
 TARGET = ("batch_size", "sequence_length")
 WEIGHT_ONLY = ("int8", "int4")  # MatMulNBits: the decoder's steps read fewer weight bytes
-
-
-def frames(rng: np.random.Generator, card: Card, batch: int, length: int) -> np.ndarray:
-    """Log-mel-like frames: about unit scale, as Whisper's features are."""
-    return rng.standard_normal((batch, card["n_mels"], length)).astype(np.float32)
 
 
 class _FramesPrompt:
@@ -94,7 +90,7 @@ class SpeechFamily(Family):
         start token, over one random window of frames."""
         card = reference.card
         steps = min(steps, card["max_positions"] - 1)
-        features = frames(np.random.default_rng(seed), card, 1,
+        features = mel_frames(np.random.default_rng(seed), card, 1,
                           2 * card["max_source_positions"])
         return generation_agreement(_FramesPrompt(SpeechSession(reference), features),
                                     _FramesPrompt(SpeechSession(candidate), features), card,
@@ -107,7 +103,7 @@ class SpeechFamily(Family):
         full = 2 * card["max_source_positions"]
         short = min(full, 32)
         cases = [Case(f"b{batch} frames{length}", SPEECH_ENCODER,
-                      {"input_features": frames(rng, card, batch, length)})
+                      {"input_features": mel_frames(rng, card, batch, length)})
                  for batch, length in ((1, full), (3, short))]
         return cases + self._decoder_cases(reference, rng, full, short)
 
@@ -125,7 +121,7 @@ class SpeechFamily(Family):
                                                  (3, 1, limit // 3, short),
                                                  (1, limit - limit // 3, limit // 3, full)):
             encoded = reference.run(SPEECH_ENCODER,
-                                    {"input_features": frames(rng, card, batch, clip)})
+                                    {"input_features": mel_frames(rng, card, batch, clip)})
             shared = {name: encoded[output] for name, output in cross.items()}
             cache = empty_past(reference, batch)
             if past_length:
@@ -144,7 +140,8 @@ class SpeechFamily(Family):
         """Greedy tokens from the start token over two clips, the export's loop in both."""
         card = reference.card
         steps = min(steps, card["max_positions"] - 1)
-        features = frames(np.random.default_rng(seed), card, 2, 2 * card["max_source_positions"])
+        features = mel_frames(np.random.default_rng(seed), card, 2,
+                              2 * card["max_source_positions"])
         same = np.array_equal(*(greedy_tokens(SpeechSession(engine), features,
                                               card["bos_token_id"], steps)
                                 for engine in (reference, candidate)))

@@ -298,8 +298,9 @@ def resized_processor(folder: Path, card: Any, trained_size: int) -> dict[str, A
     if not path.is_file():
         return None
     where, side = display_path(path), card["image_size"]
-    check_fits(read_processor(path), trained_size, card["channels"], where)
-    config = dict(read_json(path, ImageError))
+    raw = read_json(path, ImageError)  # read once: checked, then rewritten
+    check_fits(processor_from(raw, where), trained_size, card["channels"], where)
+    config = dict(raw)
     if config.get("do_center_crop", False):
         scale = side / trained_size
         size = _pair(config.get("size", 224), where, "size", shortest=True)

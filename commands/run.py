@@ -18,7 +18,7 @@ from runtime.prompts import check_text
 from runtime.sampling import check_new_tokens
 from runtime.sessions import PROVIDERS
 from runtime.transcribe import TranscribeOptions
-from runtime.transcript import RESPONSE_FORMATS, format_transcript
+from runtime.transcript import RESPONSE_FORMATS, TIMED_FORMATS, format_transcript
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _transcript_text(request: RunRequest) -> str:
         raise ZooError("--audio cannot be combined with --text, --ids, --chat or --image")
     exported = load(request.folder, request.provider, request.threads)
     options = request.transcription
-    if request.response_format in ("srt", "vtt", "verbose_json"):
+    if request.response_format in TIMED_FORMATS:
         options = replace(options, timestamps=True)
     body, _ = format_transcript(exported.transcribe(request.audio, options),
                                 request.response_format)

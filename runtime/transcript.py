@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from registry.errors import ZooError
 
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+TIMED_FORMATS = ("srt", "verbose_json", "vtt")  # the forms that carry segments' times
 JSON_TYPE = "application/json"
 TEXT_TYPE = "text/plain; charset=utf-8"
 

@@ -47,7 +47,7 @@ from runtime.serve.tools import call_grammar, read_tools
 from runtime.serve.transcriptions import read_transcription_form
 from runtime.speech_tokens import SpeechTokensError
 from runtime.transcribe import TranscribeOptions
-from runtime.transcript import format_transcript
+from runtime.transcript import TIMED_FORMATS, format_transcript
 
 LOG = logging.getLogger("zoo.serve")
 Handler = Callable[[Request, dict[str, Served]], Awaitable[tuple[Response, int]]]
@@ -441,7 +441,7 @@ async def transcriptions(request: Request, models: dict[str, Served]) -> tuple[R
     if form.prompt:
         raise ApiError(400, "prompt: conditioning on earlier text is not supported", "prompt",
                        "unsupported_value")
-    timestamps = form.response_format in ("srt", "vtt", "verbose_json")
+    timestamps = form.response_format in TIMED_FORMATS
     options = TranscribeOptions(language=form.language, timestamps=timestamps)
     try:
         samples = await asyncio.to_thread(decode_audio, form.audio, form.filename)

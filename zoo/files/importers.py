@@ -25,7 +25,7 @@ from registry.errors import ZooError
 from registry.layouts import MISSING, LayoutMap, Rule, known_maps, lookup
 from registry.paths import display_path, inside
 from registry.schema import ROPE_OPTIONAL, ROPE_SCALINGS, validate
-from registry.stems import is_mel_card
+from registry.stems import is_mel_card, num_patches
 from runtime.files.atomic import atomic_folder, refuse_existing, sha256
 from runtime.files.images import PREPROCESSOR_CONFIG, processor_file, resized_processor
 from runtime.files.json_files import read_json
@@ -505,7 +505,7 @@ def _resize_image(fields: dict[str, Any], origins: dict[str, str], image_size: i
 
 def _trained_positions(card: Card, trained: int) -> torch.Tensor:
     """An empty position table of the shape the checkpoint holds (its grid at `trained`)."""
-    patches = (trained // card["patch_size"]) ** 2
+    patches = num_patches({"image_size": trained, "patch_size": card["patch_size"]})
     return torch.empty(1, patches + 1, card["d_model"])
 
 

@@ -21,7 +21,7 @@ import torch
 from registry.catalog import Card
 from registry.errors import ZooError
 from registry.paths import display_path, inside
-from runtime.files.images import open_rgb, pixel_values
+from runtime.files.images import load_pixels
 from zoo.training.images import DEFAULT_EVAL_FRACTION, ImageSplit, card_processor
 
 MAX_IMAGES = 100_000  # about 1.2 GB of float32 pixels at 32 x 32; more: train from a loader
@@ -87,6 +87,6 @@ def split_folder(card: Card, root: Path, fraction: float | None, seed: int
 
 def _decoded(rows: list[tuple[Path, int]], card: Card) -> ImageSplit:
     processor = card_processor(card)
-    pixels = [pixel_values(open_rgb(path), processor, display_path(path)) for path, _ in rows]
-    return ImageSplit(torch.from_numpy(np.stack(pixels)),
+    pixels = load_pixels([path for path, _ in rows], processor)
+    return ImageSplit(torch.from_numpy(pixels),
                       torch.tensor([label for _, label in rows], dtype=torch.long))

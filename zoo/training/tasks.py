@@ -18,7 +18,7 @@ from registry.catalog import Card
 from registry.errors import ZooError
 from registry.options import option
 from registry.paths import display_path
-from registry.stems import is_mel_card, is_patch_card
+from registry.stems import is_mel_card, is_patch_card, num_patches
 from runtime.files import images as image_files
 from runtime.files.conversations import ChatRenderer, chat_files
 from runtime.files.tokenizer import BYTE_TOKENIZER, WORD_TOKENIZER, ByteTokenizer, tokenizer_files
@@ -340,7 +340,7 @@ class ImageClassify(TrainingTask):
             self.train_split, self.held = image_folders.split_folder(
                 card, options.data, options.eval_fraction, options.seed)
         self.labels = list(card["labels"])
-        self.tokens_per_image = (card["image_size"] // card["patch_size"]) ** 2 + 1
+        self.tokens_per_image = num_patches(card) + 1  # and the class token
 
     def batch(self, step: int, rank: int) -> data.Batch:
         generator = data.batch_generator(self.options.seed, step, rank)
